@@ -1,0 +1,38 @@
+// Helpers shared by the test suites: temporary folders, the real data in ../shared/data,
+// and running the fsdpq binary as a user would.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <optional>
+#include <string>
+
+namespace fsdpq::test {
+
+// A fresh, empty folder under the system temp dir (removed at process exit).
+std::filesystem::path make_temp_dir(const std::string& tag);
+
+// ../shared/data beside the repo, or $FSDPQ_SHARED_DATA; nullopt when absent.
+std::optional<std::filesystem::path> shared_data_dir();
+
+void write_file(const std::filesystem::path& path, const std::string& content);
+std::string read_file(const std::filesystem::path& path);
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+// Runs a shell command (through /bin/sh), capturing its output and exit code.
+CommandResult run_command(const std::string& command);
+// Runs the fsdpq binary built beside the tests with the given (already quoted) arguments.
+CommandResult run_fsdpq(const std::string& args);
+
+}  // namespace fsdpq::test
+
+// Skips the test, loudly, when ../shared/data (or one file in it) is missing.
+#define FSDPQ_SHARED_DATA_OR_SKIP(var, file)                                                     \
+  auto var##_dir = ::fsdpq::test::shared_data_dir();                                             \
+  if (!var##_dir || !std::filesystem::exists(*var##_dir / (file)))                               \
+    GTEST_SKIP() << "shared data file '" << (file) << "' not found in ../shared/data or "        \
+                 << "$FSDPQ_SHARED_DATA: skipping this test";                                    \
+  const std::filesystem::path var = *var##_dir / (file)
