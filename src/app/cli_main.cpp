@@ -1,10 +1,153 @@
 #include "app/cli_main.h"
 
+#include <fmt/format.h>
+
 #include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "app/commands.h"
+#include "config/config_loader.h"
+#include "config/options.h"
+#include "runtime/agreed_errors.h"
+#include "runtime/exit_codes.h"
+#include "runtime/log.h"
+#include "runtime/world.h"
+#include "util/error.h"
+#include "util/strings.h"
 
 namespace fsdpq {
-int cli_main(int argc, char** argv) {
-  std::puts("fsdpq: under construction");
-  return 0;
+namespace {
+
+const char* kUsage = R"(fsdpq — QLoRA / LoRA / full fine-tuning of Llama-family models, sharded across MPI ranks
+
+usage:
+  fsdpq CONFIG.ini [--key value | --key=value ...]   train (or --dry_run) with a config
+  fsdpq CONFIG.ini --print-config                     show the resolved config and where each value came from
+  fsdpq demo [--out DIR]                              the self-contained demo (what `make run` does)
+  fsdpq init-model --preset NAME --out DIR [...]      write a random-initialised model in HF layout
+  fsdpq init-tokenizer --input FILE --out FILE [...]  train a small sentencepiece tokenizer
+  fsdpq --help | --help-config | --version
+
+Run on several GPUs / ranks with `mpirun -np N fsdpq ...` or `srun fsdpq ...` (one rank per GPU).
+Every setting can be given on the command line as --key value and wins over the file.
+`fsdpq COMMAND --help` describes a command's flags; `fsdpq --help-config` lists every setting.
+)";
+
+struct TrainArgs {
+  std::optional<std::string> config_path;
+  std::vector<ConfigOverride> overrides;
+  bool print_config = false;
+};
+
+// `fsdpq [CONFIG.ini] [--key value]...`: every --key is a config setting, except --print-config.
+TrainArgs parse_train_args(const std::vector<std::string>& args) {
+  TrainArgs out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (!starts_with(arg, "--")) {
+      if (out.config_path)
+        fail("command line: more than one config file given ('{}' and '{}')", *out.config_path, arg);
+      out.config_path = arg;
+      continue;
+    }
+    std::string key = arg.substr(2), value;
+    bool has_value = false;
+    if (auto eq = key.find('='); eq != std::string::npos) {
+      value = key.substr(eq + 1);
+      key = key.substr(0, eq);
+      has_value = true;
+    }
+    if (key == "print-config" || key == "print_config") {
+      out.print_config = true;
+      continue;
+    }
+    const OptionSpec* spec = find_option(key);
+    if (!has_value) {
+      // A bool switch may stand alone (`--dry_run inputs/sql.ini`): take the next word only when
+      // it is a bool literal. Other keys always take the next word.
+      bool takes_next = true;
+      if (spec && spec->type == OptionType::Bool)
+        takes_next = i + 1 < args.size() && parse_bool(args[i + 1]).has_value();
+      if (takes_next) {
+        if (i + 1 >= args.size()) fail("command line: --{} needs a value", key);
+        value = args[++i];
+      } else {
+        value = "true";
+      }
+    }
+    out.overrides.push_back({key, value});
+  }
+  return out;
 }
+
+int run_train(const World& world, const std::vector<std::string>& args) {
+  ResolvedConfig resolved;
+  TrainArgs train_args;
+  run_on_all_ranks(world, [&] {
+    train_args = parse_train_args(args);
+    std::optional<std::filesystem::path> path;
+    if (train_args.config_path) path = *train_args.config_path;
+    resolved = resolve_config(path, train_args.overrides);
+  });
+  for (const auto& w : resolved.warnings) log::warn("{}", w);
+  if (train_args.print_config) {
+    log::info("{}", format_resolved_config(resolved));
+    return kExitOk;
+  }
+  return run_training_job(world, resolved);
+}
+
+}  // namespace
+
+int cli_main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  // Commands that need no MPI and no files.
+  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    std::fputs(kUsage, args.empty() ? stderr : stdout);
+    return args.empty() ? kExitUserError : kExitOk;
+  }
+  if (args[0] == "--version") {
+    std::printf("fsdpq %s\n", FSDPQ_VERSION);
+    return kExitOk;
+  }
+  if (args[0] == "--help-config") {
+    std::fputs(config_reference_markdown().c_str(), stdout);
+    return kExitOk;
+  }
+
+  MpiRuntime mpi(&argc, &argv);
+  const World& world = mpi.world();
+  log::set_rank(world.rank, world.size);
+  try {
+    const std::string& command = args[0];
+    std::vector<std::string> rest(args.begin() + 1, args.end());
+    if (command == "init-model") return run_init_model_command(world, rest);
+    if (command == "init-tokenizer") return run_init_tokenizer_command(world, rest);
+    if (command == "demo") return run_demo_command(world, rest);
+    if (command == "train") return run_train(world, rest);
+    if (!starts_with(command, "--") && !ends_with(command, ".ini") && !std::filesystem::exists(command)) {
+      std::string guess = closest_match(command, {"init-model", "init-tokenizer", "demo", "train"});
+      fail("'{}' is neither a command nor a config file{}", command,
+           guess.empty() ? " (fsdpq --help lists the commands)" : fmt::format(" (did you mean '{}'?)", guess));
+    }
+    return run_train(world, args);
+  } catch (const AgreedError& e) {
+    // Every rank has the same message: rank 0 prints it once.
+    if (world.is_root()) {
+      if (world.size > 1 && e.origin_rank != 0)
+        std::fprintf(stderr, "fsdpq: error (rank %d): %s\n", e.origin_rank, e.what());
+      else
+        std::fprintf(stderr, "fsdpq: error: %s\n", e.what());
+    }
+    return e.exit_code;
+  } catch (const UserError& e) {
+    // Raised on this rank alone (other ranks may be waiting in a collective): end the job.
+    abort_job(world, kExitUserError, e.what());
+  } catch (const std::exception& e) {
+    abort_job(world, kExitInternalError, std::string("internal error: ") + e.what());
+  }
+}
+
 }  // namespace fsdpq

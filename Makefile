@@ -1,0 +1,40 @@
+# fsdpq's front door. `make run` and `make test` do all the set-up on a fresh Debian 12 machine.
+BUILD_DIR   ?= build
+BUILD_TYPE  ?= Release
+CMAKE_FLAGS ?=
+JOBS        ?= $(shell nproc)
+CTEST_FLAGS ?=
+
+# Open MPI refuses root unless told; CI and containers run as root.
+export OMPI_ALLOW_RUN_AS_ROOT = 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM = 1
+
+.PHONY: all deps configure build test run clean help
+
+all: build
+
+help:
+	@echo "make deps | make (build) | make test | make run | make clean"
+
+deps:
+	@bash scripts/install-deps.sh
+
+$(BUILD_DIR)/build.ninja: CMakeLists.txt | deps
+	@cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_FLAGS) > $(BUILD_DIR).cmake.log 2>&1 \
+	  || { cat $(BUILD_DIR).cmake.log; exit 1; }
+
+configure: deps $(BUILD_DIR)/build.ninja
+
+build: configure
+	@cmake --build $(BUILD_DIR) -j $(JOBS)
+
+test: build
+	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) $(CTEST_FLAGS)
+
+# The embedded demo: a tiny model, a tokenizer and data the program makes itself.
+run: build
+	./fsdpq demo
+
+
+clean:
+	rm -rf $(BUILD_DIR) $(BUILD_DIR).cmake.log fsdpq

@@ -1,0 +1,73 @@
+#include "app/arg_parser.h"
+
+#include <fmt/format.h>
+
+#include "util/error.h"
+#include "util/strings.h"
+
+namespace fsdpq {
+
+std::string ParsedFlags::get(const std::string& name, const std::string& fallback) const {
+  auto it = values_.find(name);
+  return it == values_.end() ? fallback : it->second;
+}
+
+int64_t ParsedFlags::get_int(const std::string& name, int64_t fallback) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) return fallback;
+  auto v = parse_int(it->second);
+  if (!v) fail("--{} {}: expected an integer", name, it->second);
+  return *v;
+}
+
+ParsedFlags parse_flags(const std::string& command, const std::vector<FlagSpec>& specs,
+                        const std::vector<std::string>& args) {
+  ParsedFlags out;
+  std::vector<std::string> names;
+  for (const auto& s : specs) names.push_back(s.name);
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (!starts_with(arg, "--"))
+      fail("fsdpq {}: unexpected argument '{}' (flags look like --name value; see fsdpq {} --help)", command, arg,
+           command);
+    std::string name = arg.substr(2), value;
+    bool inline_value = false;
+    if (auto eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      inline_value = true;
+    }
+    const FlagSpec* spec = nullptr;
+    for (const auto& s : specs)
+      if (s.name == name) spec = &s;
+    if (!spec) {
+      std::string guess = closest_match(name, names);
+      fail("fsdpq {}: unknown flag --{}{}", command, name,
+           guess.empty() ? fmt::format(" (fsdpq {} --help lists the flags)", command)
+                         : fmt::format(" (did you mean --{}?)", guess));
+    }
+    if (out.has(name)) fail("fsdpq {}: --{} is given twice", command, name);
+    if (spec->value_name.empty()) {
+      if (inline_value) fail("fsdpq {}: --{} takes no value", command, name);
+      value = "true";
+    } else if (!inline_value) {
+      if (i + 1 >= args.size()) fail("fsdpq {}: --{} needs a value ({})", command, name, spec->value_name);
+      value = args[++i];
+    }
+    out.values_[name] = value;
+  }
+  for (const auto& s : specs)
+    if (s.required && !out.has(s.name)) fail("fsdpq {}: --{} {} is required", command, s.name, s.value_name);
+  return out;
+}
+
+std::string flags_help(const std::string& usage, const std::vector<FlagSpec>& specs) {
+  std::string out = "usage: " + usage + "\n\n";
+  for (const auto& s : specs) {
+    std::string left = "  --" + s.name + (s.value_name.empty() ? "" : " " + s.value_name);
+    out += fmt::format("{:<28} {}{}\n", left, s.help, s.required ? " (required)" : "");
+  }
+  return out;
+}
+
+}  // namespace fsdpq

@@ -1,0 +1,20 @@
+// The subcommands of the fsdpq binary. Each returns the process exit code.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "config/config_loader.h"
+#include "runtime/world.h"
+
+namespace fsdpq {
+
+// `fsdpq CONFIG.ini ...`: the training job (or its dry run).
+int run_training_job(const World& world, const ResolvedConfig& config);
+// `fsdpq init-model --preset NAME --out DIR`
+int run_init_model_command(const World& world, const std::vector<std::string>& args);
+// `fsdpq init-tokenizer --input FILE --out FILE`
+int run_init_tokenizer_command(const World& world, const std::vector<std::string>& args);
+// `fsdpq demo`: prepares the demo's model, tokenizer and data, then runs the embedded demo config.
+int run_demo_command(const World& world, const std::vector<std::string>& args);
+
+}  // namespace fsdpq

@@ -1,0 +1,73 @@
+// Every setting of a training run, typed. The option table in options.cpp gives each field its
+// .ini key (fsdp_qlora's names), type, default, allowed values and documentation.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fsdpq {
+
+struct TrainConfig {
+  // [model]
+  std::string model_name;
+  std::string tokenizer_path;
+  std::string train_type;
+  std::string precision;
+  // [lora]
+  int64_t lora_rank = 0;
+  double lora_alpha = 0;
+  double lora_dropout = 0;
+  std::vector<std::string> lora_target_modules;  // resolved: "all"/"default" expanded
+  // [data]
+  std::string dataset;
+  std::string data_path;
+  int64_t dataset_samples = 0;
+  int64_t context_length = 0;
+  bool pad_to_context_length = false;
+  bool skip_bad_records = false;
+  std::string eval_data_path;
+  double eval_fraction = 0;
+  int64_t eval_every_steps = 0;
+  // [training]
+  int64_t batch_size = 0;
+  int64_t gradient_accumulation_steps = 0;
+  int64_t num_epochs = 0;
+  int64_t max_steps = 0;
+  int64_t seed = 0;
+  std::string optimizer;
+  double lr = 0;
+  double wd = 0;
+  std::string lr_scheduler;
+  double min_lr_fraction = 0;
+  bool apply_gradient_clipping = false;
+  double grad_norm = 0;
+  // [sharding]
+  std::string sharding_strategy;
+  bool use_gradient_checkpointing = false;
+  bool use_cpu_offload = false;
+  bool use_activation_cpu_offload = false;
+  bool low_memory = false;
+  bool no_sync = false;
+  int64_t ranks_per_node = 0;
+  int64_t world_size = 0;
+  // [checkpoint]
+  int64_t save_every_steps = 0;
+  std::string checkpoint_dir;
+  int64_t keep_last = 0;
+  std::string resume;
+  // [output]
+  bool save_model = false;
+  std::string output_dir;
+  std::string log_to;
+  bool verbose = false;
+  bool profile = false;
+  bool profile_memory = false;
+  bool dry_run = false;
+
+  bool is_lora() const { return train_type != "full"; }
+  bool quantized_base() const { return train_type == "qlora" || train_type == "custom_qlora"; }
+  bool sharded() const { return sharding_strategy != "ddp"; }
+  bool hybrid() const { return sharding_strategy.rfind("hybrid_", 0) == 0; }
+};
+
+}  // namespace fsdpq

@@ -1,0 +1,241 @@
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "config/config_loader.h"
+#include "config/ini_file.h"
+#include "config/options.h"
+#include "test_support.h"
+#include "util/error.h"
+
+namespace fsdpq {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Resolves `ini` (written to a temp file named cfg.ini) and returns the error text, or "" if fine.
+std::string error_of(const std::string& ini, const std::vector<ConfigOverride>& overrides = {}) {
+  fs::path dir = test::make_temp_dir("cfg");
+  test::write_file(dir / "cfg.ini", ini);
+  fs::path cwd = fs::current_path();
+  fs::current_path(dir);
+  std::string message;
+  try {
+    resolve_config(fs::path("cfg.ini"), overrides);
+  } catch (const UserError& e) {
+    message = e.what();
+  }
+  fs::current_path(cwd);
+  return message;
+}
+
+ResolvedConfig resolve_in(const fs::path& dir, const std::string& ini, const std::vector<ConfigOverride>& overrides = {}) {
+  test::write_file(dir / "cfg.ini", ini);
+  fs::path cwd = fs::current_path();
+  fs::current_path(dir);
+  ResolvedConfig r;
+  try {
+    r = resolve_config(fs::path("cfg.ini"), overrides);
+  } catch (...) {
+    fs::current_path(cwd);
+    throw;
+  }
+  fs::current_path(cwd);
+  return r;
+}
+
+const char* kDummy = "dataset = dummy\n";
+
+TEST(ConfigDefaults, MatchFsdpQloraAndAreValid) {
+  ResolvedConfig r = resolve_config_text(kDummy, "t.ini", {});
+  const TrainConfig& c = r.config;
+  EXPECT_EQ(c.train_type, "qlora");
+  EXPECT_EQ(c.precision, "bf16");
+  EXPECT_EQ(c.batch_size, 1);
+  EXPECT_EQ(c.context_length, 512);
+  EXPECT_EQ(c.lora_rank, 64);
+  EXPECT_DOUBLE_EQ(c.lora_alpha, 16);
+  EXPECT_DOUBLE_EQ(c.lora_dropout, 0.1);
+  EXPECT_EQ(c.lora_target_modules,
+            (std::vector<std::string>{"k_proj", "q_proj", "v_proj", "up_proj", "down_proj", "gate_proj"}));
+  EXPECT_DOUBLE_EQ(c.lr, 1e-5);
+  EXPECT_DOUBLE_EQ(c.wd, 0.1);
+  EXPECT_DOUBLE_EQ(c.grad_norm, 0.3);
+  EXPECT_EQ(c.sharding_strategy, "full_shard");
+  EXPECT_EQ(c.dataset_samples, 128);
+  EXPECT_EQ(c.max_steps, -1);
+  EXPECT_EQ(c.seed, 42);
+  EXPECT_EQ(c.checkpoint_dir, "output/checkpoints");
+  EXPECT_EQ(r.sources.at("batch_size").describe(), "default");
+}
+
+TEST(ConfigResolve, CommandLineWinsOverFileWhichWinsOverDefault) {
+  ResolvedConfig r = resolve_config_text("[training]\nbatch_size = 4\nlr = 2e-4  # peak\n" + std::string(kDummy),
+                                         "inputs/x.ini", {{"batch_size", "8"}});
+  EXPECT_EQ(r.config.batch_size, 8);
+  EXPECT_EQ(r.sources.at("batch_size").describe(), "command line");
+  EXPECT_DOUBLE_EQ(r.config.lr, 2e-4);
+  EXPECT_EQ(r.sources.at("lr").describe(), "inputs/x.ini:3");
+  EXPECT_EQ(r.sources.at("seed").describe(), "default");
+}
+
+TEST(ConfigResolve, ListsAndAliases) {
+  auto r = resolve_config_text("lora_target_modules = q_proj, o_proj\n" + std::string(kDummy), "t.ini", {});
+  EXPECT_EQ(r.config.lora_target_modules, (std::vector<std::string>{"q_proj", "o_proj"}));
+  r = resolve_config_text("lora_target_modules = default\n" + std::string(kDummy), "t.ini", {});
+  EXPECT_EQ(r.config.lora_target_modules, (std::vector<std::string>{"q_proj", "v_proj"}));
+  r = resolve_config_text("use_cpu_offload = yes\nprecision = BF16\n" + std::string(kDummy), "t.ini", {});
+  EXPECT_TRUE(r.config.use_cpu_offload);
+  EXPECT_EQ(r.config.precision, "bf16");
+}
+
+TEST(ConfigResolve, QuotedValuesKeepCommentCharacters) {
+  auto r = resolve_config_text("output_dir = \"runs/a #1\"\n" + std::string(kDummy), "t.ini", {});
+  EXPECT_EQ(r.config.output_dir, "runs/a #1");
+}
+
+TEST(ConfigResolve, WarnsAboutSettingsWithoutEffect) {
+  auto r = resolve_config_text("train_type = full\nlora_rank = 8\n" + std::string(kDummy), "t.ini", {});
+  ASSERT_EQ(r.warnings.size(), 1u);
+  EXPECT_EQ(r.warnings[0], "lora_rank = 8 (t.ini:2) has no effect with train_type = full");
+}
+
+TEST(ConfigPrint, ShowsEveryKeyWithItsSource) {
+  auto r = resolve_config_text("batch_size = 3\n" + std::string(kDummy), "inputs/x.ini", {{"lr", "0.001"}});
+  std::string text = format_resolved_config(r);
+  EXPECT_NE(text.find("batch_size = 3"), std::string::npos);
+  EXPECT_NE(text.find("# inputs/x.ini:1"), std::string::npos);
+  EXPECT_NE(text.find("lr = 0.001"), std::string::npos);
+  EXPECT_NE(text.find("# command line"), std::string::npos);
+  for (const auto& spec : option_specs()) EXPECT_NE(text.find(std::string(spec.name) + " = "), std::string::npos);
+  // The printed config is itself a valid config that resolves to the same values.
+  auto again = resolve_config_text(text, "printed.ini", {});
+  EXPECT_EQ(again.config.batch_size, 3);
+  EXPECT_DOUBLE_EQ(again.config.lr, 0.001);
+}
+
+TEST(ConfigDocs, DocsConfigMdIsInSyncWithTheOptionTable) {
+  fs::path doc = fs::path(FSDPQ_SOURCE_DIR) / "docs" / "config.md";
+  ASSERT_TRUE(fs::exists(doc)) << "docs/config.md is missing: run ./fsdpq --help-config > docs/config.md";
+  EXPECT_EQ(test::read_file(doc), config_reference_markdown())
+      << "docs/config.md is stale: run ./fsdpq --help-config > docs/config.md";
+}
+
+// The catalogue of bad configs: each gives exactly this message.
+struct BadConfigCase {
+  const char* name;
+  std::string ini;
+  std::vector<ConfigOverride> overrides;
+  std::string expected;
+};
+
+class ConfigErrors : public ::testing::TestWithParam<BadConfigCase> {};
+
+TEST_P(ConfigErrors, GiveTheExactMessage) {
+  const auto& c = GetParam();
+  EXPECT_EQ(error_of(c.ini, c.overrides), c.expected);
+}
+
+const std::string kCwdNote = "(relative paths are resolved from the working directory ";
+
+INSTANTIATE_TEST_SUITE_P(
+    Catalogue, ConfigErrors,
+    ::testing::Values(
+        BadConfigCase{"UnknownKey", "batch_sise = 4\ndataset = dummy\n", {},
+                      "cfg.ini:1: 'batch_sise' is not a known setting (did you mean 'batch_size'?)"},
+        BadConfigCase{"UnknownKeyNoGuess", "frobnicate = 1\ndataset = dummy\n", {},
+                      "cfg.ini:1: 'frobnicate' is not a known setting (fsdpq --help lists them)"},
+        BadConfigCase{"BadInt", "dataset = dummy\nbatch_size = four\n", {},
+                      "cfg.ini:2: batch_size = \"four\": expected an integer"},
+        BadConfigCase{"BadFloat", "dataset = dummy\nlr = 1e-4x\n", {}, "cfg.ini:2: lr = \"1e-4x\": expected a number"},
+        BadConfigCase{"BadBool", "dataset = dummy\nuse_cpu_offload = maybe\n", {},
+                      "cfg.ini:2: use_cpu_offload = \"maybe\": expected true or false"},
+        BadConfigCase{"BelowMinimum", "dataset = dummy\nbatch_size = 0\n", {},
+                      "cfg.ini:2: batch_size = \"0\": must be at least 1"},
+        BadConfigCase{"AboveMaximum", "dataset = dummy\nlora_dropout = 1.5\n", {},
+                      "cfg.ini:2: lora_dropout = \"1.5\": must be at most 0.99"},
+        BadConfigCase{"UnknownEnum", "dataset = dummy\nsharding_strategy = fullshard\n", {},
+                      "cfg.ini:2: sharding_strategy = \"fullshard\": expected one of full_shard, shard_grad_op, ddp, "
+                      "hybrid_full_shard, hybrid_shard_grad_op (did you mean full_shard?)"},
+        BadConfigCase{"NotImplementedEnum", "dataset = dummy\ntrain_type = hqq_lora\n", {},
+                      "cfg.ini:2: train_type = \"hqq_lora\": not supported: HQQ quantization is not implemented in "
+                      "fsdpq; use qlora (NF4) (supported: full, lora, qlora, custom_lora, custom_qlora)"},
+        BadConfigCase{"BadListItem", "dataset = dummy\nlora_target_modules = q_proj, v_prj\n", {},
+                      "cfg.ini:2: lora_target_modules = \"q_proj, v_prj\": 'v_prj' is not one of all, default, q_proj, "
+                      "k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (did you mean v_proj?)"},
+        BadConfigCase{"DuplicateKey", "dataset = dummy\nlr = 1\n[training]\nlr = 2\n", {},
+                      "cfg.ini:4: 'lr' is set twice (first at line 2)"},
+        BadConfigCase{"MalformedLine", "dataset = dummy\njust some words\n", {},
+                      "cfg.ini:2: expected 'key = value', '[section]' or a comment, got 'just some words'"},
+        BadConfigCase{"MalformedSection", "[training\ndataset = dummy\n", {},
+                      "cfg.ini:1: malformed section header '[training': expected [name]"},
+        BadConfigCase{"UnbalancedQuote", "dataset = dummy\noutput_dir = \"runs/x\n", {},
+                      "cfg.ini:2: unbalanced quotes in the value of 'output_dir'"},
+        BadConfigCase{"UnknownOverride", "dataset = dummy\n", {{"epochs", "2"}},
+                      "command line: '--epochs' is not a known setting (did you mean '--num_epochs'?)"},
+        BadConfigCase{"BadOverride", "dataset = dummy\n", {{"context_length", "1"}},
+                      "command line: --context_length 1: must be at least 2"},
+        BadConfigCase{"OffloadWithDdp", "dataset = dummy\nuse_cpu_offload = true\nsharding_strategy = ddp\n", {},
+                      "use_cpu_offload = true (cfg.ini:2) contradicts sharding_strategy = ddp (cfg.ini:3): CPU offload "
+                      "moves sharded state to the host; use full_shard, shard_grad_op or a hybrid strategy"},
+        BadConfigCase{"ActivationOffloadWithoutCheckpointing",
+                      "dataset = dummy\nuse_activation_cpu_offload = true\nuse_gradient_checkpointing = false\n", {},
+                      "use_activation_cpu_offload = true (cfg.ini:2) contradicts use_gradient_checkpointing = false "
+                      "(cfg.ini:3): activation offload moves the checkpointed layer inputs, so it needs gradient "
+                      "checkpointing"},
+        BadConfigCase{"GeneratedDatasetWithFile", "dataset = dummy\ndata_path = cfg.ini\n", {},
+                      "dataset = dummy (cfg.ini:1) contradicts data_path = cfg.ini (cfg.ini:2): dataset dummy "
+                      "generates its records; remove data_path"},
+        BadConfigCase{"FileDatasetWithoutFile", "dataset = sql\n", {},
+                      "dataset = sql (cfg.ini:1): this dataset is read from a local file: set data_path to its JSONL "
+                      "or JSON file (fsdpq downloads nothing)"},
+        BadConfigCase{"EvalFileAndFraction",
+                      "dataset = dummy\neval_data_path = cfg.ini\neval_fraction = 0.1\n", {},
+                      "eval_data_path = cfg.ini (cfg.ini:2) contradicts eval_fraction = 0.1 (cfg.ini:3): hold out a "
+                      "fraction or give an eval file, not both"},
+        BadConfigCase{"EvalWithoutData", "dataset = dummy\neval_every_steps = 10\n", {},
+                      "eval_every_steps = 10 (cfg.ini:2): there is no eval data: set eval_data_path or eval_fraction"},
+        BadConfigCase{"MaxStepsZero", "dataset = dummy\nmax_steps = 0\n", {},
+                      "max_steps = 0 (cfg.ini:2): must be -1 (no limit) or at least 1"},
+        BadConfigCase{"ModelDirMissing", "dataset = dummy\nmodel_name = models/nope\n", {},
+                      "model_name = models/nope (cfg.ini:2): model directory not found (use preset:NAME for a "
+                      "random-initialised model, or `fsdpq init-model --preset NAME --out DIR` to write one)"},
+        BadConfigCase{"WandbNotAvailable", "dataset = dummy\nlog_to = wandb\n", {},
+                      "cfg.ini:2: log_to = \"wandb\": not supported: Weights & Biases needs the network; use tqdm, "
+                      "stdout or file and the metrics.jsonl (supported: tqdm, stdout, file)"}),
+    [](const ::testing::TestParamInfo<BadConfigCase>& info) { return std::string(info.param.name); });
+
+TEST(ConfigErrorsFiles, MissingDataFileNamesKeyLineAndWorkingDirectory) {
+  std::string e = error_of("dataset = sql\ndata_path = data/none.jsonl\n");
+  EXPECT_EQ(e.rfind("data_path = data/none.jsonl (cfg.ini:2): file not found " + kCwdNote, 0), 0u) << e;
+}
+
+TEST(ConfigErrorsFiles, MissingConfigFile) {
+  try {
+    resolve_config(fs::path("/nonexistent/x.ini"), {});
+    FAIL() << "expected an error";
+  } catch (const UserError& e) {
+    EXPECT_STREQ(e.what(), "config file '/nonexistent/x.ini' not found");
+  }
+}
+
+TEST(ConfigErrorsFiles, ManyProblemsAreReportedTogether) {
+  std::string e = error_of("dataset = dummy\nbatch_sise = 4\nlr = abc\n");
+  EXPECT_EQ(e,
+            "2 problems in the configuration:\n"
+            "  cfg.ini:2: 'batch_sise' is not a known setting (did you mean 'batch_size'?)\n"
+            "  cfg.ini:3: lr = \"abc\": expected a number");
+}
+
+TEST(ConfigInputs, ShippedBenchmarkAndDemoConfigsResolve) {
+  // The configs that need only what fsdpq generates must resolve anywhere.
+  fs::path cwd = fs::current_path();
+  fs::current_path(FSDPQ_SOURCE_DIR);
+  for (const char* name : {"inputs/dummy_7b.ini", "inputs/dummy_70b.ini"}) {
+    EXPECT_NO_THROW(resolve_config(fs::path(name), {})) << name;
+  }
+  fs::current_path(cwd);
+}
+
+}  // namespace
+}  // namespace fsdpq
