@@ -1,0 +1,59 @@
+// From a dataset option to tokenized train / eval examples: fsdp_qlora's dataset choice, prompt
+// style, tokenization, masking and its truncation to whole batches.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "data/examples.h"
+#include "data/tokenizer.h"
+
+namespace fsdpq::data {
+
+struct DataOptions {
+  // alpaca, alpaca_sample, dummy, guanaco, sql, orca_math, synthetic (known_datasets()).
+  std::string dataset = "alpaca_sample";
+  // The local JSON / JSONL file for alpaca, alpaca_sample, guanaco, sql and orca_math (fsdpq
+  // downloads nothing). Must be empty for dummy and synthetic, which make their own records.
+  std::filesystem::path data_path;
+  int64_t dataset_samples = 128;  // alpaca_sample: the first N records; dummy / synthetic: N made
+  int64_t context_length = 512;
+  int64_t batch_size = 1;
+  int64_t gradient_accumulation_steps = 1;
+  uint64_t seed = 42;                    // synthetic records (the sampler's seed is the caller's)
+  bool skip_bad_records = false;         // leave bad records out (counted) instead of stopping
+  double eval_fraction = 0.0;            // the last fraction of the records becomes the eval set
+  std::filesystem::path eval_data_path;  // or a separate eval file (same style)
+  bool pad_to_context_length = false;    // for the collator; kept here with the other data options
+};
+
+struct DatasetStats {
+  size_t records_read = 0, records_skipped = 0;
+  size_t examples = 0;              // train examples kept
+  size_t truncated = 0;             // train examples longer than context_length (cut)
+  size_t dropped_for_batching = 0;  // train examples dropped to reach a multiple of the batch
+  size_t eval_examples = 0;
+  // Train example lengths in tokens before truncation (BOS and EOS included).
+  int64_t length_p50 = 0, length_p90 = 0, length_p99 = 0, length_max = 0;
+  int64_t target_tokens = 0;              // train tokens the loss counts (after truncation)
+  std::vector<std::string> skip_reasons;  // the first few
+};
+
+struct TokenizedDataset {
+  std::vector<Example> train, eval;
+  DatasetStats stats;
+};
+
+// The dataset names build_dataset accepts.
+const std::vector<std::string>& known_datasets();
+
+// Reads or makes the records, formats them in the dataset's prompt style, tokenizes them (in
+// parallel; the result does not depend on the thread count), splits off the eval set and
+// truncates the train set to a multiple of batch_size × gradient_accumulation_steps.
+TokenizedDataset build_dataset(const DataOptions& options, const Tokenizer& tokenizer);
+
+// A few human-readable lines about the dataset, for the run log.
+std::string summarize(const DatasetStats& stats);
+
+}  // namespace fsdpq::data

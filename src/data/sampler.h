@@ -1,0 +1,32 @@
+// The order examples are visited in: PyTorch's CPU randperm and DistributedSampler, reproduced
+// exactly so a run sees the same batches as fsdp_qlora with the same seed.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace fsdpq::data {
+
+// torch.randperm(n, generator=torch.Generator().manual_seed(seed)) on the CPU.
+std::vector<int64_t> torch_randperm(int64_t n, uint64_t seed);
+
+// torch.utils.data.DistributedSampler(dataset, num_replicas=world_size, rank=rank, seed=seed,
+// shuffle=shuffle, drop_last=False) after set_epoch(epoch).
+class DistributedSampler {
+ public:
+  DistributedSampler(int64_t dataset_size, int world_size, int rank, uint64_t seed,
+                     bool shuffle = true);
+
+  // The dataset indices this rank visits in `epoch`, in order (num_samples() of them).
+  std::vector<int64_t> indices(int64_t epoch) const;
+  // ceil(dataset_size / world_size): ranks pad by repeating indices so all get the same count.
+  int64_t num_samples() const { return num_samples_; }
+
+ private:
+  int64_t dataset_size_;
+  int world_size_, rank_;
+  uint64_t seed_;
+  bool shuffle_;
+  int64_t num_samples_;
+};
+
+}  // namespace fsdpq::data

@@ -1,0 +1,76 @@
+// Tokenizers: the Llama sentencepiece model, a byte-level stand-in for benchmarks, and training a
+// small sentencepiece model for demos.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace fsdpq::data {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  // Token ids of `text`, with no BOS or EOS (callers add them, as fsdp_qlora's dataset does).
+  virtual std::vector<int32_t> encode(std::string_view text) const = 0;
+  // Text of `ids`; BOS, EOS, padding and unknown ids add nothing.
+  virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
+  virtual int32_t bos_id() const = 0;
+  virtual int32_t eos_id() const = 0;
+  // fsdp_qlora sets tokenizer.pad_token_id = tokenizer.eos_token_id.
+  virtual int32_t pad_id() const { return eos_id(); }
+  virtual int64_t vocab_size() const = 0;
+  // One line for logs, e.g. "sentencepiece /data/tokenizer.model (32000 pieces)".
+  virtual std::string description() const = 0;
+};
+
+// Loads a sentencepiece tokenizer.model. Encodes like Hugging Face's LlamaTokenizer (legacy):
+// encode(text) = sp.EncodeAsIds(text); the dataset prepends BOS.
+class SentencePieceTokenizer final : public Tokenizer {
+ public:
+  explicit SentencePieceTokenizer(const std::filesystem::path& model_file);
+  ~SentencePieceTokenizer() override;
+
+  std::vector<int32_t> encode(std::string_view text) const override;
+  std::string decode(const std::vector<int32_t>& ids) const override;
+  int32_t bos_id() const override { return bos_id_; }
+  int32_t eos_id() const override { return eos_id_; }
+  int64_t vocab_size() const override { return vocab_size_; }
+  std::string description() const override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::filesystem::path path_;
+  int32_t bos_id_ = 1, eos_id_ = 2;
+  int64_t vocab_size_ = 0;
+};
+
+// "builtin:bytes": 0 <unk>, 1 <s>, 2 </s>, 3..258 = the 256 byte values. Needs no file, so
+// benchmarks run on machines without a tokenizer.model.
+class ByteTokenizer final : public Tokenizer {
+ public:
+  static constexpr int32_t kUnk = 0, kBos = 1, kEos = 2, kFirstByte = 3;
+
+  std::vector<int32_t> encode(std::string_view text) const override;
+  std::string decode(const std::vector<int32_t>& ids) const override;
+  int32_t bos_id() const override { return kBos; }
+  int32_t eos_id() const override { return kEos; }
+  int64_t vocab_size() const override { return kFirstByte + 256; }
+  std::string description() const override;
+};
+
+// `spec` is "builtin:bytes", a path to a sentencepiece .model file, or a directory holding
+// tokenizer.model (a Hugging Face model folder).
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& spec);
+
+// Trains a Llama-like sentencepiece model (BPE, byte fallback, digits split, unk 0 / bos 1 /
+// eos 2, no pad piece) on `input`: a text file (one sentence a line) or a .json / .jsonl file of
+// records whose string values are the sentences. Deterministic and quiet; `output_model` is
+// written atomically.
+void train_tokenizer(const std::filesystem::path& input, const std::filesystem::path& output_model,
+                     int vocab_size);
+
+}  // namespace fsdpq::data
