@@ -1,0 +1,57 @@
+#include "optim/clip.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace fsdpq {
+
+double grad_sq_sum(const float* grad, int64_t n) {
+  constexpr int64_t kChunk = 1 << 16;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t end = std::min(n, (c + 1) * kChunk);
+    double sum = 0.0;
+    for (int64_t i = c * kChunk; i < end; ++i) sum += static_cast<double>(grad[i]) * grad[i];
+    partial[static_cast<size_t>(c)] = sum;
+  }
+  double total = 0.0;
+  for (double p : partial) total += p;
+  return total;
+}
+
+double grad_sq_sum(std::span<const GradBuffer> grads) {
+  double total = 0.0;
+  for (const GradBuffer& g : grads) total += grad_sq_sum(g.data, g.numel);
+  return total;
+}
+
+double clip_coefficient(double total_norm, double max_norm) {
+  return std::min(1.0, max_norm / (total_norm + 1e-6));
+}
+
+ClipResult clip_grads_to_norm(std::span<const GradBuffer> grads, double total_norm,
+                              double max_norm) {
+  ClipResult result;
+  result.total_norm = total_norm;
+  const double coef = clip_coefficient(total_norm, max_norm);
+  // NaN compares false: a NaN norm leaves the gradients as they are (already NaN).
+  if (!(coef < 1.0)) return result;
+  result.coefficient = coef;
+  result.clipped = true;
+  const float factor = static_cast<float>(coef);
+  for (const GradBuffer& g : grads) {
+    float* data = g.data;
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < g.numel; ++i) data[i] *= factor;
+  }
+  return result;
+}
+
+ClipResult clip_grad_norm(std::span<const GradBuffer> grads, double max_norm) {
+  return clip_grads_to_norm(grads, std::sqrt(grad_sq_sum(grads)), max_norm);
+}
+
+}  // namespace fsdpq

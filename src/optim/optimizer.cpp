@@ -1,0 +1,197 @@
+#include "optim/optimizer.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "util/error.h"
+
+namespace fsdpq {
+namespace {
+
+// The per-element arithmetic follows torch's single-tensor implementations operation by
+// operation, in fp32 with the Python-side scalars rounded to fp32 (as torch does when it applies
+// a Python float to an fp32 tensor). Comments name the torch call each line mirrors.
+
+// torch.lerp(self, end, weight) for fp32 (ATen/native/Lerp.h): two forms for accuracy.
+inline float lerp(float self, float end, float weight) {
+  return std::fabs(weight) < 0.5f ? self + weight * (end - self)
+                                  : end - (end - self) * (1.0f - weight);
+}
+
+void adam_step(const OptimizerConfig& c, bool decoupled_decay, double lr, int64_t step,
+               float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n) {
+  const double bias_correction1 = 1.0 - std::pow(c.beta1, static_cast<double>(step));
+  const double bias_correction2 = 1.0 - std::pow(c.beta2, static_cast<double>(step));
+  const bool decay = c.weight_decay != 0.0;
+  const float decay_factor = static_cast<float>(1.0 - lr * c.weight_decay);
+  const float l2 = static_cast<float>(c.weight_decay);
+  const float avg_weight = static_cast<float>(1.0 - c.beta1);
+  const float beta2 = static_cast<float>(c.beta2);
+  const float sq_weight = static_cast<float>(1.0 - c.beta2);
+  const float bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+  const float eps = static_cast<float>(c.eps);
+  const float neg_step_size = static_cast<float>(-(lr / bias_correction1));
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    float p = param[i];
+    float g = grad[i];
+    if (decay && decoupled_decay) p = p * decay_factor;  // param.mul_(1 - lr * wd)
+    if (decay && !decoupled_decay) g = g + l2 * p;       // grad.add(param, alpha=wd)
+    const float m = lerp(exp_avg[i], g, avg_weight);     // exp_avg.lerp_(grad, 1 - beta1)
+    float v = exp_avg_sq[i] * beta2;                     // exp_avg_sq.mul_(beta2)
+    v = v + sq_weight * g * g;                           //   .addcmul_(grad, grad, 1 - beta2)
+    const float denom = std::sqrt(v) / bias_correction2_sqrt + eps;
+    param[i] = p + neg_step_size * m / denom;  // param.addcdiv_(exp_avg, denom, -step_size)
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
+  }
+}
+
+void sgd_step(const OptimizerConfig& c, double lr, float* param, const float* grad, int64_t n) {
+  const bool decay = c.weight_decay != 0.0;
+  const float l2 = static_cast<float>(c.weight_decay);
+  const float neg_lr = static_cast<float>(-lr);
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    float g = grad[i];
+    if (decay) g = g + l2 * param[i];
+    param[i] = param[i] + neg_lr * g;  // param.add_(grad, alpha=-lr)
+  }
+}
+
+void adadelta_step(const OptimizerConfig& c, double lr, float* param, const float* grad,
+                   float* square_avg, float* acc_delta, int64_t n) {
+  const bool decay = c.weight_decay != 0.0;
+  const float l2 = static_cast<float>(c.weight_decay);
+  const float rho = static_cast<float>(c.rho);
+  const float one_minus_rho = static_cast<float>(1.0 - c.rho);
+  const float eps = static_cast<float>(c.eps);
+  const float neg_lr = static_cast<float>(-lr);
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    float g = grad[i];
+    if (decay) g = g + l2 * param[i];
+    float sq = square_avg[i] * rho;  // square_avg.mul_(rho).addcmul_(grad, grad, 1 - rho)
+    sq = sq + one_minus_rho * g * g;
+    const float std_dev = std::sqrt(sq + eps);        // square_avg.add(eps).sqrt_()
+    float delta = std::sqrt(acc_delta[i] + eps);      // acc_delta.add(eps).sqrt_()
+    delta = delta / std_dev;                          // delta.div_(std)
+    delta = delta * g;                                //   .mul_(grad)
+    float acc = acc_delta[i] * rho;                   // acc_delta.mul_(rho)
+    acc = acc + one_minus_rho * delta * delta;        //   .addcmul_(delta, delta, 1 - rho)
+    param[i] = param[i] + neg_lr * delta;             // param.add_(delta, alpha=-lr)
+    square_avg[i] = sq;
+    acc_delta[i] = acc;
+  }
+}
+
+}  // namespace
+
+OptimizerConfig optimizer_config(std::string_view name, double lr, double weight_decay) {
+  OptimizerConfig c;
+  c.lr = lr;
+  if (name == "adamw" || name == "fused_adamw") {
+    c.kind = OptimizerKind::adamw;
+    c.beta1 = 0.9;
+    c.beta2 = 0.95;
+    c.eps = 1e-5;
+    c.weight_decay = weight_decay;
+  } else if (name == "adam" || name == "fused_adam") {
+    c.kind = OptimizerKind::adam;  // torch.optim.Adam defaults
+    c.beta1 = 0.9;
+    c.beta2 = 0.999;
+    c.eps = 1e-8;
+    c.weight_decay = 0.0;
+  } else if (name == "sgd") {
+    c.kind = OptimizerKind::sgd;  // no momentum, no weight decay
+    c.weight_decay = 0.0;
+  } else if (name == "adadelta") {
+    c.kind = OptimizerKind::adadelta;  // torch.optim.Adadelta defaults
+    c.rho = 0.9;
+    c.eps = 1e-6;
+    c.weight_decay = 0.0;
+  } else {
+    fail("optimizer: unknown value '{}' (allowed: adamw, fused_adamw, adam, fused_adam, sgd, "
+         "adadelta)",
+         name);
+  }
+  return c;
+}
+
+std::string_view optimizer_kind_name(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::adamw: return "adamw";
+    case OptimizerKind::adam: return "adam";
+    case OptimizerKind::sgd: return "sgd";
+    case OptimizerKind::adadelta: return "adadelta";
+  }
+  throw std::logic_error("unknown OptimizerKind");
+}
+
+std::vector<std::string> optimizer_state_names(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::adamw:
+    case OptimizerKind::adam: return {"exp_avg", "exp_avg_sq"};
+    case OptimizerKind::sgd: return {};
+    case OptimizerKind::adadelta: return {"square_avg", "acc_delta"};
+  }
+  throw std::logic_error("unknown OptimizerKind");
+}
+
+void optimizer_step(const OptimizerConfig& config, double lr, int64_t step, float* param,
+                    const float* grad, float* const* state, int64_t n) {
+  if (step < 1) throw std::logic_error("optimizer_step: step counts from 1");
+  switch (config.kind) {
+    case OptimizerKind::adamw:
+      adam_step(config, true, lr, step, param, grad, state[0], state[1], n);
+      return;
+    case OptimizerKind::adam:
+      adam_step(config, false, lr, step, param, grad, state[0], state[1], n);
+      return;
+    case OptimizerKind::sgd: sgd_step(config, lr, param, grad, n); return;
+    case OptimizerKind::adadelta:
+      adadelta_step(config, lr, param, grad, state[0], state[1], n);
+      return;
+  }
+  throw std::logic_error("unknown OptimizerKind");
+}
+
+ShardOptimizer::ShardOptimizer(OptimizerConfig config, int64_t numel)
+    : config_(config), numel_(numel), names_(optimizer_state_names(config.kind)) {
+  if (numel < 0) throw std::logic_error("ShardOptimizer: negative numel");
+  buffers_.assign(names_.size(), std::vector<float>(static_cast<size_t>(numel), 0.0f));
+}
+
+void ShardOptimizer::step(float* param, const float* grad, double lr) {
+  ++step_count_;
+  std::vector<float*> state;
+  for (auto& buffer : buffers_) state.push_back(buffer.data());
+  optimizer_step(config_, lr, step_count_, param, grad, state.data(), numel_);
+}
+
+std::vector<ShardOptimizer::NamedBuffer> ShardOptimizer::state_buffers() {
+  std::vector<NamedBuffer> out;
+  for (size_t k = 0; k < names_.size(); ++k) out.push_back({names_[k], std::span<float>(buffers_[k])});
+  return out;
+}
+
+nlohmann::json ShardOptimizer::state_json() const {
+  return {{"optimizer", std::string(optimizer_kind_name(config_.kind))},
+          {"step", step_count_},
+          {"numel", numel_}};
+}
+
+void ShardOptimizer::load_state_json(const nlohmann::json& state) {
+  const std::string kind = state.at("optimizer").get<std::string>();
+  if (kind != optimizer_kind_name(config_.kind))
+    fail("checkpoint optimizer state is for '{}', but this run uses '{}'", kind,
+         optimizer_kind_name(config_.kind));
+  const int64_t numel = state.at("numel").get<int64_t>();
+  if (numel != numel_)
+    fail("checkpoint optimizer state has {} elements for this shard, expected {}", numel, numel_);
+  const int64_t step = state.at("step").get<int64_t>();
+  if (step < 0) fail("checkpoint optimizer state has a negative step count ({})", step);
+  step_count_ = step;
+}
+
+}  // namespace fsdpq

@@ -1,0 +1,76 @@
+// Optimizers over flat fp32 buffers, with torch.optim semantics (formulas in docs/optim.md).
+// A step touches one contiguous range of (param, grad, state) and nothing else, so a rank steps
+// exactly the shard it owns, on the GPU's host copy or in CPU offload, with no gathering.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace fsdpq {
+
+enum class OptimizerKind { adamw, adam, sgd, adadelta };
+
+struct OptimizerConfig {
+  OptimizerKind kind = OptimizerKind::adamw;
+  double lr = 1e-5;  // base learning rate; a schedule scales it per step
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-5;
+  double weight_decay = 0.1;  // decoupled for adamw, L2 (added to the gradient) otherwise
+  double rho = 0.9;           // adadelta only
+};
+
+// fsdp_qlora's optimizer for an `optimizer` option value: adamw / fused_adamw =
+// AdamW(lr, betas=(0.9, 0.95), eps=1e-5, weight_decay=wd); adam / fused_adam = Adam(lr);
+// sgd = SGD(lr); adadelta = Adadelta(lr). The fused variants have the same math. Throws
+// UserError naming the allowed values for anything else.
+OptimizerConfig optimizer_config(std::string_view name, double lr, double weight_decay);
+
+std::string_view optimizer_kind_name(OptimizerKind kind);
+
+// torch's names for the per-element state buffers, in the order optimizer_step expects them:
+// adam(w): exp_avg, exp_avg_sq; adadelta: square_avg, acc_delta; sgd: none.
+std::vector<std::string> optimizer_state_names(OptimizerKind kind);
+
+// One step over elements [0, n) of a flat shard. `state` has one buffer per state name (all
+// zeros before the first step); `step` is torch's state['step'] after its increment (1 on the
+// first step); `lr` is the scheduled learning rate for this step.
+void optimizer_step(const OptimizerConfig& config, double lr, int64_t step, float* param,
+                    const float* grad, float* const* state, int64_t n);
+
+// The state of one shard, owned: buffers plus the step count.
+class ShardOptimizer {
+ public:
+  ShardOptimizer(OptimizerConfig config, int64_t numel);
+
+  // Increments the step count, then updates param in place from grad.
+  void step(float* param, const float* grad, double lr);
+
+  const OptimizerConfig& config() const { return config_; }
+  int64_t numel() const { return numel_; }
+  int64_t step_count() const { return step_count_; }
+
+  // Checkpointing: the named state buffers (torch's names) to save or to fill on load, and the
+  // scalar state as JSON ({"optimizer", "step", "numel"}).
+  struct NamedBuffer {
+    std::string name;
+    std::span<float> data;
+  };
+  std::vector<NamedBuffer> state_buffers();
+  nlohmann::json state_json() const;
+  // Restores the step count; throws UserError when the checkpoint is of another optimizer or size.
+  void load_state_json(const nlohmann::json& state);
+
+ private:
+  OptimizerConfig config_;
+  int64_t numel_;
+  int64_t step_count_ = 0;
+  std::vector<std::string> names_;
+  std::vector<std::vector<float>> buffers_;
+};
+
+}  // namespace fsdpq
