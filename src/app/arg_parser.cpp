@@ -28,7 +28,7 @@ ParsedFlags parse_flags(const std::string& command, const std::vector<FlagSpec>&
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
     if (!starts_with(arg, "--"))
-      fail("fsdpq {}: unexpected argument '{}' (flags look like --name value; see fsdpq {} --help)", command, arg,
+      fail("{}: unexpected argument '{}' (flags look like --name value; see fsdpq {} --help)", command, arg,
            command);
     std::string name = arg.substr(2), value;
     bool inline_value = false;
@@ -42,22 +42,22 @@ ParsedFlags parse_flags(const std::string& command, const std::vector<FlagSpec>&
       if (s.name == name) spec = &s;
     if (!spec) {
       std::string guess = closest_match(name, names);
-      fail("fsdpq {}: unknown flag --{}{}", command, name,
+      fail("{}: unknown flag --{}{}", command, name,
            guess.empty() ? fmt::format(" (fsdpq {} --help lists the flags)", command)
                          : fmt::format(" (did you mean --{}?)", guess));
     }
-    if (out.has(name)) fail("fsdpq {}: --{} is given twice", command, name);
+    if (out.has(name)) fail("{}: --{} is given twice", command, name);
     if (spec->value_name.empty()) {
-      if (inline_value) fail("fsdpq {}: --{} takes no value", command, name);
+      if (inline_value) fail("{}: --{} takes no value", command, name);
       value = "true";
     } else if (!inline_value) {
-      if (i + 1 >= args.size()) fail("fsdpq {}: --{} needs a value ({})", command, name, spec->value_name);
+      if (i + 1 >= args.size()) fail("{}: --{} needs a value ({})", command, name, spec->value_name);
       value = args[++i];
     }
     out.values_[name] = value;
   }
   for (const auto& s : specs)
-    if (s.required && !out.has(s.name)) fail("fsdpq {}: --{} {} is required", command, s.name, s.value_name);
+    if (s.required && !out.has(s.name)) fail("{}: --{} {} is required", command, s.name, s.value_name);
   return out;
 }
 

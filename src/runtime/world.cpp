@@ -17,6 +17,8 @@ std::string env_or_empty(const char* name) {
   return v ? v : "";
 }
 
+}  // namespace
+
 std::string detect_launcher() {
   if (!env_or_empty("OMPI_COMM_WORLD_RANK").empty() || !env_or_empty("PMIX_RANK").empty()) {
     // srun with PMIx also sets PMIX_RANK; SLURM_STEP_ID tells srun from mpirun.
@@ -27,14 +29,8 @@ std::string detect_launcher() {
   return "singleton";
 }
 
-}  // namespace
-
-MpiRuntime::MpiRuntime(int* argc, char*** argv) {
-  int provided = 0;
-  MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
-  // Errors come back as codes and are turned into messages, rather than MPI aborting silently.
-  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-  World& w = world_;
+World describe_world(const std::string& launcher) {
+  World w;
   MPI_Comm_rank(MPI_COMM_WORLD, &w.rank);
   MPI_Comm_size(MPI_COMM_WORLD, &w.size);
 
@@ -59,7 +55,18 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
   w.hostname = host;
-  w.launcher = detect_launcher();
+  w.launcher = launcher;
+  return w;
+}
+
+MpiRuntime::MpiRuntime(int* argc, char*** argv) {
+  // Read before MPI_Init: a singleton Open MPI sets the same variables as mpirun during init.
+  const std::string launcher = detect_launcher();
+  int provided = 0;
+  MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+  // Errors come back as codes and are turned into messages, rather than MPI aborting silently.
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  world_ = describe_world(launcher);
 }
 
 MpiRuntime::~MpiRuntime() {

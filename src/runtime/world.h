@@ -21,6 +21,12 @@ struct World {
   bool is_root() const { return rank == 0; }
 };
 
+// How this process was started, from the environment: "srun", "mpirun" or "singleton".
+// Call before MPI_Init (a singleton's MPI_Init sets mpirun's variables).
+std::string detect_launcher();
+// Describes the world of an initialised MPI (collective over MPI_COMM_WORLD).
+World describe_world(const std::string& launcher);
+
 // Starts MPI (MPI_Init_thread, funneled) and fills the World; finalises in the destructor.
 class MpiRuntime {
  public:

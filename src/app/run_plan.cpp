@@ -1,0 +1,149 @@
+#include "app/run_plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "runtime/agreed_errors.h"
+#include "runtime/fault_injection.h"
+#include "util/error.h"
+#include "util/strings.h"
+
+namespace fsdpq {
+
+data::DataOptions data_options_from(const TrainConfig& c) {
+  data::DataOptions o;
+  o.dataset = c.dataset;
+  o.data_path = c.data_path;
+  o.dataset_samples = c.dataset_samples;
+  o.context_length = c.context_length;
+  o.batch_size = c.batch_size;
+  o.gradient_accumulation_steps = c.gradient_accumulation_steps;
+  o.seed = static_cast<uint64_t>(c.seed);
+  o.skip_bad_records = c.skip_bad_records;
+  o.eval_fraction = c.eval_fraction;
+  o.eval_data_path = c.eval_data_path;
+  o.pad_to_context_length = c.pad_to_context_length;
+  return o;
+}
+
+BatchPlan plan_batches(const TrainConfig& c, const data::TokenizedDataset& dataset, int world_size) {
+  BatchPlan p;
+  p.world_size = world_size;
+  p.examples = static_cast<int64_t>(dataset.train.size());
+  p.examples_per_rank = (p.examples + world_size - 1) / world_size;
+  p.micro_batches_per_epoch = (p.examples_per_rank + c.batch_size - 1) / c.batch_size;
+  p.steps_per_epoch = p.micro_batches_per_epoch / c.gradient_accumulation_steps;
+  p.total_steps = p.steps_per_epoch * c.num_epochs;
+  if (c.max_steps > 0) p.total_steps = std::min(p.total_steps, c.max_steps);
+  p.global_batch = c.batch_size * c.gradient_accumulation_steps * world_size;
+  p.max_tokens_per_step = p.global_batch * c.context_length;
+  double total_len = 0;
+  for (const auto& e : dataset.train) total_len += static_cast<double>(e.input_ids.size());
+  double mean_len = dataset.train.empty() ? 0 : total_len / static_cast<double>(dataset.train.size());
+  p.mean_tokens_per_step = c.pad_to_context_length ? static_cast<double>(p.max_tokens_per_step)
+                                                   : mean_len * static_cast<double>(p.global_batch);
+  return p;
+}
+
+RunPlan prepare_run(const World& world, const ResolvedConfig& resolved) {
+  const TrainConfig& c = resolved.config;
+  RunPlan plan;
+  run_on_all_ranks(world, [&] {
+    if (c.world_size != -1 && c.world_size != world.size)
+      fail("{}: the job runs {} rank(s) ({})", resolved.cite("world_size"), world.size, world.launcher);
+    plan.model = open_model_source(c.model_name);
+  });
+  run_on_all_ranks(world, [&] {
+    plan.tokenizer = data::load_tokenizer(tokenizer_spec_for(plan.model, c.tokenizer_path));
+    if (plan.tokenizer->vocab_size() > plan.model.config.vocab_size)
+      fail("the tokenizer {} has {} tokens but the model's vocab_size is {}: token ids would fall "
+           "outside the embedding", plan.tokenizer->description(), plan.tokenizer->vocab_size(),
+           plan.model.config.vocab_size);
+    if (c.context_length > plan.model.config.max_position_embeddings)
+      fail("{}: longer than the model's max_position_embeddings ({})", resolved.cite("context_length"),
+           plan.model.config.max_position_embeddings);
+  });
+  run_on_all_ranks(world, [&] {
+    maybe_inject_fault(world, "load_data");
+    plan.dataset = data::build_dataset(data_options_from(c), *plan.tokenizer);
+    // Never train on nothing: with every answer truncated away the loss would count no token.
+    if (plan.dataset.stats.target_tokens == 0)
+      fail("no training example keeps any answer token after truncation to {}: every label is masked "
+           "(prompt tokens are not trained on); increase context_length", resolved.cite("context_length"));
+  });
+  plan.footprint = model_footprint(plan.model.config, c.quantized_base(), !c.is_lora(),
+                                   c.is_lora() ? c.lora_rank : 0,
+                                   c.is_lora() ? c.lora_target_modules : std::vector<std::string>{});
+  plan.batches = plan_batches(c, plan.dataset, world.size);
+  return plan;
+}
+
+std::string format_dry_run(const ResolvedConfig& resolved, const RunPlan& plan, const World& world,
+                           const GpuInfo& gpu) {
+  const TrainConfig& c = resolved.config;
+  const LlamaConfig& m = plan.model.config;
+  const ModelFootprint& f = plan.footprint;
+  const auto& s = plan.dataset.stats;
+  const BatchPlan& b = plan.batches;
+  std::string out;
+  auto line = [&](const std::string& text) { out += text + "\n"; };
+
+  line(fmt::format("== fsdpq dry run: {}", resolved.config_path.empty() ? "(no config file)" : resolved.config_path));
+  line("");
+  line("-- resolved config");
+  out += format_resolved_config(resolved);
+  line("");
+  line("-- runtime");
+  line(fmt::format("ranks {} ({}), nodes {}, ranks on this node {}", world.size, world.launcher, world.num_nodes,
+                   world.local_size));
+  line(gpu.has_gpu() ? fmt::format("GPU {} on rank 0: {} ({})", gpu.device, gpu.name, human_bytes(gpu.total_memory))
+                     : fmt::format("no GPU ({}): CPU backend", gpu.name));
+  line("");
+  line("-- model");
+  line(fmt::format("{} ({}): {}, hidden {}, intermediate {}, layers {}, heads {} (kv {}), head_dim {}, vocab {}",
+                   plan.model.name, plan.model.is_preset() ? "random-initialised preset" : "HF directory",
+                   m.model_type, m.hidden_size, m.intermediate_size, m.num_hidden_layers, m.num_attention_heads,
+                   m.num_key_value_heads, m.head_dim, m.vocab_size));
+  line(fmt::format("rope_theta {:g}{}, rms_norm_eps {:g}, tied embeddings {}", m.rope_theta,
+                   m.rope_scaling.type.empty() ? "" : fmt::format(" ({} scaling x{:g})", m.rope_scaling.type,
+                                                                  m.rope_scaling.factor),
+                   m.rms_norm_eps, m.tie_word_embeddings ? "yes" : "no"));
+  line(fmt::format("{:<22}{:>18}{:>16}", "parameters", "count", ""));
+  auto row = [&](const char* what, int64_t n) { line(fmt::format("  {:<20}{:>18}{:>16}", what, n, human_count(n))); };
+  row("embedding", f.params.embedding);
+  row("attention q,k,v,o", f.params.attention);
+  row("mlp gate,up,down", f.params.mlp);
+  row("norms", f.params.norms);
+  row("lm_head", f.params.lm_head);
+  row("total", f.params.total);
+  if (c.is_lora()) {
+    row("LoRA adapters", f.lora_params);
+    line(fmt::format("  LoRA r={} alpha={:g} dropout={:g} on {} ({:.3f}% of the base)", c.lora_rank, c.lora_alpha,
+                     c.lora_dropout, join(c.lora_target_modules, ","),
+                     100.0 * static_cast<double>(f.lora_params) / static_cast<double>(f.params.total)));
+  }
+  line(fmt::format("base weights: {} in NF4 ({} params), {} in bf16 ({} params); trainable {} ({} fp32 masters)",
+                   human_bytes(static_cast<double>(f.nf4_bytes)), human_count(static_cast<double>(f.quantized_params)),
+                   human_bytes(static_cast<double>(f.bf16_bytes)), human_count(static_cast<double>(f.bf16_base_params)),
+                   human_count(static_cast<double>(f.trainable_params)),
+                   human_bytes(static_cast<double>(f.trainable_fp32_bytes))));
+  line("");
+  line("-- tokenizer and dataset");
+  line(fmt::format("tokenizer: {} (bos {}, eos {}, pad {})", plan.tokenizer->description(), plan.tokenizer->bos_id(),
+                   plan.tokenizer->eos_id(), plan.tokenizer->pad_id()));
+  out += data::summarize(s);
+  if (out.back() != '\n') out += "\n";
+  line("");
+  line("-- batch plan");
+  line(fmt::format("examples {} → {} per rank ({} rank(s)), batch_size {}, accumulation {}", b.examples,
+                   b.examples_per_rank, b.world_size, c.batch_size, c.gradient_accumulation_steps));
+  line(fmt::format("per epoch: {} micro-batches, {} optimizer steps per rank; {} epoch(s) → {} steps{}",
+                   b.micro_batches_per_epoch, b.steps_per_epoch, c.num_epochs, b.total_steps,
+                   c.max_steps > 0 ? fmt::format(" (max_steps {})", c.max_steps) : ""));
+  line(fmt::format("per optimizer step: {} examples, ≤ {} tokens (context {}), ≈ {:.0f} tokens on average", b.global_batch,
+                   b.max_tokens_per_step, c.context_length, b.mean_tokens_per_step));
+  return out;
+}
+
+}  // namespace fsdpq

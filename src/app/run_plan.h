@@ -1,0 +1,47 @@
+// Everything a training job prepares before its first step — model source, tokenizer, dataset,
+// batch plan — and the dry-run report that prints it.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "config/config_loader.h"
+#include "data/dataset.h"
+#include "data/tokenizer.h"
+#include "model/footprint.h"
+#include "model/model_source.h"
+#include "runtime/gpu.h"
+#include "runtime/world.h"
+
+namespace fsdpq {
+
+struct BatchPlan {
+  int world_size = 1;
+  int64_t examples = 0;                 // train examples after truncation to whole batches
+  int64_t examples_per_rank = 0;        // DistributedSampler: ceil(examples / world)
+  int64_t micro_batches_per_epoch = 0;  // per rank: ceil(examples_per_rank / batch_size)
+  int64_t steps_per_epoch = 0;          // optimizer steps: micro-batches / accumulation
+  int64_t total_steps = 0;              // over all epochs, capped by max_steps
+  int64_t global_batch = 0;             // examples per optimizer step over all ranks
+  int64_t max_tokens_per_step = 0;      // global_batch × context_length
+  double mean_tokens_per_step = 0;      // global_batch × mean (truncated) example length
+};
+
+BatchPlan plan_batches(const TrainConfig& config, const data::TokenizedDataset& dataset, int world_size);
+
+struct RunPlan {
+  ModelSource model;
+  std::unique_ptr<data::Tokenizer> tokenizer;
+  data::TokenizedDataset dataset;
+  ModelFootprint footprint;
+  BatchPlan batches;
+};
+
+data::DataOptions data_options_from(const TrainConfig& config);
+
+// Collective: every rank prepares the same plan; any failure stops all ranks with one message.
+RunPlan prepare_run(const World& world, const ResolvedConfig& resolved);
+
+std::string format_dry_run(const ResolvedConfig& resolved, const RunPlan& plan, const World& world,
+                           const GpuInfo& gpu);
+
+}  // namespace fsdpq

@@ -1,0 +1,32 @@
+// How many parameters of each kind a run has and how many bytes they take: the model report of
+// the dry run, and later the memory planner's starting point.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/llama_config.h"
+
+namespace fsdpq {
+
+struct ModelFootprint {
+  ParamCounts params;
+  int64_t quantized_params = 0;  // linear weights stored as NF4 (qlora)
+  int64_t bf16_base_params = 0;  // frozen or trainable weights kept in bf16
+  int64_t lora_params = 0;
+  int64_t trainable_params = 0;
+  uint64_t nf4_bytes = 0;        // packed codes + (double-quantised) absmax
+  uint64_t bf16_bytes = 0;       // base weights kept in bf16
+  uint64_t trainable_fp32_bytes = 0;  // fp32 master copies of what trains
+};
+
+// `quantized`: base linear weights in NF4 (blocksize 64, double-quantised absmax, as fsdp_qlora);
+// `lora_rank` 0 and empty targets for full fine-tuning.
+ModelFootprint model_footprint(const LlamaConfig& config, bool quantized, bool trainable_base, int64_t lora_rank,
+                               const std::vector<std::string>& lora_targets);
+
+// Bytes of one NF4 tensor of `numel` weights with bitsandbytes' blocksize 64 and, when
+// double_quant, its absmax quantised to 8 bits in blocks of 256 (+ one fp32 scale per block and the offset).
+uint64_t nf4_tensor_bytes(int64_t numel, bool double_quant);
+
+}  // namespace fsdpq

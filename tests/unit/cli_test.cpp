@@ -1,0 +1,279 @@
+// The fsdpq binary as a user drives it: help, print-config, dry runs, and the catalogue of bad
+// inputs (models, tokenizers, data files, launches), each asserting the exact message.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+
+#include "test_support.h"
+
+namespace fsdpq {
+namespace {
+
+namespace fs = std::filesystem;
+using test::run_command;
+using test::run_fsdpq;
+
+// A tiny model directory and small data files, made once for the whole suite.
+class Cli : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = test::make_temp_dir("cli");
+    auto r = run_fsdpq("init-model --preset tiny --out " + (dir_ / "model").string() + " --vocab_size 300 --seed 1");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    std::string good;
+    for (int i = 0; i < 16; ++i) good += R"({"instruction": "say hi", "input": "", "output": "hi there"})" "\n";
+    test::write_file(dir_ / "good.jsonl", good);
+    make_damaged_inputs();
+  }
+
+  // The damaged inputs of the catalogue below.
+  static void make_damaged_inputs() {
+    test::write_file(dir_ / "broken.jsonl", "{\"instruction\": \"a\", \"input\": \"\", \"output\": \"b\"}\n"
+                                            "{\"instruction\": \"a\", \"input\": \"\"\n");
+    test::write_file(dir_ / "missing.jsonl", "{\"instruction\": \"a\", \"input\": \"\", \"output\": \"b\"}\n"
+                                             "{\"instruction\": \"a\", \"input\": \"\"}\n");
+    auto r = run_fsdpq("init-model --preset tiny --out " + (dir_ / "small_vocab").string() + " --vocab_size 100");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    fs::create_directories(dir_ / "empty_dir");
+    replace_in_file(copy_model("bad_shape") / "config.json", "\"intermediate_size\": 176", "\"intermediate_size\": 200");
+    replace_in_file(copy_model("extra_layer") / "config.json", "\"num_hidden_layers\": 2", "\"num_hidden_layers\": 3");
+    replace_in_file(copy_model("gelu_model") / "config.json", "\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"");
+    fs::resize_file(copy_model("truncated") / "model.safetensors", 1000);
+    fs::remove(copy_model("no_weights") / "model.safetensors");
+  }
+  static fs::path dir_;
+
+  // Runs `fsdpq ARGS` in the suite's folder.
+  static test::CommandResult fsdpq(const std::string& args) {
+    return run_command("cd '" + dir_.string() + "' && '" + FSDPQ_BINARY + "' " + args);
+  }
+  // Runs a shell command line in the suite's folder (for mpirun and environment settings).
+  static test::CommandResult shell(const std::string& command) {
+    return run_command("cd '" + dir_.string() + "' && " + command);
+  }
+  // A dry run on the tiny model with the byte tokenizer and `extra` settings.
+  static test::CommandResult dry_run(const std::string& extra) {
+    return fsdpq("--dry_run --model_name model --tokenizer_path builtin:bytes " + extra);
+  }
+  // A copy of the tiny model that a test may damage.
+  static fs::path copy_model(const std::string& name) {
+    fs::path to = dir_ / name;
+    fs::remove_all(to);
+    fs::copy(dir_ / "model", to, fs::copy_options::recursive);
+    return to;
+  }
+  static void replace_in_file(const fs::path& file, const std::string& from, const std::string& to) {
+    std::string text = test::read_file(file);
+    auto pos = text.find(from);
+    ASSERT_NE(pos, std::string::npos) << from << " not in " << file;
+    text.replace(pos, from.size(), to);
+    test::write_file(file, text);
+  }
+};
+fs::path Cli::dir_;
+
+// The one error line fsdpq printed ("fsdpq: error: ..."), or the whole output when there is none.
+std::string error_line(const std::string& output) {
+  auto pos = output.find("fsdpq: error");
+  if (pos == std::string::npos) return output;
+  auto end = output.find('\n', pos);
+  return output.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
+}
+
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (auto pos = text.find(what); pos != std::string::npos; pos = text.find(what, pos + 1)) ++n;
+  return n;
+}
+
+TEST_F(Cli, HelpVersionAndNoArguments) {
+  auto r = fsdpq("--help");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.output.find("usage:"), std::string::npos);
+  r = fsdpq("--version");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.output.rfind("fsdpq ", 0), 0u);
+  r = fsdpq("");
+  EXPECT_EQ(r.exit_code, 2) << "no arguments is a usage error";
+  EXPECT_NE(r.output.find("usage:"), std::string::npos);
+  r = fsdpq("init-model --help");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--preset NAME"), std::string::npos);
+}
+
+TEST_F(Cli, PrintConfigShowsSources) {
+  test::write_file(dir_ / "p.ini", "[data]\ndataset = dummy\n");
+  auto r = fsdpq("--print-config p.ini --batch_size=3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("dataset = dummy"), std::string::npos);
+  EXPECT_NE(r.output.find("# p.ini:2"), std::string::npos);
+  EXPECT_NE(r.output.find("batch_size = 3"), std::string::npos);
+  EXPECT_NE(r.output.find("# command line"), std::string::npos);
+}
+
+TEST_F(Cli, DryRunReportsModelDatasetAndBatchPlan) {
+  auto r = dry_run("--dataset alpaca --data_path good.jsonl --batch_size 2 --gradient_accumulation_steps 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* part : {"-- resolved config", "-- model", "-- tokenizer and dataset", "-- batch plan",
+                           "examples 16 → 16 per rank (1 rank(s)), batch_size 2, accumulation 2",
+                           "per epoch: 8 micro-batches, 4 optimizer steps per rank; 1 epoch(s) → 4 steps",
+                           "dry run: everything checked"})
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+}
+
+TEST_F(Cli, DryRunOfTheBenchmarkPresetNeedsNoFiles) {
+  auto r = run_command(std::string("cd '") + FSDPQ_SOURCE_DIR + "' && '" + FSDPQ_BINARY +
+                       "' --dry_run inputs/dummy_7b.ini --output_dir " + (dir_ / "out7b").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("total                       6738415616"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("LoRA adapters                143130624"), std::string::npos) << r.output;
+}
+
+TEST_F(Cli, DemoDryRunPreparesItsOwnAssets) {
+  auto r = fsdpq("demo --dry_run --out demo");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(dir_ / "demo" / "model" / "config.json"));
+  EXPECT_TRUE(fs::exists(dir_ / "demo" / "model" / "tokenizer.model"));
+  EXPECT_TRUE(fs::exists(dir_ / "demo" / "data.jsonl"));
+  EXPECT_NE(r.output.find("0 truncated to context_length"), std::string::npos) << r.output;
+  // Twice is fine: the assets are reused.
+  EXPECT_EQ(fsdpq("demo --dry_run --out demo").exit_code, 0);
+}
+
+TEST_F(Cli, SqlDryRunOnRealDataWithTheLlamaTokenizer) {
+  FSDPQ_SHARED_DATA_OR_SKIP(sql, "sql.jsonl");
+  FSDPQ_SHARED_DATA_OR_SKIP(tok, "tokenizer.model");
+  // First make a tiny model that carries the real Llama-2 tokenizer, then dry-run sql.ini on it.
+  auto init = fsdpq("init-model --preset tiny --out model32k --tokenizer " + tok.string());
+  ASSERT_EQ(init.exit_code, 0) << init.output;
+  auto r = run_command(std::string("cd '") + FSDPQ_SOURCE_DIR + "' && '" + FSDPQ_BINARY +
+                  "' --dry_run inputs/sql.ini --model_name " + (dir_ / "model32k").string() + " --data_path " +
+                  sql.string() + " --output_dir " + (dir_ / "sqlout").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("records: 4000 read, 0 skipped"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("sentencepiece"), std::string::npos);
+}
+
+struct BadRun {
+  const char* name;
+  std::string args;  // after `fsdpq`, run in the suite folder
+  int exit_code;
+  std::string message;  // the exact error line
+};
+
+class CliErrors : public Cli, public ::testing::WithParamInterface<BadRun> {};
+
+TEST_P(CliErrors, StopWithTheExactMessage) {
+  const BadRun& c = GetParam();
+  auto r = fsdpq(c.args);
+  EXPECT_EQ(r.exit_code, c.exit_code) << r.output;
+  EXPECT_EQ(error_line(r.output), c.message) << r.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Catalogue, CliErrors,
+    ::testing::Values(
+        BadRun{"UnknownCommand", "trian", 2,
+               "fsdpq: error: 'trian' is neither a command nor a config file (did you mean 'train'?)"},
+        BadRun{"UnknownFlag", "init-model --preest tiny --out x", 2,
+               "fsdpq: error: init-model: unknown flag --preest (did you mean --preset?)"},
+        BadRun{"MissingRequiredFlag", "init-model --preset tiny", 2,
+               "fsdpq: error: init-model: --out DIR is required"},
+        BadRun{"UnknownPreset", "init-model --preset llama2-7 --out x", 2,
+               "fsdpq: error: unknown model preset 'llama2-7' (did you mean 'llama2-70b'?); known presets: tiny, "
+               "tinyllama-1.1b, llama2-7b, llama2-13b, llama3-8b, llama3.1-8b, mistral-7b, codellama-34b, yi-34b, "
+               "llama2-70b, llama3-70b"},
+        BadRun{"InitModelIntoNonEmptyDir", "init-model --preset tiny --out model", 2,
+               "fsdpq: error: init-model: output directory 'model' is not empty; choose another or allow "
+               "overwriting it"},
+        BadRun{"MissingConfigFile", "nothere.ini", 2, "fsdpq: error: config file 'nothere.ini' not found"},
+        BadRun{"PresetWithoutTokenizer", "--dry_run --model_name preset:tiny --dataset dummy", 2,
+               "fsdpq: error: model_name = preset:tiny has no tokenizer: set tokenizer_path to a tokenizer.model "
+               "(or to builtin:bytes for a byte-level tokenizer that needs no file)"},
+        BadRun{"ModelDirWithoutTokenizer", "--dry_run --model_name model --dataset dummy", 2,
+               "fsdpq: error: model directory 'model' has no tokenizer.model: set tokenizer_path"},
+        BadRun{"TokenizerBiggerThanVocab",
+               "--dry_run --model_name small_vocab --tokenizer_path builtin:bytes --dataset dummy", 2,
+               "fsdpq: error: the tokenizer builtin:bytes (259 ids: <unk>, <s>, </s> and the 256 byte values) has "
+               "259 tokens but the model's vocab_size is 100: token ids would fall outside the embedding"},
+        BadRun{"ContextLongerThanModel",
+               "--dry_run --model_name model --tokenizer_path builtin:bytes --dataset dummy --context_length 4096", 2,
+               "fsdpq: error: context_length = 4096 (command line): longer than the model's "
+               "max_position_embeddings (2048)"},
+        BadRun{"WorldSizeMismatch",
+               "--dry_run --model_name model --tokenizer_path builtin:bytes --dataset dummy --world_size 2", 2,
+               "fsdpq: error: world_size = 2 (command line): the job runs 1 rank(s) (singleton)"},
+        BadRun{"ModelDirWithoutConfigJson", "--dry_run --model_name empty_dir --tokenizer_path builtin:bytes --dataset dummy",
+               2,
+               "fsdpq: error: model directory 'empty_dir' has no config.json (an HF model folder has config.json "
+               "and model.safetensors or model.safetensors.index.json)"},
+        BadRun{"ShapeDisagreesWithConfig",
+               "--dry_run --model_name bad_shape --tokenizer_path builtin:bytes --dataset dummy", 2,
+               "fsdpq: error: bad_shape: tensor 'model.layers.0.mlp.gate_proj.weight' has shape [176, 64], "
+               "config.json implies [200, 64]"},
+        BadRun{"MissingTensor", "--dry_run --model_name extra_layer --tokenizer_path builtin:bytes --dataset dummy", 2,
+               "fsdpq: error: extra_layer: tensor 'model.layers.2.input_layernorm.weight' is missing (config.json "
+               "describes a model that needs it)"},
+        BadRun{"TruncatedWeights", "--dry_run --model_name truncated --tokenizer_path builtin:bytes --dataset dummy", 2,
+               "fsdpq: error: safetensors file 'truncated/model.safetensors': header length 2144 runs past the end "
+               "of the file (1000 bytes); the file is truncated or not a safetensors file"},
+        BadRun{"NoWeightFiles", "--dry_run --model_name no_weights --tokenizer_path builtin:bytes --dataset dummy", 2,
+               "fsdpq: error: model directory 'no_weights': found neither model.safetensors nor "
+               "model.safetensors.index.json"},
+        BadRun{"UnsupportedArchitecture",
+               "--dry_run --model_name gelu_model --tokenizer_path builtin:bytes --dataset dummy", 2,
+               "fsdpq: error: 'gelu_model/config.json': hidden_act 'gelu' is not supported (supported: silu, which "
+               "Llama and Mistral use)"},
+        BadRun{"BrokenJsonLine",
+               "--dry_run --model_name model --tokenizer_path builtin:bytes --dataset alpaca --data_path broken.jsonl",
+               2,
+               "fsdpq: error: broken.jsonl:2: broken JSON at column 33: syntax error while parsing object - "
+               "unexpected end of input; expected '}'"},
+        BadRun{"MissingField",
+               "--dry_run --model_name model --tokenizer_path builtin:bytes --dataset alpaca --data_path missing.jsonl",
+               2, "fsdpq: error: missing.jsonl:2: missing field 'output'; each record needs the fields instruction, output"},
+        BadRun{"AllAnswersTruncated",
+               "--dry_run --model_name model --tokenizer_path builtin:bytes --dataset alpaca --data_path good.jsonl "
+               "--context_length 16",
+               2,
+               "fsdpq: error: no training example keeps any answer token after truncation to context_length = 16 "
+               "(command line): every label is masked (prompt tokens are not trained on); increase context_length"}),
+    [](const ::testing::TestParamInfo<BadRun>& info) { return std::string(info.param.name); });
+
+// Several ranks: a bad setting gives one message (from rank 0), and a failure on one rank
+// ends every rank promptly with that rank's message, never a hang.
+TEST_F(Cli, UnderMpirunOneMessageForABadConfig) {
+  auto r = shell(std::string(MPIEXEC) + " --allow-run-as-root --oversubscribe -np 2 '" + FSDPQ_BINARY +
+                 "' --dry_run --model_name model --tokenizer_path builtin:bytes --dataset dummy --world_size 3");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(count(r.output, "fsdpq: error"), 1u) << r.output;
+  EXPECT_EQ(error_line(r.output), "fsdpq: error: world_size = 3 (command line): the job runs 2 rank(s) (mpirun)");
+}
+
+TEST_F(Cli, UnderMpirunAStartupFailureOnOneRankIsReportedOnce) {
+  auto r = shell("FSDPQ_INJECT_FAULT=1:load_data " + std::string(MPIEXEC) +
+                 " --allow-run-as-root --oversubscribe -x FSDPQ_INJECT_FAULT -np 2 '" + FSDPQ_BINARY +
+                 "' --dry_run --model_name model --tokenizer_path builtin:bytes --dataset dummy");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(count(r.output, "fsdpq: error"), 1u) << r.output;
+  EXPECT_EQ(error_line(r.output),
+            "fsdpq: error (rank 1): internal error: injected fault at load_data (FSDPQ_INJECT_FAULT)");
+}
+
+TEST_F(Cli, UnderMpirunAFailureOnOneRankEndsTheJobPromptly) {
+  auto start = std::chrono::steady_clock::now();
+  // rank 0 waits in a barrier that rank 1 never reaches: only an abort ends the job.
+  auto r = shell("FSDPQ_INJECT_FAULT=1:after_plan timeout 120 " + std::string(MPIEXEC) +
+                 " --allow-run-as-root --oversubscribe -x FSDPQ_INJECT_FAULT -np 2 '" + FSDPQ_BINARY +
+                 "' --dry_run --model_name model --tokenizer_path builtin:bytes --dataset dummy");
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.exit_code, 124) << "the job hung until timeout killed it";
+  EXPECT_NE(r.output.find("fsdpq: error on rank 1 (") , std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("): internal error: injected fault at after_plan (FSDPQ_INJECT_FAULT)"), std::string::npos);
+  EXPECT_LT(seconds, 110.0);
+}
+
+}  // namespace
+}  // namespace fsdpq
