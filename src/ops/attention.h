@@ -1,0 +1,19 @@
+// Causal grouped-query scaled-dot-product attention (no padding mask: fsdp_qlora passes none).
+// Query head h reads kv head h / (H / KV); scores are scaled by 1/sqrt(D).
+#pragma once
+#include "backend/tensor.h"
+
+namespace fsdpq {
+
+// q: [B, T, H, D]; k, v: [B, T, KV, D]; out: [B, T, H, D] (F32 or BF16, each independently).
+// lse: F32 [B, H, T], the logsumexp of each query row's scaled scores, saved for the backward.
+// Math in fp32; out is rounded once on store.
+void attention_forward(TensorView out, TensorView lse, const TensorView& q, const TensorView& k, const TensorView& v);
+
+// Recomputes the probabilities from q, k and lse (flash-attention style: one query row of one
+// (b, h) at a time, never a whole score matrix) and writes dq, dk, dv (dk, dv summed over the
+// query heads that share a kv head). Needs the forward's out (for rowsum(dout * out)).
+void attention_backward(TensorView dq, TensorView dk, TensorView dv, const TensorView& dout, const TensorView& q,
+                        const TensorView& k, const TensorView& v, const TensorView& out, const TensorView& lse);
+
+}  // namespace fsdpq

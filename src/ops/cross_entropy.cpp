@@ -1,0 +1,101 @@
+#include "ops/cross_entropy.h"
+
+#include "ops/checks.h"
+#include "ops/parallel.h"
+#include "ops/storage.h"
+#include "util/error.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace fsdpq {
+
+namespace {
+
+// The label row t is scored against: labels[b, t + 1], or ignore for the last position.
+inline int32_t shifted_target(const int32_t* labels, int64_t row, int64_t T) {
+  const int64_t t = row % T;
+  return t + 1 < T ? labels[row + 1] : kIgnoreIndex;
+}
+
+void check_labels(const char* op, const TensorView& labels, int64_t B, int64_t T) {
+  check_dtype(op, "labels", labels, DType::I32);
+  check_numel(op, "labels", labels, B * T);
+}
+
+}  // namespace
+
+int64_t cross_entropy_count_targets(const TensorView& labels, int64_t B, int64_t T) {
+  check_labels("cross_entropy_count_targets", labels, B, T);
+  const int32_t* label = labels.as<const int32_t>();
+  int64_t count = 0;
+  for (int64_t row = 0; row < B * T; ++row) count += shifted_target(label, row, T) != kIgnoreIndex;
+  return count;
+}
+
+CrossEntropyResult cross_entropy_forward_backward(const TensorView& logits, const TensorView& labels, int64_t B,
+                                                  int64_t T, TensorView dlogits, float grad_scale) {
+  constexpr const char* op = "cross_entropy_forward_backward";
+  check_cpu_float(op, "logits", logits);
+  check_cpu_float(op, "dlogits", dlogits);
+  check_labels(op, labels, B, T);
+  check_that(logits.shape.rows() == B * T, "{}: logits {} do not have B*T = {}*{} rows", op,
+             logits.shape.to_string(), B, T);
+  check_shape(op, "dlogits", dlogits, logits.shape);
+  const int64_t V = logits.shape.last(), rows = B * T;
+  const int32_t* label = labels.as<const int32_t>();
+  for (int64_t row = 0; row < rows; ++row) {
+    const int32_t target = shifted_target(label, row, T);
+    if (target != kIgnoreIndex && (target < 0 || target >= V))
+      fail("label {} at batch {} position {} is outside the vocabulary of {} tokens (and is not the ignore index {})",
+           target, row / T, row % T + 1, V, kIgnoreIndex);
+  }
+
+  std::vector<double> row_loss(static_cast<size_t>(rows), 0.0);
+  with_storage(logits.dtype, op, [&](auto in_tag) {
+    with_storage(dlogits.dtype, op, [&](auto out_tag) {
+      using InT = decltype(in_tag);
+      using OutT = decltype(out_tag);
+#pragma omp parallel if (worth_parallel(rows * V))
+      {
+        std::vector<float> values(static_cast<size_t>(V));  // this thread's one fp32 row
+#pragma omp for schedule(static)
+        for (int64_t row = 0; row < rows; ++row) {
+          const int32_t target = shifted_target(label, row, T);
+          OutT* grad = dlogits.as<OutT>() + row * V;
+          if (target == kIgnoreIndex) {
+            std::fill(grad, grad + V, from_f32<OutT>(0.0f));
+            continue;
+          }
+          const InT* in = logits.as<const InT>() + row * V;
+          float max_value = -std::numeric_limits<float>::infinity();
+          for (int64_t i = 0; i < V; ++i) {
+            values[static_cast<size_t>(i)] = to_f32(in[i]);
+            max_value = std::max(max_value, values[static_cast<size_t>(i)]);
+          }
+          float sum = 0.0f;
+          for (int64_t i = 0; i < V; ++i) sum += std::exp(values[static_cast<size_t>(i)] - max_value);
+          const float log_sum = std::log(sum);
+          row_loss[static_cast<size_t>(row)] = static_cast<double>(max_value + log_sum - values[static_cast<size_t>(target)]);
+          // softmax_i = exp(v_i - max - log_sum); written after the row was read, so grad may alias in.
+          for (int64_t i = 0; i < V; ++i) {
+            const float p = std::exp(values[static_cast<size_t>(i)] - max_value - log_sum);
+            grad[i] = from_f32<OutT>(grad_scale * (i == target ? p - 1.0f : p));
+          }
+        }
+      }
+    });
+  });
+
+  CrossEntropyResult result;
+  for (int64_t row = 0; row < rows; ++row) {
+    if (shifted_target(label, row, T) == kIgnoreIndex) continue;
+    result.loss_sum += row_loss[static_cast<size_t>(row)];
+    ++result.count;
+  }
+  return result;
+}
+
+}  // namespace fsdpq

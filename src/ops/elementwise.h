@@ -1,0 +1,29 @@
+// Small elementwise ops the model and trainer need between the big ones. Every tensor is F32 or
+// BF16 unless stated; math in fp32, one rounding on store; outputs may alias inputs.
+#pragma once
+#include "backend/tensor.h"
+
+namespace fsdpq {
+
+// out = a + b (the residual stream). a, b, out: the same element count.
+void residual_add(TensorView out, const TensorView& a, const TensorView& b);
+
+// x = x * factor.
+void scale_in_place(TensorView x, float factor);
+
+// dst (F32) += src: gradient accumulation into an fp32 buffer.
+void accumulate(TensorView dst, const TensorView& src);
+
+// y = y + factor * x.
+void add_scaled(TensorView y, const TensorView& x, float factor);
+
+// dst = src converted to dst's dtype (round to nearest even into BF16).
+void copy_convert(TensorView dst, const TensorView& src);
+
+// x = 0 (any dtype).
+void fill_zero(TensorView x);
+
+// sum of x² in double (for gradient norms).
+double sum_of_squares(const TensorView& x);
+
+}  // namespace fsdpq

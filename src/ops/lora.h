@@ -1,0 +1,38 @@
+// The LoRA adapter path added onto a frozen base linear's output (PEFT's Linear.forward):
+//   y += scaling * (dropout(x) · Aᵀ) · Bᵀ,   A [r, in], B [out, r], scaling = alpha / r.
+// Dropout touches the adapter's input only, in training only. Its mask is a pure function of a
+// 64-bit key and the element index, so every device draws the same mask and the backward can
+// regenerate it instead of storing it.
+#pragma once
+#include "backend/tensor.h"
+
+#include <cstdint>
+
+namespace fsdpq {
+
+struct LoraParams {
+  float alpha = 16.0f;        // scaling = alpha / r (r = A's first dimension)
+  float dropout = 0.0f;       // probability of zeroing an input element, in [0, 1)
+  bool training = false;      // dropout only applies while training
+  uint64_t dropout_key = 0;   // the caller derives one per (seed, step, micro-batch, layer, module, rank)
+};
+
+float lora_scaling(const LoraParams& params, int64_t rank);
+
+// Whether element `index` (flattened over the adapter input x) survives dropout with probability p.
+// keep ⇔ (hash(key, index) >> 40) >= round(p · 2^24); the hash is splitmix64's mixer applied twice.
+bool lora_dropout_keeps(uint64_t key, uint64_t index, float probability);
+
+// x: [..., in] (rows M = x.numel() / in); A: [r, in]; B: [out, r]; y: [..., out] with M rows,
+// accumulated (y += adapter output). xa: [M, r] (F32 or BF16), written with dropout(x) · Aᵀ and
+// kept for the backward. All of x, A, B, y: F32 or BF16. Dropout 0 (or not training) reads x as is.
+void lora_forward(TensorView y, TensorView xa, const TensorView& x, const TensorView& A, const TensorView& B,
+                  const LoraParams& params);
+
+// dA (F32 [r, in]) and dB (F32 [out, r]) are accumulated; the adapter's part of the input gradient
+// is added to dx ([..., in], F32 or BF16), or skipped when dx.data is null. x, xa, A, B and params
+// (including the dropout key) must be the forward's.
+void lora_backward(TensorView dx, TensorView dA, TensorView dB, const TensorView& dy, const TensorView& x,
+                   const TensorView& xa, const TensorView& A, const TensorView& B, const LoraParams& params);
+
+}  // namespace fsdpq

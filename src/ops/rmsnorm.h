@@ -1,0 +1,18 @@
+// RMSNorm exactly as HF LlamaRMSNorm computes it:
+//   variance = mean(x.float()^2);  n = x.float() * rsqrt(variance + eps)
+//   y = weight * n.to(x.dtype)     (n is rounded to x's storage dtype, then the product is rounded to y's)
+#pragma once
+#include "backend/tensor.h"
+
+namespace fsdpq {
+
+// x, y: [..., C] with the same shape (y may alias x); weight: [C]; rstd: F32 with one value per
+// row (numel = x.numel() / C), saved for the backward. x, y, weight: F32 or BF16.
+void rmsnorm_forward(TensorView y, TensorView rstd, const TensorView& x, const TensorView& weight, float eps);
+
+// dx = d/dx (sum dy * y) and dweight += sum over rows of dy * n (dweight F32 [C], accumulated).
+// dx may alias dy. The rounding of n in the forward is treated as the identity (straight-through).
+void rmsnorm_backward(TensorView dx, TensorView dweight, const TensorView& dy, const TensorView& x,
+                      const TensorView& weight, const TensorView& rstd);
+
+}  // namespace fsdpq

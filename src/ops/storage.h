@@ -1,0 +1,43 @@
+// Typed element access for the CPU ops. An op picks the storage types of its tensors once
+// (with_storage) and runs a loop instantiated for them, so no loop switches on dtype per element.
+// Storage is float (F32) or bf16_bits (BF16); math is always fp32 and stores round to nearest even.
+#pragma once
+#include "backend/tensor.h"
+#include "util/bf16.h"
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+#include <type_traits>
+
+namespace fsdpq {
+
+inline float to_f32(float value) { return value; }
+inline float to_f32(bf16_bits value) { return bf16_to_float(value); }
+
+template <class Storage>
+inline Storage from_f32(float value) {
+  if constexpr (std::is_same_v<Storage, float>)
+    return value;
+  else
+    return float_to_bf16(value);
+}
+
+// The value a float becomes once stored as Storage and read back.
+template <class Storage>
+inline float round_to(float value) {
+  return to_f32(from_f32<Storage>(value));
+}
+
+// Calls fn(Storage{}) with the storage type of dtype: float for F32, bf16_bits for BF16.
+template <class Fn>
+decltype(auto) with_storage(DType dtype, const char* op, Fn&& fn) {
+  switch (dtype) {
+    case DType::F32: return fn(float{});
+    case DType::BF16: return fn(bf16_bits{});
+    default: break;
+  }
+  throw std::logic_error(fmt::format("{}: unsupported dtype {} (the CPU ops take F32 or BF16)", op, dtype_name(dtype)));
+}
+
+}  // namespace fsdpq

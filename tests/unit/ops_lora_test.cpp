@@ -1,0 +1,173 @@
+#include "ops/lora.h"
+#include "ops/matmul.h"
+#include "ops_test_support.h"
+#include "util/error.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+namespace fsdpq {
+namespace {
+
+using test::random_tensor;
+using test::to_doubles;
+
+struct LoraSetup {
+  int64_t M = 7, in = 20, out = 12, rank = 4;
+  Tensor x, A, B, y0;
+  LoraSetup(DType dtype, uint32_t seed) {
+    x = random_tensor(Shape{M, in}, dtype, seed);
+    A = random_tensor(Shape{rank, in}, dtype, seed + 1);
+    B = random_tensor(Shape{out, rank}, dtype, seed + 2);
+    y0 = random_tensor(Shape{M, out}, dtype, seed + 3);  // the base layer's output
+  }
+  // y0 + scaling * dropout(x) Aᵀ Bᵀ in double, with the mask from lora_dropout_keeps.
+  std::vector<double> naive(const LoraParams& p) const {
+    const std::vector<double> xd = to_doubles(x), ad = to_doubles(A), bd = to_doubles(B);
+    std::vector<double> y = to_doubles(y0);
+    const double scaling = static_cast<double>(p.alpha) / static_cast<double>(rank);
+    const bool dropping = p.training && p.dropout > 0.0f;
+    for (int64_t m = 0; m < M; ++m) {
+      std::vector<double> xa(static_cast<size_t>(rank), 0.0);
+      for (int64_t r = 0; r < rank; ++r)
+        for (int64_t i = 0; i < in; ++i) {
+          double xi = xd[static_cast<size_t>(m * in + i)];
+          if (dropping)
+            xi = lora_dropout_keeps(p.dropout_key, static_cast<uint64_t>(m * in + i), p.dropout) ? xi / (1.0 - p.dropout) : 0.0;
+          xa[static_cast<size_t>(r)] += xi * ad[static_cast<size_t>(r * in + i)];
+        }
+      for (int64_t o = 0; o < out; ++o)
+        for (int64_t r = 0; r < rank; ++r)
+          y[static_cast<size_t>(m * out + o)] += scaling * xa[static_cast<size_t>(r)] * bd[static_cast<size_t>(o * rank + r)];
+    }
+    return y;
+  }
+  Tensor run(const LoraParams& p, DType xa_dtype = DType::F32) const {
+    Tensor y = Tensor::empty(y0.shape(), y0.dtype());
+    std::copy(static_cast<const char*>(y0.view().data), static_cast<const char*>(y0.view().data) + y0.nbytes(),
+              static_cast<char*>(y.view().data));
+    Tensor xa = Tensor::empty(Shape{M, rank}, xa_dtype);
+    lora_forward(y, xa, x, A, B, p);
+    return y;
+  }
+};
+
+TEST(OpsLora, ForwardMatchesNaiveWithAndWithoutDropout) {
+  LoraSetup s(DType::F32, 81);
+  LoraParams p;
+  p.alpha = 16.0f;
+  EXPECT_LE(test::max_abs_diff(to_doubles(s.run(p)), s.naive(p)), 1e-5);
+  p.training = true;
+  p.dropout = 0.3f;
+  p.dropout_key = 1234;
+  EXPECT_LE(test::max_abs_diff(to_doubles(s.run(p)), s.naive(p)), 1e-5);
+}
+
+TEST(OpsLora, DropoutZeroIsExactlyTheUndroppedPath) {
+  LoraSetup s(DType::BF16, 82);
+  LoraParams eval;
+  eval.alpha = 8.0f;
+  LoraParams train_p0 = eval;
+  train_p0.training = true;
+  LoraParams eval_with_p = eval;  // dropout only acts in training
+  eval_with_p.dropout = 0.5f;
+  const std::vector<double> reference = to_doubles(s.run(eval));
+  EXPECT_EQ(to_doubles(s.run(train_p0)), reference);
+  EXPECT_EQ(to_doubles(s.run(eval_with_p)), reference);
+
+  // And it is the plain composition of the two linear ops.
+  Tensor xa = Tensor::empty(Shape{s.M, s.rank}, DType::F32);
+  Tensor y = s.run(eval);
+  std::copy(static_cast<const char*>(s.y0.view().data), static_cast<const char*>(s.y0.view().data) + s.y0.nbytes(),
+            static_cast<char*>(y.view().data));
+  linear_forward(xa, s.x, s.A);
+  linear_forward(y, xa, s.B, true, 8.0f / 4.0f);
+  EXPECT_EQ(to_doubles(y), reference);
+}
+
+TEST(OpsLora, DropoutMaskIsDeterministicPerKey) {
+  const int64_t n = 100000;
+  const float p = 0.1f;
+  int64_t kept = 0, differ = 0, same_again = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const bool a = lora_dropout_keeps(42, static_cast<uint64_t>(i), p);
+    kept += a;
+    same_again += a == lora_dropout_keeps(42, static_cast<uint64_t>(i), p);
+    differ += a != lora_dropout_keeps(43, static_cast<uint64_t>(i), p);
+  }
+  EXPECT_EQ(same_again, n);
+  // Keep rate 0.9 (sd of the count ≈ 95); two independent masks differ on 2·p·(1-p) = 18%.
+  EXPECT_NEAR(static_cast<double>(kept) / n, 0.9, 0.005);
+  EXPECT_NEAR(static_cast<double>(differ) / n, 0.18, 0.01);
+  for (int64_t i = 0; i < 1000; ++i) EXPECT_TRUE(lora_dropout_keeps(7, static_cast<uint64_t>(i), 0.0f));
+
+  LoraSetup s(DType::F32, 83);
+  LoraParams params;
+  params.training = true;
+  params.dropout = 0.5f;
+  params.dropout_key = 99;
+  const std::vector<double> first = to_doubles(s.run(params));
+  EXPECT_EQ(to_doubles(s.run(params)), first);
+  params.dropout_key = 100;
+  EXPECT_NE(to_doubles(s.run(params)), first);
+}
+
+TEST(OpsLora, BackwardMatchesFiniteDifferences) {
+  for (float dropout : {0.0f, 0.4f}) {
+    LoraSetup s(DType::F32, 84);
+    LoraParams p;
+    p.alpha = 6.0f;
+    p.training = true;
+    p.dropout = dropout;
+    p.dropout_key = 555;
+    Tensor y = Tensor::empty(s.y0.shape(), DType::F32);
+    Tensor xa = Tensor::empty(Shape{s.M, s.rank}, DType::F32);
+    const std::vector<double> w = test::random_weights(y.numel(), 85);
+    auto loss = [&] {
+      std::fill(y.data<float>(), y.data<float>() + y.numel(), 0.0f);
+      lora_forward(y, xa, s.x, s.A, s.B, p);
+      return test::weighted_sum(y, w);
+    };
+    const std::vector<double> numeric_dx = test::numerical_gradient(s.x, loss, 1e-2f);
+    const std::vector<double> numeric_dA = test::numerical_gradient(s.A, loss, 1e-2f);
+    const std::vector<double> numeric_dB = test::numerical_gradient(s.B, loss, 1e-2f);
+
+    loss();  // leaves xa from the unperturbed forward
+    Tensor dy = Tensor::empty(y.shape(), DType::F32);
+    for (int64_t i = 0; i < y.numel(); ++i) dy.data<float>()[i] = static_cast<float>(w[static_cast<size_t>(i)]);
+    // dx, dA, dB accumulate onto what is there.
+    Tensor dx = random_tensor(s.x.shape(), DType::F32, 86);
+    Tensor dA = random_tensor(s.A.shape(), DType::F32, 87), dB = random_tensor(s.B.shape(), DType::F32, 88);
+    const std::vector<double> dx0 = to_doubles(dx), dA0 = to_doubles(dA), dB0 = to_doubles(dB);
+    lora_backward(dx, dA, dB, dy, s.x, xa, s.A, s.B, p);
+    auto added = [](const Tensor& t, const std::vector<double>& before) {
+      std::vector<double> v = to_doubles(t);
+      for (size_t i = 0; i < v.size(); ++i) v[i] -= before[i];
+      return v;
+    };
+    EXPECT_LE(test::relative_error(added(dx, dx0), numeric_dx), 1e-3) << "dropout " << dropout;
+    EXPECT_LE(test::relative_error(added(dA, dA0), numeric_dA), 1e-3) << "dropout " << dropout;
+    EXPECT_LE(test::relative_error(added(dB, dB0), numeric_dB), 1e-3) << "dropout " << dropout;
+
+    // Without dx (the input gradient is not needed), dA and dB are the same.
+    Tensor dA2 = Tensor::empty(s.A.shape(), DType::F32), dB2 = Tensor::empty(s.B.shape(), DType::F32);
+    std::copy(dA0.begin(), dA0.end(), dA2.data<float>());
+    std::copy(dB0.begin(), dB0.end(), dB2.data<float>());
+    TensorView no_dx{nullptr, DType::F32, s.x.shape(), Device::CPU};
+    lora_backward(no_dx, dA2, dB2, dy, s.x, xa, s.A, s.B, p);
+    EXPECT_EQ(to_doubles(dA2), to_doubles(dA));
+    EXPECT_EQ(to_doubles(dB2), to_doubles(dB));
+  }
+}
+
+TEST(OpsLora, DropoutOfOneIsRejected) {
+  LoraSetup s(DType::F32, 89);
+  LoraParams p;
+  p.training = true;
+  p.dropout = 1.0f;
+  EXPECT_THROW(s.run(p), UserError);
+}
+
+}  // namespace
+}  // namespace fsdpq
