@@ -261,6 +261,18 @@ TEST_F(Cli, UnderMpirunAStartupFailureOnOneRankIsReportedOnce) {
             "fsdpq: error (rank 1): internal error: injected fault at load_data (FSDPQ_INJECT_FAULT)");
 }
 
+// srun needs a running Slurm (CI for the Slurm issue starts one on localhost); without one the
+// test says so and is skipped.
+TEST_F(Cli, UnderSrunRanksComeFromSlurm) {
+  if (run_command("timeout 10 sinfo -h >/dev/null 2>&1").exit_code != 0)
+    GTEST_SKIP() << "no Slurm cluster answers (sinfo failed): skipping the srun start-up test";
+  auto r = shell("timeout 120 srun -n 2 --mpi=pmix '" + std::string(FSDPQ_BINARY) +
+                 "' --dry_run --model_name model --tokenizer_path builtin:bytes --dataset dummy");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("ranks 2 (srun)"), std::string::npos) << r.output;
+  EXPECT_EQ(count(r.output, "dry run: everything checked"), 1u) << "only rank 0 prints";
+}
+
 TEST_F(Cli, UnderMpirunAFailureOnOneRankEndsTheJobPromptly) {
   auto start = std::chrono::steady_clock::now();
   // rank 0 waits in a barrier that rank 1 never reaches: only an abort ends the job.
