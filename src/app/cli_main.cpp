@@ -83,6 +83,18 @@ TrainArgs parse_train_args(const std::vector<std::string>& args) {
 }
 
 int run_train(const World& world, const std::vector<std::string>& args) {
+  bool print_config = false;
+  ResolvedConfig resolved = resolve_train_arguments(world, args, &print_config);
+  if (print_config) {
+    log::info("{}", format_resolved_config(resolved));
+    return kExitOk;
+  }
+  return run_training_job(world, resolved);
+}
+
+}  // namespace
+
+ResolvedConfig resolve_train_arguments(const World& world, const std::vector<std::string>& args, bool* print_config) {
   ResolvedConfig resolved;
   TrainArgs train_args;
   run_on_all_ranks(world, [&] {
@@ -92,14 +104,9 @@ int run_train(const World& world, const std::vector<std::string>& args) {
     resolved = resolve_config(path, train_args.overrides);
   });
   for (const auto& w : resolved.warnings) log::warn("{}", w);
-  if (train_args.print_config) {
-    log::info("{}", format_resolved_config(resolved));
-    return kExitOk;
-  }
-  return run_training_job(world, resolved);
+  if (print_config) *print_config = train_args.print_config;
+  return resolved;
 }
-
-}  // namespace
 
 int cli_main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);

@@ -8,6 +8,10 @@
 
 namespace fsdpq {
 
+// `CONFIG.ini --key value ...` → the resolved config (agreed on every rank; warnings printed).
+// `print_config` (optional) reports whether --print-config was given.
+ResolvedConfig resolve_train_arguments(const World& world, const std::vector<std::string>& args,
+                                       bool* print_config = nullptr);
 // `fsdpq CONFIG.ini ...`: the training job (or its dry run).
 int run_training_job(const World& world, const ResolvedConfig& config);
 // `fsdpq init-model --preset NAME --out DIR`
