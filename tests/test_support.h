@@ -7,6 +7,8 @@
 #include <optional>
 #include <string>
 
+#include "util/error.h"
+
 namespace fsdpq::test {
 
 // A fresh, empty folder under the system temp dir (removed at process exit).
@@ -26,6 +28,17 @@ struct CommandResult {
 CommandResult run_command(const std::string& command);
 // Runs the fsdpq binary built beside the tests with the given (already quoted) arguments.
 CommandResult run_fsdpq(const std::string& args);
+
+// The message of the UserError that `f` throws, or "<no error>" when it throws none.
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
 
 }  // namespace fsdpq::test
 

@@ -12,15 +12,7 @@ namespace fsdpq::data {
 namespace {
 namespace fs = std::filesystem;
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using test::error_of;
 
 DataOptions synthetic(int64_t samples) {
   DataOptions o;

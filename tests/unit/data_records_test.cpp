@@ -9,15 +9,7 @@ namespace fsdpq::data {
 namespace {
 namespace fs = std::filesystem;
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using test::error_of;
 
 const std::vector<std::string> kAlpacaFields = {"instruction", "output"};
 

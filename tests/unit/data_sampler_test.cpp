@@ -1,6 +1,8 @@
 // Sampler: known answers from real PyTorch, and the properties a distributed sampler must have.
 #include <gtest/gtest.h>
 
+#include "test_support.h"
+
 #include <algorithm>
 #include <set>
 
@@ -11,15 +13,7 @@ namespace fsdpq::data {
 namespace {
 using Indices = std::vector<int64_t>;
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using test::error_of;
 
 // Printed by tests/reference/sampler_reference.py with torch 2.11.0 (CPU generator):
 //   torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()

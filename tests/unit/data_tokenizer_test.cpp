@@ -11,15 +11,7 @@ namespace {
 namespace fs = std::filesystem;
 using Ids = std::vector<int32_t>;
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using test::error_of;
 
 TEST(DataTokenizer, Llama2GoldenIds) {
   FSDPQ_SHARED_DATA_OR_SKIP(model, "tokenizer.model");

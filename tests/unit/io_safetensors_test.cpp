@@ -28,16 +28,7 @@ std::vector<std::byte> random_bytes(size_t n, std::mt19937_64& rng) {
 
 std::vector<std::byte> bytes_of(std::span<const std::byte> s) { return {s.begin(), s.end()}; }
 
-// The message of the UserError `f` throws, or a marker when it throws none.
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using test::error_of;
 
 // A file with a given header-length field, header text and data section, for corrupt headers.
 fs::path write_raw(const fs::path& path, uint64_t header_len, const std::string& header, size_t data_bytes) {

@@ -14,15 +14,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using test::error_of;
 
 // meta-llama/Llama-2-7b-hf's config.json as published.
 const char* kLlama2Config = R"({

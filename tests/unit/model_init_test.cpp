@@ -18,15 +18,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using test::error_of;
 
 std::vector<float> values_of(const ModelWeights& w, const std::string& name) {
   auto bytes = w.bytes(name);
