@@ -1,0 +1,78 @@
+// One Llama decoder layer (HF LlamaDecoderLayer) over the ops of src/ops: its forward, which
+// keeps what the backward needs in a LayerActivations, and its explicit backward. The same
+// forward code runs in training, in the checkpointed recompute and in evaluation, so a recompute
+// reproduces the saved activations bit for bit.
+#pragma once
+#include <array>
+#include <cstdint>
+
+#include "backend/tensor.h"
+#include "model/llama_weights.h"
+#include "ops/lora.h"
+#include "ops/rope.h"
+
+namespace fsdpq {
+
+struct LayerDims {
+  int64_t B = 0, T = 0;  // batch, sequence
+  int64_t C = 0;         // hidden
+  int64_t H = 0, KV = 0, D = 0;
+  int64_t I = 0;         // intermediate
+  float eps = 1e-5f;
+  int64_t N() const { return B * T; }
+};
+LayerDims layer_dims(const LlamaConfig& config, int64_t batch, int64_t seq_len);
+
+// What a layer computes with: dense weights (NF4 already dequantised), adapters with their
+// dropout settings, and the fp32 gradients of trainable weights (empty views when frozen).
+struct LayerCompute {
+  TensorView input_norm, post_norm;
+  std::array<TensorView, kLinearModules> weight;
+  std::array<const LoraAdapter*, kLinearModules> lora{};
+  std::array<LoraParams, kLinearModules> lora_params{};
+  TensorView d_input_norm, d_post_norm;
+  std::array<TensorView, kLinearModules> d_weight;
+};
+
+// Everything the backward reads, in the activation dtype (rstd and lse in F32). Token rows are
+// [N = B*T, features]. q and k are stored after RoPE (what attention saw).
+struct LayerActivations {
+  Tensor n1, rstd1;          // input_layernorm output [N, C], 1/rms [N]
+  Tensor q, k, v;            // [N, H*D], [N, KV*D], [N, KV*D]
+  Tensor att, lse;           // attention output [N, H*D], logsumexp F32 [B, H, T]
+  Tensor x2;                 // residual after attention [N, C]
+  Tensor n2, rstd2;          // post_attention_layernorm output [N, C], 1/rms [N]
+  Tensor gate, up, h;        // [N, I] each; h = silu(gate) * up
+  std::array<Tensor, kLinearModules> xa;  // LoRA dropout(x)·Aᵀ [N, r], where an adapter exists
+
+  // lora_ranks[m] = r of module m's adapter, 0 where there is none.
+  void allocate(const LayerDims& d, DType dtype, const std::array<int64_t, kLinearModules>& lora_ranks);
+  int64_t nbytes() const;
+};
+
+// Gradient buffers one layer's backward uses (fp32), reused from layer to layer.
+struct LayerGradScratch {
+  Tensor d_norm;            // [N, C]: at a norm's output, then at its input
+  Tensor d_att;             // [N, H*D]
+  Tensor dq, dk, dv;        // [N, H*D], [N, KV*D], [N, KV*D]
+  Tensor dh, dgate, dup;    // [N, I]
+  Tensor norm_weight_sink;  // [C]: rmsnorm_backward's dweight for a frozen norm (discarded)
+  void allocate(const LayerDims& d);
+};
+
+// n1 = rmsnorm(x); q, k, v = linear(n1) (+ LoRA); RoPE on q and k for positions offset + t.
+void attention_inputs_forward(LayerActivations& a, const TensorView& x, const LayerCompute& w, const LayerDims& d,
+                              const RopeTable& rope, int64_t position_offset);
+// From a.att on: x2 = x + o_proj(att); n2 = rmsnorm(x2); out = x2 + down(silu(gate(n2)) * up(n2)).
+void attention_output_mlp_forward(TensorView out, LayerActivations& a, const TensorView& x, const LayerCompute& w,
+                                  const LayerDims& d);
+// The whole layer with causal attention over the batch's own tokens (positions 0..T-1).
+void layer_forward(TensorView out, LayerActivations& a, const TensorView& x, const LayerCompute& w,
+                   const LayerDims& d, const RopeTable& rope);
+
+// d_resid: F32 [N, C], on entry the gradient of the layer's output, on return that of its input x.
+// Adds the gradients of trainable weights and adapters of w.
+void layer_backward(TensorView d_resid, LayerGradScratch& s, const LayerActivations& a, const TensorView& x,
+                    const LayerCompute& w, const LayerDims& d, const RopeTable& rope);
+
+}  // namespace fsdpq

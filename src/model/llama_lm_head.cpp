@@ -1,0 +1,80 @@
+#include "model/llama_lm_head.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "ops/elementwise.h"
+#include "ops/matmul.h"
+#include "util/error.h"
+
+namespace fsdpq {
+
+int64_t lm_head_chunk_rows(int64_t vocab, int64_t rows) {
+  constexpr int64_t kChunkLogits = int64_t{1} << 22;
+  return std::clamp<int64_t>(kChunkLogits / std::max<int64_t>(vocab, 1), 1, std::max<int64_t>(rows, 1));
+}
+
+CrossEntropyResult lm_head_loss(const TensorView& normed, const TensorView& head, const TensorView& labels,
+                                int64_t B, int64_t T, float grad_scale, TensorView d_normed, TensorView d_head,
+                                DType logits_dtype, int64_t chunk_rows) {
+  const int64_t N = B * T, V = head.shape[0];
+  const int32_t* label = labels.as<const int32_t>();
+  // Row r predicts label r + 1 of its own sequence; the last position of a sequence predicts nothing.
+  auto target_of = [&](int64_t row) { return row % T + 1 < T ? label[row + 1] : kIgnoreIndex; };
+  for (int64_t row = 0; row < N; ++row) {
+    const int32_t target = target_of(row);
+    if (target != kIgnoreIndex && (target < 0 || target >= V))
+      fail("label {} at batch {} position {} is outside the vocabulary of {} tokens (and is not the ignore index {})",
+           target, row / T, row % T + 1, V, kIgnoreIndex);
+  }
+
+  chunk_rows = std::clamp<int64_t>(chunk_rows, 1, std::max<int64_t>(N, 1));
+  // One spare row: the chunk is handed to the cross entropy as a single sequence of n + 1 rows whose
+  // labels are already shifted (label t + 1 is row t's target); its last row never counts.
+  Tensor logits = Tensor::empty(Shape{chunk_rows + 1, V}, logits_dtype);
+  std::vector<int32_t> chunk_labels(static_cast<size_t>(chunk_rows + 1));
+  CrossEntropyResult total;
+  for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
+    const int64_t n = std::min(chunk_rows, N - r0);
+    chunk_labels[0] = kIgnoreIndex;
+    bool any_counted = false;
+    for (int64_t t = 0; t < n; ++t) {
+      chunk_labels[static_cast<size_t>(t + 1)] = target_of(r0 + t);
+      any_counted |= chunk_labels[static_cast<size_t>(t + 1)] != kIgnoreIndex;
+    }
+    if (!any_counted) {  // nothing to score: no loss, zero gradient, no matmul
+      if (d_normed.data) fill_zero(d_normed.slice_rows(r0, n));
+      continue;
+    }
+    const TensorView chunk = logits.view().slice_rows(0, n + 1);
+    const TensorView rows = chunk.slice_rows(0, n);
+    const TensorView x = normed.slice_rows(r0, n);
+    linear_forward(rows, x, head);
+    fill_zero(chunk.slice_rows(n, 1));
+    const TensorView label_view{chunk_labels.data(), DType::I32, Shape{n + 1}, Device::CPU};
+    const CrossEntropyResult part = cross_entropy_forward_backward(chunk, label_view, 1, n + 1, chunk, grad_scale);
+    total.loss_sum += part.loss_sum;
+    total.count += part.count;
+    if (d_normed.data) linear_backward_input(d_normed.slice_rows(r0, n), rows, head);
+    if (d_head.data) linear_backward_weight(d_head, rows, x, /*accumulate=*/true);
+  }
+  return total;
+}
+
+void lm_head_logits(TensorView out, const TensorView& normed, const TensorView& head, DType logits_dtype) {
+  if (logits_dtype == DType::F32) {
+    linear_forward(out, normed, head);
+    return;
+  }
+  const int64_t N = normed.shape.rows(), V = head.shape[0];
+  const int64_t chunk_rows = lm_head_chunk_rows(V, N);
+  Tensor logits = Tensor::empty(Shape{chunk_rows, V}, logits_dtype);
+  for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
+    const int64_t n = std::min(chunk_rows, N - r0);
+    const TensorView rows = logits.view().slice_rows(0, n);
+    linear_forward(rows, normed.slice_rows(r0, n), head);
+    copy_convert(out.slice_rows(r0, n), rows);
+  }
+}
+
+}  // namespace fsdpq

@@ -1,0 +1,416 @@
+#include "model/llama_model.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <set>
+#include <stdexcept>
+
+#include "model/llama_cached_attention.h"
+#include "model/llama_layer.h"
+#include "model/llama_lm_head.h"
+#include "model/llama_weights.h"
+#include "ops/elementwise.h"
+#include "ops/embedding.h"
+#include "ops/rmsnorm.h"
+#include "ops/rope.h"
+#include "util/bf16.h"
+#include "util/error.h"
+#include "util/strings.h"
+
+namespace fsdpq {
+namespace {
+
+uint64_t mix64(uint64_t z) {  // splitmix64's finalizer
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// One dropout key per (seed, step_key, layer, module): masks differ across steps, micro-batches,
+// layers and modules, and the checkpointed recompute regenerates the forward's exact masks.
+uint64_t lora_dropout_key(uint64_t seed, uint64_t step_key, int64_t layer, int module) {
+  constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+  uint64_t key = mix64(seed + kGolden);
+  key = mix64(key ^ (step_key + kGolden));
+  key = mix64(key ^ (static_cast<uint64_t>(layer) + 2 * kGolden));
+  return mix64(key ^ (static_cast<uint64_t>(module) + 3 * kGolden));
+}
+
+RopeScalingParams rope_scaling_of(const LlamaConfig& config) {
+  RopeScalingParams p;
+  if (config.rope_scaling.type == "llama3") {
+    p.type = RopeScalingParams::Type::Llama3;
+    p.factor = config.rope_scaling.factor;
+    p.low_freq_factor = config.rope_scaling.low_freq_factor;
+    p.high_freq_factor = config.rope_scaling.high_freq_factor;
+    p.original_max_position_embeddings = config.rope_scaling.original_max_position_embeddings;
+  }
+  return p;
+}
+
+TensorView i32_view(const std::vector<int32_t>& values, int64_t count) {
+  return TensorView{const_cast<int32_t*>(values.data()), DType::I32, Shape{count}, Device::CPU};
+}
+
+void check_batch(const data::Batch& batch) {
+  if (batch.batch_size < 1 || batch.seq_len < 1)
+    throw std::logic_error(fmt::format("LlamaModel: empty batch ({} x {})", batch.batch_size, batch.seq_len));
+  const size_t n = static_cast<size_t>(batch.batch_size * batch.seq_len);
+  if (batch.input_ids.size() != n || batch.labels.size() != n)
+    throw std::logic_error(fmt::format("LlamaModel: batch {} x {} has {} input ids and {} labels", batch.batch_size,
+                                       batch.seq_len, batch.input_ids.size(), batch.labels.size()));
+}
+
+// A base weight that is never NF4 (embedding, norms, head): its compute view.
+TensorView dense_of(const BaseWeight& w) {
+  if (w.nf4) throw std::logic_error("dense_of: " + w.name + " is quantised");
+  return w.trainable ? w.trainable->compute_view() : w.frozen.view();
+}
+
+void convert_into_master(Tensor& master, const Tensor& source) {
+  const int64_t n = master.numel();
+  float* dst = master.data<float>();
+  switch (source.dtype()) {
+    case DType::F32: std::memcpy(dst, source.view().data, master.nbytes()); break;
+    case DType::BF16: {
+      const uint16_t* src = source.data<uint16_t>();
+      for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(src[i]);
+      break;
+    }
+    case DType::F16: {
+      const uint16_t* src = source.data<uint16_t>();
+      for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_float(src[i]);
+      break;
+    }
+    default: throw std::logic_error("convert_into_master: unsupported dtype");
+  }
+}
+
+enum class PassKind { Train, Evaluate, Logits };
+
+}  // namespace
+
+Precision parse_precision(const std::string& name) {
+  static const std::vector<std::pair<std::string, Precision>> known = {
+      {"fp32", Precision::FP32},
+      {"bf16", Precision::BF16},
+      {"fp16_autocast", Precision::FP16Autocast},
+      {"bf16_autocast", Precision::BF16Autocast},
+      {"bf16_buffers_autocast", Precision::BF16BuffersAutocast}};
+  std::vector<std::string> names;
+  for (const auto& [n, p] : known) {
+    if (n == name) return p;
+    names.push_back(n);
+  }
+  const std::string guess = closest_match(name, names);
+  fail("precision '{}' is not supported{}; allowed: {}", name, guess.empty() ? "" : fmt::format(" (did you mean '{}'?)", guess),
+       join(names, ", "));
+}
+
+DType activation_dtype(Precision precision) {
+  switch (precision) {
+    case Precision::FP32: return DType::F32;
+    case Precision::FP16Autocast: return DType::F16;
+    default: return DType::BF16;
+  }
+}
+
+struct LlamaModel::Impl {
+  LlamaConfig config;
+  ModelOptions options;
+  LlamaWeights weights;
+  DType act = DType::BF16;
+  RopeTable rope;
+  std::array<Tensor, kLinearModules> dequantized;  // one layer's NF4 weights made dense, reused
+  Tensor norm_sink;                                // rmsnorm_backward's dweight for the frozen final norm
+
+  Impl(const LlamaConfig& c, const ModelOptions& o, LlamaWeights w)
+      : config(c), options(o), weights(std::move(w)), act(weights.activation) {
+    norm_sink = Tensor::zeros(Shape{config.hidden_size}, DType::F32);
+  }
+
+  int64_t num_layers() const { return config.num_hidden_layers; }
+
+  // RoPE tables cover positions [0, positions); they grow on demand (values do not depend on the size).
+  void ensure_rope(int64_t positions) {
+    if (rope.max_positions >= positions) return;
+    const int64_t size = std::max<int64_t>(positions, 2 * rope.max_positions);
+    rope = make_rope_table(config.head_dim, size, config.rope_theta, rope_scaling_of(config));
+  }
+
+  void check_context(int64_t tokens, const char* what) const {
+    if (config.sliding_window && tokens > *config.sliding_window)
+      fail("{} of {} tokens exceeds the model's sliding_window of {}: sliding-window attention is not implemented "
+           "yet, so use a context_length of at most {}",
+           what, tokens, *config.sliding_window, *config.sliding_window);
+  }
+
+  std::array<int64_t, kLinearModules> lora_ranks() const {
+    std::array<int64_t, kLinearModules> ranks{};
+    if (!weights.layers.empty())
+      for (int m = 0; m < kLinearModules; ++m)
+        if (weights.layers[0].lora[m]) ranks[m] = weights.layers[0].lora[m]->A.master.shape()[0];
+    return ranks;
+  }
+
+  LayerCompute layer_compute(int64_t index, bool training, uint64_t step_key) {
+    LayerWeights& layer = weights.layers[static_cast<size_t>(index)];
+    LayerCompute c;
+    c.input_norm = dense_of(layer.input_norm);
+    c.post_norm = dense_of(layer.post_norm);
+    c.d_input_norm = layer.input_norm.grad_view();
+    c.d_post_norm = layer.post_norm.grad_view();
+    for (int m = 0; m < kLinearModules; ++m) {
+      c.weight[m] = layer.linear[m].dense(dequantized[m], act);
+      c.d_weight[m] = layer.linear[m].grad_view();
+      if (const LoraAdapter* adapter = layer.lora[m].get()) {
+        c.lora[m] = adapter;
+        c.lora_params[m].alpha = static_cast<float>(options.lora_alpha);
+        c.lora_params[m].dropout = static_cast<float>(options.lora_dropout);
+        c.lora_params[m].training = training;
+        c.lora_params[m].dropout_key = lora_dropout_key(options.seed, step_key, index, m);
+      }
+    }
+    return c;
+  }
+
+  // Forward (and for Train the backward) of one batch. Train keeps every layer's input and, without
+  // checkpointing, every layer's activations; Evaluate and Logits keep only the current layer's.
+  LossSum pass(const data::Batch& batch, PassKind kind, float grad_scale, uint64_t step_key, TensorView logits_out) {
+    check_batch(batch);
+    const int64_t B = batch.batch_size, T = batch.seq_len, N = B * T, L = num_layers();
+    check_context(T, "a sequence");
+    ensure_rope(T);
+    const LayerDims d = layer_dims(config, B, T);
+    const bool train = kind == PassKind::Train;
+    const bool keep_activations = train && !options.gradient_checkpointing;
+    const TensorView ids = i32_view(batch.input_ids, N);
+
+    // The residual stream: stream[i] is layer i's input (two buffers in turn when nothing is kept).
+    std::vector<Tensor> stream(static_cast<size_t>(train ? L + 1 : 2));
+    for (Tensor& t : stream) t = Tensor::empty(Shape{N, config.hidden_size}, act);
+    auto stream_at = [&](int64_t i) -> Tensor& { return stream[static_cast<size_t>(train ? i : i % 2)]; };
+    embedding_forward(stream_at(0), ids, dense_of(weights.embedding));
+
+    std::vector<LayerActivations> activations(static_cast<size_t>(keep_activations ? L : 1));
+    for (LayerActivations& a : activations) a.allocate(d, act, lora_ranks());
+    auto activations_of = [&](int64_t i) -> LayerActivations& {
+      return activations[static_cast<size_t>(keep_activations ? i : 0)];
+    };
+    for (int64_t i = 0; i < L; ++i)
+      layer_forward(stream_at(i + 1), activations_of(i), stream_at(i), layer_compute(i, train, step_key), d, rope);
+
+    Tensor normed = Tensor::empty(Shape{N, config.hidden_size}, act);
+    Tensor rstd = Tensor::empty(Shape{N}, DType::F32);
+    const TensorView final_norm = dense_of(weights.final_norm);
+    rmsnorm_forward(normed, rstd, stream_at(L), final_norm, d.eps);
+    const TensorView head = dense_of(weights.head());
+    if (kind == PassKind::Logits) {
+      lm_head_logits(logits_out, normed, head, act);
+      return {};
+    }
+
+    Tensor d_normed = train ? Tensor::empty(Shape{N, config.hidden_size}, DType::F32) : Tensor();
+    const CrossEntropyResult loss =
+        lm_head_loss(normed, head, i32_view(batch.labels, N), B, T, train ? grad_scale : 0.0f, d_normed.view(),
+                     train ? weights.head().grad_view() : TensorView{}, act, lm_head_chunk_rows(config.vocab_size, N));
+    const LossSum result{loss.loss_sum, loss.count};
+    if (!train || weights.trainables().empty()) return result;  // nothing to differentiate
+
+    // Backward, layer by layer in reverse; d_resid carries the residual stream's gradient.
+    Tensor d_resid = Tensor::empty(Shape{N, config.hidden_size}, DType::F32);
+    const TensorView d_final_norm = weights.final_norm.grad_view();
+    rmsnorm_backward(d_resid, d_final_norm.data ? d_final_norm : norm_sink.view(), d_normed, stream_at(L), final_norm,
+                     rstd);
+    d_normed = Tensor();
+    normed = Tensor();
+    LayerGradScratch scratch;
+    scratch.allocate(d);
+    Tensor recomputed_out = keep_activations ? Tensor() : Tensor::empty(Shape{N, config.hidden_size}, act);
+    for (int64_t i = L - 1; i >= 0; --i) {
+      const LayerCompute w = layer_compute(i, true, step_key);
+      // Checkpointing: rebuild this layer's activations (same dropout masks). The last layer's are
+      // still in the shared buffer from the forward.
+      if (!keep_activations && i != L - 1) layer_forward(recomputed_out, activations_of(i), stream_at(i), w, d, rope);
+      layer_backward(d_resid, scratch, activations_of(i), stream_at(i), w, d, rope);
+    }
+    if (weights.embedding.trainable) embedding_backward(weights.embedding.trainable->grad, ids, d_resid);
+    return result;
+  }
+
+  std::vector<float> forward_cached(const std::vector<int32_t>& tokens, KvCache& cache) {
+    const int64_t n = static_cast<int64_t>(tokens.size()), L = num_layers();
+    if (n == 0) fail("forward_cached: no tokens given");
+    if (cache.keys.size() != static_cast<size_t>(L) || cache.values.size() != static_cast<size_t>(L))
+      throw std::logic_error("forward_cached: the cache was not made by this model's make_cache");
+    if (cache.length < 0 || cache.length + n > cache.max_tokens)
+      fail("KV cache of {} tokens already holds {}: {} more do not fit; make a larger cache", cache.max_tokens,
+           cache.length, n);
+    check_context(cache.length + n, "a generated sequence");
+    const Shape cache_shape{cache.max_tokens, config.num_key_value_heads, config.head_dim};
+    for (int64_t i = 0; i < L; ++i)
+      if (cache.keys[static_cast<size_t>(i)].shape() != cache_shape || cache.keys[static_cast<size_t>(i)].dtype() != act ||
+          cache.values[static_cast<size_t>(i)].shape() != cache_shape ||
+          cache.values[static_cast<size_t>(i)].dtype() != act)
+        throw std::logic_error("forward_cached: the cache was not made by this model's make_cache");
+    ensure_rope(cache.length + n);
+
+    const LayerDims d = layer_dims(config, 1, n);
+    const int64_t kv_width = d.KV * d.D;
+    std::array<Tensor, 2> stream = {Tensor::empty(Shape{n, d.C}, act), Tensor::empty(Shape{n, d.C}, act)};
+    embedding_forward(stream[0], i32_view(tokens, n), dense_of(weights.embedding));
+    LayerActivations a;
+    a.allocate(d, act, lora_ranks());
+    for (int64_t i = 0; i < L; ++i) {
+      const TensorView x = stream[static_cast<size_t>(i % 2)], out = stream[static_cast<size_t>((i + 1) % 2)];
+      const LayerCompute w = layer_compute(i, false, 0);
+      attention_inputs_forward(a, x, w, d, rope, cache.length);
+      Tensor& keys = cache.keys[static_cast<size_t>(i)];
+      Tensor& values = cache.values[static_cast<size_t>(i)];
+      copy_convert(keys.view().slice_rows(cache.length, n).reshaped(Shape{n, kv_width}), a.k);
+      copy_convert(values.view().slice_rows(cache.length, n).reshaped(Shape{n, kv_width}), a.v);
+      cached_attention_forward(a.att.view().reshaped(Shape{n, d.H, d.D}), a.q.view().reshaped(Shape{n, d.H, d.D}),
+                               keys, values, cache.length);
+      attention_output_mlp_forward(out, a, x, w, d);
+    }
+    cache.length += n;
+
+    // Only the last position's logits are needed.
+    const TensorView last = stream[static_cast<size_t>(L % 2)].view().slice_rows(n - 1, 1);
+    Tensor normed = Tensor::empty(Shape{1, d.C}, act);
+    Tensor rstd = Tensor::empty(Shape{1}, DType::F32);
+    rmsnorm_forward(normed, rstd, last, dense_of(weights.final_norm), d.eps);
+    std::vector<float> logits(static_cast<size_t>(config.vocab_size));
+    lm_head_logits(TensorView{logits.data(), DType::F32, Shape{1, config.vocab_size}, Device::CPU}, normed,
+                   dense_of(weights.head()), act);
+    return logits;
+  }
+
+  void load_adapters(const std::vector<std::pair<std::string, Tensor>>& tensors) {
+    std::map<std::string, TrainableTensor*> expected;
+    std::vector<std::string> expected_names;
+    for (LoraAdapter* adapter : weights.adapters())
+      for (TrainableTensor* t : {&adapter->A, &adapter->B}) {
+        expected[t->name] = t;
+        expected_names.push_back(t->name);
+      }
+    if (expected.empty())
+      fail("cannot load LoRA adapters: this model has none ({})",
+           options.train_base ? "full fine-tuning trains the base weights instead" : "lora_target_modules is empty");
+
+    std::set<std::string> seen;
+    for (const auto& [name, tensor] : tensors) {
+      const auto it = expected.find(name);
+      if (it == expected.end()) {
+        const std::string guess = closest_match(name, expected_names);
+        fail("adapter tensor '{}' is not part of this model{}; it has LoRA adapters on {} of each of its {} layers",
+             name, guess.empty() ? "" : fmt::format(" (did you mean '{}'?)", guess), join(options.lora_targets, ", "),
+             num_layers());
+      }
+      if (!seen.insert(name).second) fail("adapter tensor '{}' is given twice", name);
+      if (tensor.dtype() != DType::F32 && tensor.dtype() != DType::BF16 && tensor.dtype() != DType::F16)
+        fail("adapter tensor '{}' is {}; LoRA weights must be F32, BF16 or F16", name, dtype_name(tensor.dtype()));
+      const Shape& want = it->second->master.shape();
+      if (tensor.shape() != want)
+        fail("adapter tensor '{}' has shape {} but this model needs {} (lora_rank {}; lora_A is [r, in], lora_B [out, r])",
+             name, tensor.shape().to_string(), want.to_string(), options.lora_rank);
+    }
+    if (seen.size() != expected.size()) {
+      std::vector<std::string> missing;
+      for (const std::string& name : expected_names)
+        if (!seen.count(name)) missing.push_back(name);
+      const size_t shown = std::min<size_t>(missing.size(), 3);
+      fail("{} adapter tensor{} missing: '{}'{}", missing.size(), missing.size() == 1 ? " is" : "s are",
+           join(std::vector<std::string>(missing.begin(), missing.begin() + static_cast<long>(shown)), "', '"),
+           missing.size() > shown ? fmt::format(" and {} more", missing.size() - shown) : "");
+    }
+    // Everything checked: only now change the model.
+    for (const auto& [name, tensor] : tensors) convert_into_master(expected.at(name)->master, tensor);
+    masters_updated();
+  }
+
+  void masters_updated() {
+    for (TrainableTensor* t : weights.trainables()) t->refresh_compute();
+  }
+};
+
+LlamaModel::LlamaModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+LlamaModel::LlamaModel(LlamaModel&&) noexcept = default;
+LlamaModel& LlamaModel::operator=(LlamaModel&&) noexcept = default;
+LlamaModel::~LlamaModel() = default;
+
+LlamaModel LlamaModel::load(const LlamaConfig& config, const ModelWeights& weights, const ModelOptions& options) {
+  validate_llama_config(config, weights.directory().string() + "/config.json");
+  return LlamaModel(std::make_unique<Impl>(config, options, build_llama_weights(config, options, file_weight_source(weights))));
+}
+
+LlamaModel LlamaModel::random(const LlamaConfig& config, uint64_t init_seed, const ModelOptions& options) {
+  validate_llama_config(config, "model config");
+  // init_model draws with the config's initializer_range as a float stddev.
+  const WeightSource source = random_weight_source(init_seed, static_cast<float>(config.initializer_range));
+  return LlamaModel(std::make_unique<Impl>(config, options, build_llama_weights(config, options, source)));
+}
+
+const LlamaConfig& LlamaModel::config() const { return impl_->config; }
+const ModelOptions& LlamaModel::options() const { return impl_->options; }
+
+LossSum LlamaModel::forward_backward(const data::Batch& batch, double normalizer, float loss_scale, uint64_t step_key) {
+  const float grad_scale = static_cast<float>(static_cast<double>(loss_scale) / normalizer);
+  return impl_->pass(batch, PassKind::Train, grad_scale, step_key, {});
+}
+
+LossSum LlamaModel::evaluate(const data::Batch& batch) { return impl_->pass(batch, PassKind::Evaluate, 0.0f, 0, {}); }
+
+Tensor LlamaModel::logits(const data::Batch& batch) {
+  check_batch(batch);
+  Tensor out = Tensor::empty(Shape{batch.batch_size, batch.seq_len, impl_->config.vocab_size}, DType::F32);
+  impl_->pass(batch, PassKind::Logits, 0.0f, 0,
+              out.view().reshaped(Shape{batch.batch_size * batch.seq_len, impl_->config.vocab_size}));
+  return out;
+}
+
+std::vector<TrainableParameter> LlamaModel::trainable_parameters() {
+  std::vector<TrainableParameter> out;
+  for (TrainableTensor* t : impl_->weights.trainables()) out.push_back({t->name, &t->master, &t->grad});
+  return out;
+}
+
+void LlamaModel::zero_grads() {
+  for (TrainableTensor* t : impl_->weights.trainables()) fill_zero(t->grad.view());
+}
+
+void LlamaModel::masters_updated() { impl_->masters_updated(); }
+
+std::vector<std::pair<std::string, const Tensor*>> LlamaModel::adapter_tensors() const {
+  std::vector<std::pair<std::string, const Tensor*>> out;
+  for (const LayerWeights& layer : impl_->weights.layers)
+    for (const auto& adapter : layer.lora)
+      if (adapter) {
+        out.emplace_back(adapter->A.name, &adapter->A.master);
+        out.emplace_back(adapter->B.name, &adapter->B.master);
+      }
+  return out;
+}
+
+void LlamaModel::load_adapter_tensors(const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  impl_->load_adapters(tensors);
+}
+
+KvCache LlamaModel::make_cache(int64_t max_tokens) const {
+  if (max_tokens < 1) fail("a KV cache needs room for at least one token, got {}", max_tokens);
+  KvCache cache;
+  cache.max_tokens = max_tokens;
+  const Shape shape{max_tokens, impl_->config.num_key_value_heads, impl_->config.head_dim};
+  for (int64_t i = 0; i < impl_->config.num_hidden_layers; ++i) {
+    cache.keys.push_back(Tensor::zeros(shape, impl_->act));
+    cache.values.push_back(Tensor::zeros(shape, impl_->act));
+  }
+  return cache;
+}
+
+std::vector<float> LlamaModel::forward_cached(const std::vector<int32_t>& tokens, KvCache& cache) {
+  return impl_->forward_cached(tokens, cache);
+}
+
+}  // namespace fsdpq

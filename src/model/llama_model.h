@@ -1,0 +1,113 @@
+// The Llama decoder with LoRA adapters over a frozen bf16 or NF4 base (or, for full fine-tuning,
+// a trainable base), written once over the ops of src/ops/: explicit forward and backward per
+// decoder layer, activation checkpointing, cross-entropy loss, and a KV-cached inference path.
+// The model knows nothing of sharding or the training loop: it exposes its trainable
+// parameters as flat fp32 masters + gradients that the trainer (and later FSDP) steps.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/tensor.h"
+#include "data/collate.h"
+#include "io/model_files.h"
+#include "model/llama_config.h"
+
+namespace fsdpq {
+
+// fsdp_qlora's precision modes (config key `precision`).
+//  fp32: weights, activations and math in fp32.
+//  bf16: activations and frozen weights bf16; trainable weights stored bf16 for compute with
+//        fp32 masters and fp32 optimizer state (fsdp_qlora keeps them in bf16; fp32 masters
+//        avoid updates vanishing below bf16's resolution).
+//  bf16_autocast / bf16_buffers_autocast: fp32 trainable weights, bf16 compute (the latter
+//        keeps RoPE tables fp32, which fsdpq always does) — same numerics as bf16 here.
+//  fp16_autocast: not yet supported on the CPU backend (its ops are F32/BF16 only).
+enum class Precision { FP32, BF16, BF16Autocast, BF16BuffersAutocast, FP16Autocast };
+Precision parse_precision(const std::string& name);
+DType activation_dtype(Precision precision);
+
+struct ModelOptions {
+  bool quantize_base = true;  // NF4 base linears (bitsandbytes layout, double-quantised absmax)
+  bool train_base = false;    // full fine-tuning: every weight trains (fp32 masters)
+  int64_t lora_rank = 64;
+  double lora_alpha = 16;
+  double lora_dropout = 0.1;
+  std::vector<std::string> lora_targets;  // q_proj ... down_proj; empty: no adapters
+  Precision precision = Precision::BF16;
+  bool gradient_checkpointing = true;
+  uint64_t seed = 42;  // LoRA A init and dropout masks
+};
+
+// One trainable tensor: the fp32 master the optimizer steps and its fp32 gradient (same shape).
+// `name` is the PEFT / HF name, e.g. "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+// for an adapter, or "model.layers.0.self_attn.q_proj.weight" for full fine-tuning.
+struct TrainableParameter {
+  std::string name;
+  Tensor* master = nullptr;  // F32
+  Tensor* grad = nullptr;    // F32, accumulated by forward_backward
+};
+
+struct LossSum {
+  double loss_sum = 0;  // summed over counted tokens
+  int64_t tokens = 0;   // tokens the loss counted (labels != -100 after the shift)
+  double mean() const { return tokens ? loss_sum / static_cast<double>(tokens) : 0.0; }
+};
+
+// Cached keys and values for generation, one [max_tokens, kv_heads, head_dim] block per layer.
+struct KvCache {
+  int64_t max_tokens = 0;
+  int64_t length = 0;  // tokens already in the cache
+  std::vector<Tensor> keys, values;
+};
+
+class LlamaModel {
+ public:
+  // Base weights from an HF directory (bf16/f16/f32 tensors; quantised to NF4 on load when
+  // options.quantize_base). Adapters start as PEFT initialises them (A kaiming-uniform, B zero).
+  static LlamaModel load(const LlamaConfig& config, const ModelWeights& weights, const ModelOptions& options);
+  // A random-initialised preset, with exactly the values `fsdpq init-model --seed init_seed`
+  // would write (so a preset and its init-model directory train identically).
+  static LlamaModel random(const LlamaConfig& config, uint64_t init_seed, const ModelOptions& options);
+
+  LlamaModel(LlamaModel&&) noexcept;
+  LlamaModel& operator=(LlamaModel&&) noexcept;
+  ~LlamaModel();
+
+  const LlamaConfig& config() const;
+  const ModelOptions& options() const;
+
+  // One training micro-batch: forward, loss, backward. Gradients are ADDED to the trainable
+  // parameters' grad tensors, scaled so that the loss they differentiate is
+  // loss_scale * (loss_sum / normalizer) — the trainer passes the token count of the whole
+  // optimizer step as normalizer, so accumulation over micro-batches gives the step's mean.
+  // `step_key` makes dropout differ per (step, micro-batch); returns the unscaled loss sum.
+  LossSum forward_backward(const data::Batch& batch, double normalizer, float loss_scale, uint64_t step_key);
+  // Forward and loss only (no dropout, no gradients): evaluation.
+  LossSum evaluate(const data::Batch& batch);
+  // Forward only: logits [B, T, vocab] in fp32 (tests and parity checks).
+  Tensor logits(const data::Batch& batch);
+
+  std::vector<TrainableParameter> trainable_parameters();
+  void zero_grads();
+  // After the optimizer updated the masters: refresh the compute copies (bf16, or NF4 never).
+  void masters_updated();
+
+  // LoRA adapters as PEFT names them → fp32 tensors (for export), and loading them back.
+  std::vector<std::pair<std::string, const Tensor*>> adapter_tensors() const;
+  void load_adapter_tensors(const std::vector<std::pair<std::string, Tensor>>& tensors);
+
+  // Generation: fills the cache with `tokens` (prefill) or appends one token (decode) and
+  // returns the fp32 logits of the last position [vocab].
+  KvCache make_cache(int64_t max_tokens) const;
+  std::vector<float> forward_cached(const std::vector<int32_t>& tokens, KvCache& cache);
+
+  struct Impl;
+
+ private:
+  explicit LlamaModel(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fsdpq

@@ -1,0 +1,277 @@
+#include "model/llama_weights.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <stdexcept>
+
+#include "model/init_model.h"
+#include "ops/elementwise.h"
+#include "optim/lora_init.h"
+#include "util/bf16.h"
+#include "util/error.h"
+#include "util/strings.h"
+
+namespace fsdpq {
+namespace {
+
+Shape shape_of(const std::vector<int64_t>& dims) {
+  Shape s;
+  if (dims.size() > static_cast<size_t>(Shape::kMaxRank)) throw std::logic_error("shape_of: rank > 4");
+  s.rank = static_cast<int>(dims.size());
+  for (size_t i = 0; i < dims.size(); ++i) s.dims[i] = dims[i];
+  return s;
+}
+
+std::vector<int64_t> dims_of(const Shape& shape) {
+  return std::vector<int64_t>(shape.dims.begin(), shape.dims.begin() + shape.rank);
+}
+
+TrainableTensor make_trainable(std::string name, const Shape& shape, DType activation) {
+  TrainableTensor t;
+  t.name = std::move(name);
+  t.master = Tensor::zeros(shape, DType::F32);
+  t.grad = Tensor::zeros(shape, DType::F32);
+  if (activation != DType::F32) t.compute = Tensor::zeros(shape, activation);
+  return t;
+}
+
+// Converts `count` values of a safetensors dtype into `out` (F32 or BF16).
+void convert_file_values(const std::byte* src, DType src_dtype, TensorView out) {
+  const int64_t n = out.numel();
+  if (src_dtype == out.dtype) {
+    std::memcpy(out.data, src, out.nbytes());
+    return;
+  }
+  auto read = [&](int64_t i) -> float {
+    switch (src_dtype) {
+      case DType::F32: {
+        float f;
+        std::memcpy(&f, src + 4 * i, 4);
+        return f;
+      }
+      case DType::BF16: {
+        uint16_t b;
+        std::memcpy(&b, src + 2 * i, 2);
+        return bf16_to_float(b);
+      }
+      case DType::F16: {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);
+        return f16_to_float(h);
+      }
+      default: throw std::logic_error("convert_file_values: unsupported dtype");
+    }
+  };
+  if (out.dtype == DType::F32) {
+    float* dst = out.as<float>();
+#pragma omp parallel for if (n >= (1 << 16)) schedule(static)
+    for (int64_t i = 0; i < n; ++i) dst[i] = read(i);
+  } else {
+    bf16_bits* dst = out.as<bf16_bits>();
+#pragma omp parallel for if (n >= (1 << 16)) schedule(static)
+    for (int64_t i = 0; i < n; ++i) dst[i] = float_to_bf16(read(i));
+  }
+}
+
+std::string module_list(const std::vector<std::string>& names) { return join(names, ", "); }
+
+void validate_options(const LlamaConfig& config, const ModelOptions& o) {
+  if (o.precision == Precision::FP16Autocast)
+    fail("precision fp16_autocast is not supported on the CPU backend yet (its ops compute in F32 or BF16 "
+         "storage); use precision bf16, bf16_autocast, bf16_buffers_autocast or fp32");
+  if (o.train_base && o.quantize_base)
+    fail("full fine-tuning (train_type full) trains every base weight and cannot train NF4-quantised ones: "
+         "quantize_base must be off when train_base is on");
+  const std::vector<std::string>& known = linear_module_names();
+  for (const std::string& target : o.lora_targets) {
+    if (std::find(known.begin(), known.end(), target) != known.end()) continue;
+    const std::string guess = closest_match(target, known);
+    fail("lora_target_modules: unknown module '{}'{}; allowed: {}", target,
+         guess.empty() ? "" : fmt::format(" (did you mean '{}'?)", guess), module_list(known));
+  }
+  if (!o.train_base && !o.lora_targets.empty()) {
+    if (o.lora_rank < 1) fail("lora_rank must be at least 1, got {}", o.lora_rank);
+    if (!(o.lora_dropout >= 0.0 && o.lora_dropout < 1.0))
+      fail("lora_dropout must be in [0, 1), got {}", o.lora_dropout);
+    if (!std::isfinite(o.lora_alpha)) fail("lora_alpha must be a finite number, got {}", o.lora_alpha);
+  }
+  (void)config;
+}
+
+bool is_linear(const std::string& name) {
+  return ends_with(name, "_proj.weight");
+}
+
+}  // namespace
+
+const char* linear_module_name(int module) {
+  static const char* const names[kLinearModules] = {"q_proj", "k_proj", "v_proj", "o_proj",
+                                                    "gate_proj", "up_proj", "down_proj"};
+  if (module < 0 || module >= kLinearModules) throw std::logic_error("linear_module_name: bad module");
+  return names[module];
+}
+
+const char* linear_module_group(int module) { return module <= kOProj ? "self_attn" : "mlp"; }
+
+void TrainableTensor::refresh_compute() {
+  if (compute.defined()) copy_convert(compute.view(), master.view());
+}
+
+TensorView BaseWeight::dense(Tensor& scratch, DType dtype) const {
+  if (trainable) return trainable->compute_view();
+  if (!nf4) return frozen.view();
+  if (!scratch.defined() || scratch.shape() != shape || scratch.dtype() != dtype) scratch = Tensor::empty(shape, dtype);
+  if (dtype == DType::F32)
+    nf4_dequantize(*nf4, scratch.data<float>());
+  else
+    nf4_dequantize(*nf4, scratch.data<uint16_t>());
+  return scratch.view();
+}
+
+int64_t BaseWeight::storage_bytes() const {
+  if (nf4) return nf4->storage_bytes();
+  if (trainable)
+    return static_cast<int64_t>(trainable->master.nbytes() + trainable->grad.nbytes() +
+                                (trainable->compute.defined() ? trainable->compute.nbytes() : 0));
+  return static_cast<int64_t>(frozen.nbytes());
+}
+
+std::vector<TrainableTensor*> LlamaWeights::trainables() {
+  std::vector<TrainableTensor*> out;
+  auto add = [&](BaseWeight& w) {
+    if (w.trainable) out.push_back(w.trainable.get());
+  };
+  add(embedding);
+  for (LayerWeights& layer : layers) {
+    add(layer.input_norm);
+    for (int m = kQProj; m <= kOProj; ++m) add(layer.linear[m]);
+    add(layer.post_norm);
+    for (int m = kGateProj; m <= kDownProj; ++m) add(layer.linear[m]);
+  }
+  add(final_norm);
+  if (!tied_head) add(lm_head);
+  for (LoraAdapter* adapter : adapters()) {
+    out.push_back(&adapter->A);
+    out.push_back(&adapter->B);
+  }
+  return out;
+}
+
+std::vector<LoraAdapter*> LlamaWeights::adapters() {
+  std::vector<LoraAdapter*> out;
+  for (LayerWeights& layer : layers)
+    for (auto& adapter : layer.lora)
+      if (adapter) out.push_back(adapter.get());
+  return out;
+}
+
+WeightSource file_weight_source(const ModelWeights& files) {
+  return [&files](const TensorSpec& spec, size_t, TensorView out) {
+    const TensorInfo* info = files.find(spec.name);
+    if (!info) {
+      (void)files.bytes(spec.name);  // throws the directory's "not found, did you mean" error
+      throw std::logic_error("ModelWeights::bytes did not reject a missing tensor");
+    }
+    if (info->shape != spec.shape)
+      fail("model '{}': tensor '{}' has shape {} but config.json implies {}", files.directory().string(), spec.name,
+           shape_of(info->shape).to_string(), shape_of(spec.shape).to_string());
+    if (info->dtype != DType::BF16 && info->dtype != DType::F16 && info->dtype != DType::F32)
+      fail("model '{}': tensor '{}' is stored as {}; fsdpq loads BF16, F16 or F32 checkpoints", files.directory().string(),
+           spec.name, dtype_name(info->dtype));
+    convert_file_values(files.bytes(spec.name).data(), info->dtype, out);
+  };
+}
+
+WeightSource random_weight_source(uint64_t seed, float stddev) {
+  return [seed, stddev](const TensorSpec& spec, size_t spec_index, TensorView out) {
+    const int64_t n = out.numel();
+    const bool norm = ends_with(spec.name, "norm.weight");  // as init_model: RMSNorm weights are exactly 1
+    if (out.dtype == DType::BF16) {
+      std::span<uint16_t> values(out.as<uint16_t>(), static_cast<size_t>(n));
+      if (norm)
+        std::fill(values.begin(), values.end(), float_to_bf16(1.0f));
+      else
+        fill_normal_bf16(seed, spec_index, 0, stddev, values);
+      return;
+    }
+    std::vector<uint16_t> values(static_cast<size_t>(n), float_to_bf16(1.0f));
+    if (!norm) fill_normal_bf16(seed, spec_index, 0, stddev, values);
+    float* dst = out.as<float>();
+    for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(values[static_cast<size_t>(i)]);
+  };
+}
+
+LlamaWeights build_llama_weights(const LlamaConfig& config, const ModelOptions& options, const WeightSource& source) {
+  validate_options(config, options);
+  LlamaWeights w;
+  w.activation = activation_dtype(options.precision);
+  w.tied_head = config.tie_word_embeddings;
+  w.layers.resize(static_cast<size_t>(config.num_hidden_layers));
+
+  // Where each HF tensor goes.
+  std::map<std::string, BaseWeight*> slots;
+  slots["model.embed_tokens.weight"] = &w.embedding;
+  slots["model.norm.weight"] = &w.final_norm;
+  if (!w.tied_head) slots["lm_head.weight"] = &w.lm_head;
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    LayerWeights& layer = w.layers[static_cast<size_t>(i)];
+    const std::string prefix = fmt::format("model.layers.{}.", i);
+    slots[prefix + "input_layernorm.weight"] = &layer.input_norm;
+    slots[prefix + "post_attention_layernorm.weight"] = &layer.post_norm;
+    for (int m = 0; m < kLinearModules; ++m)
+      slots[fmt::format("{}{}.{}.weight", prefix, linear_module_group(m), linear_module_name(m))] = &layer.linear[m];
+  }
+
+  const std::vector<TensorSpec> specs = hf_tensor_specs(config);
+  for (size_t index = 0; index < specs.size(); ++index) {
+    const TensorSpec& spec = specs[index];
+    BaseWeight& slot = *slots.at(spec.name);
+    slot.name = spec.name;
+    slot.shape = shape_of(spec.shape);
+    // Values arrive in the activation dtype first, as fsdp_qlora loads the checkpoint in its
+    // compute dtype before quantising or training it.
+    Tensor loaded = Tensor::empty(slot.shape, w.activation);
+    source(spec, index, loaded.view());
+    if (options.train_base) {
+      slot.trainable = std::make_unique<TrainableTensor>();
+      TrainableTensor& t = *slot.trainable;
+      t.name = spec.name;
+      t.master = Tensor::empty(slot.shape, DType::F32);
+      copy_convert(t.master.view(), loaded.view());
+      t.grad = Tensor::zeros(slot.shape, DType::F32);
+      if (w.activation != DType::F32) t.compute = std::move(loaded);  // the master's values, exactly
+    } else if (options.quantize_base && is_linear(spec.name)) {
+      const bool f32 = w.activation == DType::F32;
+      slot.nf4 = std::make_unique<Nf4Tensor>(
+          f32 ? nf4_quantize(loaded.data<float>(), loaded.numel(), dims_of(slot.shape), /*double_quant=*/true)
+              : nf4_quantize(loaded.data<uint16_t>(), loaded.numel(), dims_of(slot.shape), /*double_quant=*/true));
+    } else {
+      slot.frozen = std::move(loaded);
+    }
+  }
+
+  if (options.train_base) return w;  // fsdp_qlora's full fine-tuning has no adapters
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    LayerWeights& layer = w.layers[static_cast<size_t>(i)];
+    for (int m = 0; m < kLinearModules; ++m) {
+      const std::string module = linear_module_name(m);
+      if (std::find(options.lora_targets.begin(), options.lora_targets.end(), module) == options.lora_targets.end())
+        continue;
+      const auto [out, in] = linear_shape(config, module);
+      auto adapter = std::make_unique<LoraAdapter>();
+      adapter->prefix = fmt::format("base_model.model.model.layers.{}.{}.{}", i, linear_module_group(m), module);
+      adapter->A = make_trainable(adapter->prefix + ".lora_A.weight", Shape{options.lora_rank, in}, w.activation);
+      adapter->B = make_trainable(adapter->prefix + ".lora_B.weight", Shape{out, options.lora_rank}, w.activation);
+      lora_init_a(adapter->A.master.data<float>(), options.lora_rank, in, options.seed, adapter->prefix);
+      lora_init_b(adapter->B.master.data<float>(), adapter->B.master.numel());
+      adapter->A.refresh_compute();
+      adapter->B.refresh_compute();
+      layer.lora[m] = std::move(adapter);
+    }
+  }
+  return w;
+}
+
+}  // namespace fsdpq

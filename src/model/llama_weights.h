@@ -1,0 +1,93 @@
+// The weights of a LlamaModel as it holds them (private to src/model/llama_*.cpp): every tensor
+// of the HF checkpoint as a frozen dense tensor, a frozen NF4 tensor, or a trainable fp32 master
+// with its gradient and compute copy, plus the LoRA adapters. Built tensor by tensor from a
+// WeightSource (an HF directory or the init-model generator), so no second copy of the model
+// ever exists while loading.
+#pragma once
+#include <array>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/tensor.h"
+#include "io/model_files.h"
+#include "model/llama_config.h"
+#include "model/llama_model.h"
+#include "quant/nf4.h"
+
+namespace fsdpq {
+
+// The seven linear modules of a decoder layer, in HF order.
+enum LinearModule : int { kQProj, kKProj, kVProj, kOProj, kGateProj, kUpProj, kDownProj };
+inline constexpr int kLinearModules = 7;
+const char* linear_module_name(int module);   // "q_proj"
+const char* linear_module_group(int module);  // "self_attn" or "mlp"
+
+// An fp32 master the optimizer steps, its fp32 gradient, and the copy the ops compute with.
+struct TrainableTensor {
+  std::string name;  // HF or PEFT name
+  Tensor master;     // F32
+  Tensor grad;       // F32, same shape
+  Tensor compute;    // activation dtype; left undefined when that is F32 (the master is used)
+
+  TensorView compute_view() const { return compute.defined() ? compute.view() : master.view(); }
+  // Rounds the master into the compute copy (after the optimizer or a load changed it).
+  void refresh_compute();
+};
+
+// One base weight of the checkpoint: exactly one of frozen / nf4 / trainable is set.
+struct BaseWeight {
+  std::string name;  // HF name, e.g. "model.layers.0.self_attn.q_proj.weight"
+  Shape shape;
+  Tensor frozen;                               // activation dtype
+  std::unique_ptr<Nf4Tensor> nf4;              // bitsandbytes NF4 with double-quantised absmax
+  std::unique_ptr<TrainableTensor> trainable;  // full fine-tuning
+
+  // The dense weight to compute with. An NF4 weight is dequantised into `scratch` (allocated
+  // here on first use in `dtype`, reused afterwards), so only one layer is ever dense at a time.
+  TensorView dense(Tensor& scratch, DType dtype) const;
+  // The fp32 gradient, or an empty view (data == nullptr) for a frozen weight.
+  TensorView grad_view() const { return trainable ? trainable->grad.view() : TensorView{}; }
+  int64_t storage_bytes() const;
+};
+
+// PEFT LoRA on one linear: A [r, in] (kaiming-uniform), B [out, r] (zero).
+struct LoraAdapter {
+  std::string prefix;  // "base_model.model.model.layers.0.self_attn.q_proj"
+  TrainableTensor A, B;
+};
+
+struct LayerWeights {
+  BaseWeight input_norm, post_norm;
+  std::array<BaseWeight, kLinearModules> linear;
+  std::array<std::unique_ptr<LoraAdapter>, kLinearModules> lora;  // null where no adapter
+};
+
+struct LlamaWeights {
+  DType activation = DType::BF16;
+  BaseWeight embedding;
+  std::vector<LayerWeights> layers;
+  BaseWeight final_norm;
+  BaseWeight lm_head;  // unused (name empty) when the head is tied to the embedding
+  bool tied_head = false;
+
+  const BaseWeight& head() const { return tied_head ? embedding : lm_head; }
+  // Every trainable tensor in a fixed order: HF order for full fine-tuning, then per layer and
+  // module (HF order) each adapter's A then B.
+  std::vector<TrainableTensor*> trainables();
+  std::vector<LoraAdapter*> adapters();
+};
+
+// Fills `out` (F32 or BF16, the spec's shape) with the values of HF tensor `spec`, which is entry
+// `spec_index` of hf_tensor_specs(config).
+using WeightSource = std::function<void(const TensorSpec& spec, size_t spec_index, TensorView out)>;
+// Reads the tensor from an HF directory (BF16, F16 or F32 files), checking its shape.
+WeightSource file_weight_source(const ModelWeights& files);
+// The values `fsdpq init-model --seed seed` writes: Normal(0, stddev) per tensor stream, norms 1.
+WeightSource random_weight_source(uint64_t seed, float stddev);
+
+// Validates the options (fails with the option's name) and builds every weight and adapter.
+LlamaWeights build_llama_weights(const LlamaConfig& config, const ModelOptions& options, const WeightSource& source);
+
+}  // namespace fsdpq

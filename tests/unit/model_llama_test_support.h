@@ -1,0 +1,118 @@
+// Helpers of the LlamaModel tests (tests/unit/model_llama_*_test.cpp): the tiny preset with a
+// small vocabulary, option sets per train type, random batches, and reading tensors back.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "model/llama_model.h"
+#include "model/presets.h"
+#include "ops/cross_entropy.h"
+
+namespace fsdpq::test {
+
+// The tiny preset (hidden 64, 2 layers, 4 heads, 2 KV heads, intermediate 176) with vocab 300.
+inline LlamaConfig tiny_llama(int64_t vocab = 300, double initializer_range = 0.02) {
+  LlamaConfig config = preset_or_fail("tiny");
+  config.vocab_size = vocab;
+  config.initializer_range = initializer_range;
+  return config;
+}
+
+inline std::vector<std::string> all_linear_targets() {
+  return {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+}
+
+// train_type lora (bf16/fp32 frozen base) or qlora (NF4 base), adapters on every linear.
+inline ModelOptions lora_options(Precision precision, bool quantize_base, double dropout = 0.0, int64_t rank = 4) {
+  ModelOptions o;
+  o.quantize_base = quantize_base;
+  o.train_base = false;
+  o.lora_rank = rank;
+  o.lora_alpha = 8;
+  o.lora_dropout = dropout;
+  o.lora_targets = all_linear_targets();
+  o.precision = precision;
+  o.gradient_checkpointing = true;
+  o.seed = 42;
+  return o;
+}
+
+inline ModelOptions full_options(Precision precision) {
+  ModelOptions o;
+  o.quantize_base = false;
+  o.train_base = true;
+  o.lora_targets = {};
+  o.precision = precision;
+  return o;
+}
+
+// Uniform token ids; labels equal the ids except the first `masked` positions of each row (-100),
+// as a prompt mask would leave them.
+inline data::Batch random_batch(int64_t B, int64_t T, int64_t vocab, uint32_t seed, int64_t masked = 2) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab - 1));
+  data::Batch batch;
+  batch.batch_size = B;
+  batch.seq_len = T;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const int32_t id = token(rng);
+      batch.input_ids.push_back(id);
+      batch.labels.push_back(t < masked ? kIgnoreIndex : id);
+    }
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 1; t < T; ++t) batch.target_tokens += batch.labels[static_cast<size_t>(b * T + t)] != kIgnoreIndex;
+  return batch;
+}
+
+// Rows [first, first + count) of a batch, as its own batch.
+inline data::Batch batch_rows(const data::Batch& batch, int64_t first, int64_t count) {
+  data::Batch out;
+  out.batch_size = count;
+  out.seq_len = batch.seq_len;
+  const auto begin = static_cast<long>(first * batch.seq_len), end = static_cast<long>((first + count) * batch.seq_len);
+  out.input_ids.assign(batch.input_ids.begin() + begin, batch.input_ids.begin() + end);
+  out.labels.assign(batch.labels.begin() + begin, batch.labels.begin() + end);
+  for (int64_t b = 0; b < count; ++b)
+    for (int64_t t = 1; t < out.seq_len; ++t)
+      out.target_tokens += out.labels[static_cast<size_t>(b * out.seq_len + t)] != kIgnoreIndex;
+  return out;
+}
+
+inline std::vector<float> floats_of(const Tensor& t) {
+  const float* p = t.data<float>();
+  return std::vector<float>(p, p + t.numel());
+}
+
+inline bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.view().data, b.view().data, a.nbytes()) == 0;
+}
+
+// Every adapter's B (and so the adapter) made non-zero: uniform in [-scale, scale).
+inline void randomize_lora_b(LlamaModel& model, uint32_t seed, float scale = 0.1f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-scale, scale);
+  for (const TrainableParameter& p : model.trainable_parameters())
+    if (p.name.find("lora_B") != std::string::npos) {
+      float* v = p.master->data<float>();
+      for (int64_t i = 0; i < p.master->numel(); ++i) v[i] = dist(rng);
+    }
+  model.masters_updated();
+}
+
+// ||got - want||_2 / ||want||_2.
+inline double normwise_error(const std::vector<double>& got, const std::vector<double>& want) {
+  double diff = 0.0, norm = 0.0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    diff += (got[i] - want[i]) * (got[i] - want[i]);
+    norm += want[i] * want[i];
+  }
+  return std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30);
+}
+
+}  // namespace fsdpq::test
