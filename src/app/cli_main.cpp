@@ -28,6 +28,8 @@ usage:
   fsdpq demo [--out DIR]                              the self-contained demo (what `make run` does)
   fsdpq init-model --preset NAME --out DIR [...]      write a random-initialised model in HF layout
   fsdpq init-tokenizer --input FILE --out FILE [...]  train a small sentencepiece tokenizer
+  fsdpq merge --model DIR --adapter DIR --out DIR     fold a LoRA adapter into its base model (HF layout)
+  fsdpq generate --model DIR --prompt TEXT [...]      continue a prompt (base model + optional --adapter)
   fsdpq --help | --help-config | --version
 
 Run on several GPUs / ranks with `mpirun -np N fsdpq ...` or `srun fsdpq ...` (one rank per GPU).
@@ -133,9 +135,11 @@ int cli_main(int argc, char** argv) {
     if (command == "init-model") return run_init_model_command(world, rest);
     if (command == "init-tokenizer") return run_init_tokenizer_command(world, rest);
     if (command == "demo") return run_demo_command(world, rest);
+    if (command == "merge") return run_merge_command(world, rest);
+    if (command == "generate") return run_generate_command(world, rest);
     if (command == "train") return run_train(world, rest);
     if (!starts_with(command, "--") && !ends_with(command, ".ini") && !std::filesystem::exists(command)) {
-      std::string guess = closest_match(command, {"init-model", "init-tokenizer", "demo", "train"});
+      std::string guess = closest_match(command, {"init-model", "init-tokenizer", "demo", "train", "merge", "generate"});
       fail("'{}' is neither a command nor a config file{}", command,
            guess.empty() ? " (fsdpq --help lists the commands)" : fmt::format(" (did you mean '{}'?)", guess));
     }

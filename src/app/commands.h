@@ -20,5 +20,9 @@ int run_init_model_command(const World& world, const std::vector<std::string>& a
 int run_init_tokenizer_command(const World& world, const std::vector<std::string>& args);
 // `fsdpq demo`: prepares the demo's model, tokenizer and data, then runs the embedded demo config.
 int run_demo_command(const World& world, const std::vector<std::string>& args);
+// `fsdpq merge --model DIR --adapter DIR --out DIR`: a LoRA adapter folded into its base model.
+int run_merge_command(const World& world, const std::vector<std::string>& args);
+// `fsdpq generate --model DIR [--adapter DIR] --prompt TEXT`: continues a prompt (KV-cached, sampled).
+int run_generate_command(const World& world, const std::vector<std::string>& args);
 
 }  // namespace fsdpq
