@@ -43,6 +43,7 @@ const std::vector<FlagSpec> kInitModelFlags = {
     {"tokenizer", "FILE", "a tokenizer.model to copy into the directory"},
     {"vocab_size", "N", "override the preset's vocabulary size (e.g. to match a small tokenizer)"},
     {"max_shard_size", "BYTES", "split the weights into files of at most this size (default 5000000000)"},
+    {"initializer_range", "STD", "standard deviation of the random weights (default: the preset's, 0.02 as HF)"},
     {"overwrite", "", "replace DIR if it exists"},
 };
 
@@ -66,6 +67,12 @@ void init_model_from_flags(const ParsedFlags& flags, bool quiet) {
     options.max_shard_bytes = static_cast<uint64_t>(v);
   }
   options.overwrite = flags.has("overwrite");
+  if (flags.has("initializer_range")) {
+    auto std_dev = parse_double(flags.get("initializer_range"));
+    if (!std_dev || *std_dev <= 0 || *std_dev > 10)
+      fail("init-model: --initializer_range {}: expected a number in (0, 10]", flags.get("initializer_range"));
+    config.initializer_range = *std_dev;
+  }
   auto start = std::chrono::steady_clock::now();
   int last_percent = -1;  // outlives the progress callback below
   if (!quiet) {
@@ -159,7 +166,10 @@ void prepare_demo_assets(const fs::path& dir) {
   if (!fs::exists(model / "config.json")) {
     ParsedFlags flags;
     flags.values_ = {{"preset", "tiny"}, {"out", model.string()}, {"seed", "0"},
-                     {"tokenizer", tokenizer.string()}, {"vocab_size", std::to_string(kVocab)}, {"overwrite", "true"}};
+                     {"tokenizer", tokenizer.string()}, {"vocab_size", std::to_string(kVocab)}, {"overwrite", "true"},
+                     // A tiny frozen random head at HF's 0.02 caps how far LoRA can move the
+                     // logits; a wider init lets the demo show learning within a minute.
+                     {"initializer_range", "0.2"}};
     init_model_from_flags(flags, true);
     log::info("demo: wrote a tiny random-initialised Llama to {}", model.string());
   }

@@ -1,0 +1,129 @@
+// The training loop end to end through the fsdpq binary: the loss falls on generated and on real
+// data, metrics.jsonl holds what the analysis needs, adapters are saved in PEFT's layout and
+// evaluate better than the base model.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "optim/lr_schedule.h"
+#include "test_support.h"
+
+namespace fsdpq {
+namespace {
+
+namespace fs = std::filesystem;
+using test::run_command;
+
+std::vector<nlohmann::json> read_jsonl(const fs::path& path) {
+  std::vector<nlohmann::json> lines;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+std::vector<nlohmann::json> of_type(const std::vector<nlohmann::json>& lines, const std::string& type) {
+  std::vector<nlohmann::json> out;
+  for (const auto& l : lines)
+    if (l.at("type") == type) out.push_back(l);
+  return out;
+}
+
+double mean_loss(const std::vector<nlohmann::json>& steps, size_t begin, size_t end) {
+  double sum = 0;
+  for (size_t i = begin; i < end; ++i) sum += steps[i].at("loss").get<double>();
+  return sum / static_cast<double>(end - begin);
+}
+
+class Train : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { dir_ = test::make_temp_dir("train"); }
+  static test::CommandResult fsdpq(const std::string& args) {
+    return run_command("cd '" + dir_.string() + "' && '" + FSDPQ_BINARY + "' " + args);
+  }
+  static fs::path dir_;
+};
+fs::path Train::dir_;
+
+TEST_F(Train, DemoLossFallsAndAdaptersAreSaved) {
+  auto r = fsdpq("demo --out demo");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto lines = read_jsonl(dir_ / "demo" / "output" / "metrics.jsonl");
+  auto steps = of_type(lines, "step");
+  ASSERT_EQ(of_type(lines, "header").size(), 1u);
+  ASSERT_EQ(steps.size(), 160u) << "demo.ini: 640 examples / batch 8 × 2 epochs";
+  for (const char* key : {"step", "epoch", "loss", "lr", "grad_norm", "tokens", "step_seconds", "tokens_per_second"})
+    EXPECT_TRUE(steps[0].contains(key)) << key;
+  double first = mean_loss(steps, 0, 5), last = mean_loss(steps, 155, 160);
+  EXPECT_LT(last, 0.6 * first) << "the demo's loss must fall clearly: " << first << " → " << last;
+  EXPECT_TRUE(fs::exists(dir_ / "demo" / "output" / "adapter_model.safetensors"));
+  EXPECT_TRUE(fs::exists(dir_ / "demo" / "output" / "adapter_config.json"));
+  EXPECT_EQ(of_type(lines, "summary").size(), 1u);
+}
+
+TEST_F(Train, LearningRateFollowsTheSchedule) {
+  auto r = fsdpq("demo --out demo_sched --dry_run");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = fsdpq("--model_name demo_sched/model --dataset alpaca --data_path demo_sched/data.jsonl --dataset_samples 64 "
+            "--batch_size 4 --context_length 256 --lr 1e-3 --lr_scheduler cosine --max_steps 12 --log_to stdout "
+            "--output_dir sched_out --lora_rank 4");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto steps = of_type(read_jsonl(dir_ / "sched_out" / "metrics.jsonl"), "step");
+  ASSERT_EQ(steps.size(), 12u);
+  // 2000 records / 4 per batch = 500 steps in the epoch: the schedule spans those, max_steps stops early.
+  LrSchedule schedule(LrScheduleKind::cosine, 1e-3, num_training_steps(1, 500, 1), 0.1);
+  for (size_t k = 0; k < steps.size(); ++k)
+    EXPECT_DOUBLE_EQ(steps[k].at("lr").get<double>(), schedule.lr_at(static_cast<int64_t>(k))) << k;
+  EXPECT_EQ(steps[0].at("lr").get<double>(), 0.0) << "fsdp_qlora's warm-up starts at lr 0";
+}
+
+TEST_F(Train, SqlLossFallsOnRealDataWithTheLlamaTokenizer) {
+  FSDPQ_SHARED_DATA_OR_SKIP(sql, "sql.jsonl");
+  FSDPQ_SHARED_DATA_OR_SKIP(tok, "tokenizer.model");
+  auto init = fsdpq("init-model --preset tiny --out sqlmodel --initializer_range 0.2 --tokenizer " + tok.string());
+  ASSERT_EQ(init.exit_code, 0) << init.output;
+  auto r = fsdpq("--model_name sqlmodel --dataset sql --data_path " + sql.string() +
+                 " --batch_size 8 --context_length 256 --lr 3e-3 --lora_rank 16 --lora_alpha 32 --lora_dropout 0 "
+                 "--max_steps 60 --log_to stdout --output_dir sql_out --eval_fraction 0.02");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto lines = read_jsonl(dir_ / "sql_out" / "metrics.jsonl");
+  auto steps = of_type(lines, "step");
+  ASSERT_EQ(steps.size(), 60u);
+  double first = mean_loss(steps, 0, 5), last = mean_loss(steps, 55, 60);
+  EXPECT_LT(last, 0.8 * first) << first << " → " << last;
+  auto evals = of_type(lines, "eval");
+  ASSERT_EQ(evals.size(), 1u);
+  EXPECT_TRUE(std::isfinite(evals[0].at("eval_loss").get<double>()));
+}
+
+TEST_F(Train, EvalCommandScoresTrainedAdaptersBetterThanTheBase) {
+  auto r = fsdpq("demo --out demo_eval");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string common = "--model_name demo_eval/model --dataset alpaca_sample --data_path demo_eval/data.jsonl "
+                             "--dataset_samples 128 --context_length 256 --batch_size 8 --lora_rank 16 --lora_alpha 32";
+  auto base = fsdpq("eval " + common);
+  ASSERT_EQ(base.exit_code, 0) << base.output;
+  auto tuned = fsdpq("eval " + common + " --adapter demo_eval/output");
+  ASSERT_EQ(tuned.exit_code, 0) << tuned.output;
+  auto loss_of = [](const std::string& out) {
+    auto pos = out.find("loss ");
+    return pos == std::string::npos ? NAN : std::stod(out.substr(pos + 5));
+  };
+  EXPECT_LT(loss_of(tuned.output), loss_of(base.output)) << base.output << tuned.output;
+}
+
+TEST_F(Train, MoreThanOneRankIsRefusedClearlyUntilShardingExists) {
+  auto r = fsdpq("demo --out demo_mpi --dry_run");
+  ASSERT_EQ(r.exit_code, 0);
+  r = run_command("cd '" + dir_.string() + "' && " + MPIEXEC + " --allow-run-as-root --oversubscribe -np 2 '" +
+                  FSDPQ_BINARY + "' --model_name demo_mpi/model --dataset alpaca --data_path demo_mpi/data.jsonl");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("training on 2 ranks needs sharded data parallelism"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace fsdpq
