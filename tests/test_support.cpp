@@ -15,9 +15,11 @@ namespace fsdpq::test {
 namespace fs = std::filesystem;
 
 namespace {
+// Never destroyed: it was constructed after remove_temp_dirs was registered with atexit, so as a
+// plain static it would be destroyed before that runs, and the folders would stay behind.
 std::vector<fs::path>& temp_dirs() {
-  static std::vector<fs::path> dirs;
-  return dirs;
+  static auto* dirs = new std::vector<fs::path>;
+  return *dirs;
 }
 void remove_temp_dirs() {
   if (std::getenv("FSDPQ_KEEP_TEST_DIRS")) return;
