@@ -227,25 +227,8 @@ void merge(const MergeOptions& options) {
     if (ec) fail("merge: cannot copy '{}' into '{}': {}", (options.model / file).string(), staging.path.string(), ec.message());
   }
 
-  // Swap into place; an overwritten directory leaves only once the new one is complete.
-  auto rename_or_fail = [&](const fs::path& from, const fs::path& to) {
-    fs::rename(from, to, ec);
-    if (ec) fail("merge: cannot rename '{}' to '{}': {}", from.string(), to.string(), ec.message());
-  };
-  fs::path old;
-  if (exists) {
-    old = parent / fmt::format(".{}.old-{}", target.filename().string(), ::getpid());
-    rename_or_fail(target, old);
-  }
-  try {
-    rename_or_fail(staging.path, target);
-  } catch (...) {
-    if (!old.empty()) fs::rename(old, target, ec);
-    throw;
-  }
+  swap_directory_into_place(staging.path, target, "merge");
   staging.committed = true;
-  sync_directory(parent);
-  if (!old.empty()) fs::remove_all(old, ec);
 
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   log::info("merge: folded {} LoRA pairs (r = {}, scaling lora_alpha / r = {}) into {} and wrote {} in {:.1f} s",

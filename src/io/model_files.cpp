@@ -286,4 +286,28 @@ std::vector<std::string> write_model_weights(const fs::path& dir, const std::vec
   return final_names;
 }
 
+void swap_directory_into_place(const std::filesystem::path& staging, const std::filesystem::path& target,
+                               const std::string& what) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  auto rename_or_fail = [&](const fs::path& from, const fs::path& to) {
+    fs::rename(from, to, ec);
+    if (ec) fail("{}: cannot rename '{}' to '{}': {}", what, from.string(), to.string(), ec.message());
+  };
+  const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  fs::path old;
+  if (fs::exists(target, ec)) {
+    old = parent / fmt::format(".{}.old-{}", target.filename().string(), ::getpid());
+    rename_or_fail(target, old);
+  }
+  try {
+    rename_or_fail(staging, target);
+  } catch (...) {
+    if (!old.empty()) fs::rename(old, target, ec);  // put the previous directory back
+    throw;
+  }
+  sync_directory(parent);
+  if (!old.empty()) fs::remove_all(old, ec);
+}
+
 }  // namespace fsdpq

@@ -74,4 +74,10 @@ std::vector<std::string> write_model_weights(const std::filesystem::path& dir,
 // Writes a small text file through a temporary name and a rename, so it is never seen half written.
 void write_file_atomically(const std::filesystem::path& path, std::string_view content);
 
+// Renames a completely written staging directory to `target`. An existing target is moved aside
+// first and removed only after the swap (restored if the swap fails), so a reader never finds a
+// half-written directory. `what` names the command in error messages.
+void swap_directory_into_place(const std::filesystem::path& staging, const std::filesystem::path& target,
+                               const std::string& what);
+
 }  // namespace fsdpq

@@ -255,25 +255,8 @@ void init_model(LlamaConfig config, const fs::path& out_dir, const InitModelOpti
   };
   write_model_weights(staging.path, specs, fill, options.max_shard_bytes);
 
-  // Swap into place: the old directory (when overwriting) leaves only after the new one is complete.
-  auto rename_or_fail = [&](const fs::path& from, const fs::path& to) {
-    fs::rename(from, to, ec);
-    if (ec) fail("init-model: cannot rename '{}' to '{}': {}", from.string(), to.string(), ec.message());
-  };
-  fs::path old;
-  if (exists) {
-    old = parent / fmt::format(".{}.old-{}", target.filename().string(), ::getpid());
-    rename_or_fail(target, old);
-  }
-  try {
-    rename_or_fail(staging.path, target);
-  } catch (...) {
-    if (!old.empty()) fs::rename(old, target, ec);  // put the previous model back
-    throw;
-  }
+  swap_directory_into_place(staging.path, target, "init-model");
   staging.committed = true;
-  sync_directory(parent);
-  if (!old.empty()) fs::remove_all(old, ec);
 }
 
 }  // namespace fsdpq
