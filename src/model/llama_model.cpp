@@ -124,6 +124,7 @@ struct LlamaModel::Impl {
   RopeTable rope;
   std::array<Tensor, kLinearModules> dequantized;  // one layer's NF4 weights made dense, reused
   Tensor norm_sink;                                // rmsnorm_backward's dweight for the frozen final norm
+  UnitHooks* hooks = nullptr;                      // sharding; null: weights always present
 
   Impl(const LlamaConfig& c, const ModelOptions& o, LlamaWeights w)
       : config(c), options(o), weights(std::move(w)), act(weights.activation) {
@@ -150,7 +151,7 @@ struct LlamaModel::Impl {
     std::array<int64_t, kLinearModules> ranks{};
     if (!weights.layers.empty())
       for (int m = 0; m < kLinearModules; ++m)
-        if (weights.layers[0].lora[m]) ranks[m] = weights.layers[0].lora[m]->A.master.shape()[0];
+        if (weights.layers[0].lora[m]) ranks[m] = options.lora_rank;  // masters may be sharded away
     return ranks;
   }
 
@@ -191,6 +192,8 @@ struct LlamaModel::Impl {
     std::vector<Tensor> stream(static_cast<size_t>(train ? L + 1 : 2));
     for (Tensor& t : stream) t = Tensor::empty(Shape{N, config.hidden_size}, act);
     auto stream_at = [&](int64_t i) -> Tensor& { return stream[static_cast<size_t>(train ? i : i % 2)]; };
+    const bool backward_follows = train && !weights.trainables().empty();
+    if (hooks) hooks->forward_begin(kRootUnit);
     embedding_forward(stream_at(0), ids, dense_of(weights.embedding));
 
     std::vector<LayerActivations> activations(static_cast<size_t>(keep_activations ? L : 1));
@@ -198,16 +201,23 @@ struct LlamaModel::Impl {
     auto activations_of = [&](int64_t i) -> LayerActivations& {
       return activations[static_cast<size_t>(keep_activations ? i : 0)];
     };
-    for (int64_t i = 0; i < L; ++i)
+    for (int64_t i = 0; i < L; ++i) {
+      if (hooks) hooks->forward_begin(layer_unit(i));
       layer_forward(stream_at(i + 1), activations_of(i), stream_at(i), layer_compute(i, train, step_key), d, rope);
+      if (hooks) hooks->forward_end(layer_unit(i), backward_follows);
+    }
 
     Tensor normed = Tensor::empty(Shape{N, config.hidden_size}, act);
     Tensor rstd = Tensor::empty(Shape{N}, DType::F32);
     const TensorView final_norm = dense_of(weights.final_norm);
     rmsnorm_forward(normed, rstd, stream_at(L), final_norm, d.eps);
     const TensorView head = dense_of(weights.head());
+    // The head's gradient comes with the loss, so a training pass begins the root's backward here
+    // (and the root, needed again for the embedding's backward, never ends its forward).
+    if (hooks && backward_follows) hooks->backward_begin(kRootUnit);
     if (kind == PassKind::Logits) {
       lm_head_logits(logits_out, normed, head, act);
+      if (hooks) hooks->forward_end(kRootUnit, false);
       return {};
     }
 
@@ -216,7 +226,10 @@ struct LlamaModel::Impl {
         lm_head_loss(normed, head, i32_view(batch.labels, N), B, T, train ? grad_scale : 0.0f, d_normed.view(),
                      train ? weights.head().grad_view() : TensorView{}, act, lm_head_chunk_rows(config.vocab_size, N));
     const LossSum result{loss.loss_sum, loss.count};
-    if (!train || weights.trainables().empty()) return result;  // nothing to differentiate
+    if (!backward_follows) {  // nothing to differentiate
+      if (hooks) hooks->forward_end(kRootUnit, false);
+      return result;
+    }
 
     // Backward, layer by layer in reverse; d_resid carries the residual stream's gradient.
     Tensor d_resid = Tensor::empty(Shape{N, config.hidden_size}, DType::F32);
@@ -229,17 +242,21 @@ struct LlamaModel::Impl {
     scratch.allocate(d);
     Tensor recomputed_out = keep_activations ? Tensor() : Tensor::empty(Shape{N, config.hidden_size}, act);
     for (int64_t i = L - 1; i >= 0; --i) {
+      if (hooks) hooks->backward_begin(layer_unit(i));
       const LayerCompute w = layer_compute(i, true, step_key);
       // Checkpointing: rebuild this layer's activations (same dropout masks). The last layer's are
       // still in the shared buffer from the forward.
       if (!keep_activations && i != L - 1) layer_forward(recomputed_out, activations_of(i), stream_at(i), w, d, rope);
       layer_backward(d_resid, scratch, activations_of(i), stream_at(i), w, d, rope);
+      if (hooks) hooks->backward_end(layer_unit(i));
     }
     if (weights.embedding.trainable) embedding_backward(weights.embedding.trainable->grad, ids, d_resid);
+    if (hooks) hooks->backward_end(kRootUnit);
     return result;
   }
 
   std::vector<float> forward_cached(const std::vector<int32_t>& tokens, KvCache& cache) {
+    if (hooks) throw std::logic_error("forward_cached: generation runs on an unsharded model");
     const int64_t n = static_cast<int64_t>(tokens.size()), L = num_layers();
     if (n == 0) fail("forward_cached: no tokens given");
     if (cache.keys.size() != static_cast<size_t>(L) || cache.values.size() != static_cast<size_t>(L))
@@ -340,17 +357,24 @@ LlamaModel::LlamaModel(LlamaModel&&) noexcept = default;
 LlamaModel& LlamaModel::operator=(LlamaModel&&) noexcept = default;
 LlamaModel::~LlamaModel() = default;
 
-LlamaModel LlamaModel::load(const LlamaConfig& config, const ModelWeights& weights, const ModelOptions& options) {
+LlamaModel LlamaModel::load(const LlamaConfig& config, const ModelWeights& weights, const ModelOptions& options,
+                            const UnitBuiltCallback& on_unit_built) {
   validate_llama_config(config, weights.directory().string() + "/config.json");
-  return LlamaModel(std::make_unique<Impl>(config, options, build_llama_weights(config, options, file_weight_source(weights))));
+  return LlamaModel(std::make_unique<Impl>(
+      config, options, build_llama_weights(config, options, file_weight_source(weights), on_unit_built)));
 }
 
-LlamaModel LlamaModel::random(const LlamaConfig& config, uint64_t init_seed, const ModelOptions& options) {
+LlamaModel LlamaModel::random(const LlamaConfig& config, uint64_t init_seed, const ModelOptions& options,
+                              const UnitBuiltCallback& on_unit_built) {
   validate_llama_config(config, "model config");
   // init_model draws with the config's initializer_range as a float stddev.
   const WeightSource source = random_weight_source(init_seed, static_cast<float>(config.initializer_range));
-  return LlamaModel(std::make_unique<Impl>(config, options, build_llama_weights(config, options, source)));
+  return LlamaModel(std::make_unique<Impl>(config, options, build_llama_weights(config, options, source, on_unit_built)));
 }
+
+std::vector<ParamUnit> LlamaModel::param_units() { return impl_->weights.units(); }
+int LlamaModel::num_units() const { return static_cast<int>(impl_->config.num_hidden_layers) + 1; }
+void LlamaModel::set_unit_hooks(UnitHooks* hooks) { impl_->hooks = hooks; }
 
 const LlamaConfig& LlamaModel::config() const { return impl_->config; }
 const ModelOptions& LlamaModel::options() const { return impl_->options; }

@@ -5,6 +5,7 @@
 // parameters as flat fp32 masters + gradients that the trainer (and later FSDP) steps.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -62,14 +63,37 @@ struct KvCache {
   std::vector<Tensor> keys, values;
 };
 
+struct ParamUnit;  // model/llama_weights.h: the tensors of one FSDP unit
+
+// How sharding hooks into a pass without the model knowing more of it (torchtitan's rule): the
+// model announces when each unit (kRootUnit, then layer_unit(i)) is about to be used and when it is
+// done with it. Forward runs root, layers 0..L-1; backward layers L-1..0, then the root ends.
+// The root is special: in a training pass its backward begins before the loss (the head's
+// gradient is computed with it) and it gets no forward_end; other passes end it after the head.
+class UnitHooks {
+ public:
+  virtual ~UnitHooks() = default;
+  virtual void forward_begin(int unit) = 0;  // the unit's weights must be present on return
+  // `backward_follows`: a training pass will come back to this unit's backward.
+  virtual void forward_end(int unit, bool backward_follows) = 0;
+  virtual void backward_begin(int unit) = 0;  // weights present, gradient tensors allocated
+  virtual void backward_end(int unit) = 0;    // the unit's gradients of this micro-batch are complete
+};
+
+using UnitBuiltCallback = std::function<void(int unit, ParamUnit& contents)>;
+
 class LlamaModel {
  public:
   // Base weights from an HF directory (bf16/f16/f32 tensors; quantised to NF4 on load when
   // options.quantize_base). Adapters start as PEFT initialises them (A kaiming-uniform, B zero).
-  static LlamaModel load(const LlamaConfig& config, const ModelWeights& weights, const ModelOptions& options);
+  // With `on_unit_built`, each unit is handed over as soon as it is complete (a sharded loader
+  // keeps its shard of it and frees the rest).
+  static LlamaModel load(const LlamaConfig& config, const ModelWeights& weights, const ModelOptions& options,
+                         const UnitBuiltCallback& on_unit_built = {});
   // A random-initialised preset, with exactly the values `fsdpq init-model --seed init_seed`
   // would write (so a preset and its init-model directory train identically).
-  static LlamaModel random(const LlamaConfig& config, uint64_t init_seed, const ModelOptions& options);
+  static LlamaModel random(const LlamaConfig& config, uint64_t init_seed, const ModelOptions& options,
+                           const UnitBuiltCallback& on_unit_built = {});
 
   LlamaModel(LlamaModel&&) noexcept;
   LlamaModel& operator=(LlamaModel&&) noexcept;
@@ -88,6 +112,12 @@ class LlamaModel {
   LossSum evaluate(const data::Batch& batch);
   // Forward only: logits [B, T, vocab] in fp32 (tests and parity checks).
   Tensor logits(const data::Batch& batch);
+
+  // Sharding: the units' tensors (pointers stay valid while the model lives), and the hooks a
+  // pass calls (nullptr, the default: every weight is always present).
+  std::vector<ParamUnit> param_units();
+  int num_units() const;
+  void set_unit_hooks(UnitHooks* hooks);
 
   std::vector<TrainableParameter> trainable_parameters();
   void zero_grads();

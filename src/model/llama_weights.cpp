@@ -159,6 +159,43 @@ std::vector<TrainableTensor*> LlamaWeights::trainables() {
   return out;
 }
 
+ParamUnit LlamaWeights::unit(int index) {
+  ParamUnit u;
+  auto add = [&](BaseWeight& w) {
+    if (w.name.empty()) return;  // the untied head's slot when the head is tied
+    if (w.trainable)
+      u.trainable.push_back(w.trainable.get());
+    else
+      u.frozen.push_back(&w);
+  };
+  if (index == kRootUnit) {
+    u.name = "root";
+    add(embedding);
+    add(final_norm);
+    if (!tied_head) add(lm_head);
+    return u;
+  }
+  if (index < 0 || index > static_cast<int>(layers.size())) throw std::logic_error("LlamaWeights::unit: bad index");
+  LayerWeights& layer = layers[static_cast<size_t>(index - 1)];
+  u.name = fmt::format("layer {}", index - 1);
+  add(layer.input_norm);
+  for (int m = kQProj; m <= kOProj; ++m) add(layer.linear[m]);
+  add(layer.post_norm);
+  for (int m = kGateProj; m <= kDownProj; ++m) add(layer.linear[m]);
+  for (auto& adapter : layer.lora)
+    if (adapter) {
+      u.trainable.push_back(&adapter->A);
+      u.trainable.push_back(&adapter->B);
+    }
+  return u;
+}
+
+std::vector<ParamUnit> LlamaWeights::units() {
+  std::vector<ParamUnit> out;
+  for (int i = 0; i <= static_cast<int>(layers.size()); ++i) out.push_back(unit(i));
+  return out;
+}
+
 std::vector<LoraAdapter*> LlamaWeights::adapters() {
   std::vector<LoraAdapter*> out;
   for (LayerWeights& layer : layers)
@@ -203,7 +240,33 @@ WeightSource random_weight_source(uint64_t seed, float stddev) {
   };
 }
 
-LlamaWeights build_llama_weights(const LlamaConfig& config, const ModelOptions& options, const WeightSource& source) {
+namespace {
+
+// PEFT LoRA on the targeted linears of one layer (A kaiming-uniform from the seed and the module's
+// name, so the values do not depend on the order layers are built in; B zero).
+void add_adapters(LayerWeights& layer, const LlamaConfig& config, const ModelOptions& options, int64_t i,
+                  DType activation) {
+  for (int m = 0; m < kLinearModules; ++m) {
+    const std::string module = linear_module_name(m);
+    if (std::find(options.lora_targets.begin(), options.lora_targets.end(), module) == options.lora_targets.end())
+      continue;
+    const auto [out, in] = linear_shape(config, module);
+    auto adapter = std::make_unique<LoraAdapter>();
+    adapter->prefix = fmt::format("base_model.model.model.layers.{}.{}.{}", i, linear_module_group(m), module);
+    adapter->A = make_trainable(adapter->prefix + ".lora_A.weight", Shape{options.lora_rank, in}, activation);
+    adapter->B = make_trainable(adapter->prefix + ".lora_B.weight", Shape{out, options.lora_rank}, activation);
+    lora_init_a(adapter->A.master.data<float>(), options.lora_rank, in, options.seed, adapter->prefix);
+    lora_init_b(adapter->B.master.data<float>(), adapter->B.master.numel());
+    adapter->A.refresh_compute();
+    adapter->B.refresh_compute();
+    layer.lora[m] = std::move(adapter);
+  }
+}
+
+}  // namespace
+
+LlamaWeights build_llama_weights(const LlamaConfig& config, const ModelOptions& options, const WeightSource& source,
+                                 const UnitBuilt& on_unit_built) {
   validate_options(config, options);
   LlamaWeights w;
   w.activation = activation_dtype(options.precision);
@@ -225,6 +288,15 @@ LlamaWeights build_llama_weights(const LlamaConfig& config, const ModelOptions& 
   }
 
   const std::vector<TensorSpec> specs = hf_tensor_specs(config);
+  // The unit each tensor belongs to, and the last tensor of each unit (when it is complete).
+  auto unit_of = [](const std::string& name) -> int {
+    static const std::string prefix = "model.layers.";
+    if (name.rfind(prefix, 0) != 0) return kRootUnit;
+    return layer_unit(std::stoll(name.substr(prefix.size())));
+  };
+  std::vector<size_t> last_spec(static_cast<size_t>(config.num_hidden_layers) + 1, 0);
+  for (size_t index = 0; index < specs.size(); ++index) last_spec[static_cast<size_t>(unit_of(specs[index].name))] = index;
+
   for (size_t index = 0; index < specs.size(); ++index) {
     const TensorSpec& spec = specs[index];
     BaseWeight& slot = *slots.at(spec.name);
@@ -250,26 +322,18 @@ LlamaWeights build_llama_weights(const LlamaConfig& config, const ModelOptions& 
     } else {
       slot.frozen = std::move(loaded);
     }
-  }
 
-  if (options.train_base) return w;  // fsdp_qlora's full fine-tuning has no adapters
-  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
-    LayerWeights& layer = w.layers[static_cast<size_t>(i)];
-    for (int m = 0; m < kLinearModules; ++m) {
-      const std::string module = linear_module_name(m);
-      if (std::find(options.lora_targets.begin(), options.lora_targets.end(), module) == options.lora_targets.end())
-        continue;
-      const auto [out, in] = linear_shape(config, module);
-      auto adapter = std::make_unique<LoraAdapter>();
-      adapter->prefix = fmt::format("base_model.model.model.layers.{}.{}.{}", i, linear_module_group(m), module);
-      adapter->A = make_trainable(adapter->prefix + ".lora_A.weight", Shape{options.lora_rank, in}, w.activation);
-      adapter->B = make_trainable(adapter->prefix + ".lora_B.weight", Shape{out, options.lora_rank}, w.activation);
-      lora_init_a(adapter->A.master.data<float>(), options.lora_rank, in, options.seed, adapter->prefix);
-      lora_init_b(adapter->B.master.data<float>(), adapter->B.master.numel());
-      adapter->A.refresh_compute();
-      adapter->B.refresh_compute();
-      layer.lora[m] = std::move(adapter);
+    const int unit = unit_of(spec.name);
+    if (index != last_spec[static_cast<size_t>(unit)] || unit == kRootUnit) continue;
+    if (!options.train_base) add_adapters(w.layers[static_cast<size_t>(unit - 1)], config, options, unit - 1, w.activation);
+    if (on_unit_built) {
+      ParamUnit contents = w.unit(unit);
+      on_unit_built(unit, contents);
     }
+  }
+  if (on_unit_built) {
+    ParamUnit root = w.unit(kRootUnit);
+    on_unit_built(kRootUnit, root);
   }
   return w;
 }

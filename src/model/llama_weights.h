@@ -64,6 +64,17 @@ struct LayerWeights {
   std::array<std::unique_ptr<LoraAdapter>, kLinearModules> lora;  // null where no adapter
 };
 
+// The weights sharding moves as one piece (an FSDP unit): unit 0 is the root (embedding, final
+// norm, head: present for a whole step, as FSDP's root unit), unit i > 0 is decoder layer i - 1.
+// `frozen` are the dense frozen and NF4 base weights, `trainable` every trainable tensor.
+struct ParamUnit {
+  std::string name;  // "root" or "layer 3"
+  std::vector<BaseWeight*> frozen;
+  std::vector<TrainableTensor*> trainable;
+};
+inline constexpr int kRootUnit = 0;
+inline int layer_unit(int64_t layer) { return static_cast<int>(layer) + 1; }
+
 struct LlamaWeights {
   DType activation = DType::BF16;
   BaseWeight embedding;
@@ -77,6 +88,9 @@ struct LlamaWeights {
   // module (HF order) each adapter's A then B.
   std::vector<TrainableTensor*> trainables();
   std::vector<LoraAdapter*> adapters();
+  // The units in order (root first, then the layers); pointers into this object.
+  std::vector<ParamUnit> units();
+  ParamUnit unit(int index);
 };
 
 // Fills `out` (F32 or BF16, the spec's shape) with the values of HF tensor `spec`, which is entry
@@ -87,7 +101,13 @@ WeightSource file_weight_source(const ModelWeights& files);
 // The values `fsdpq init-model --seed seed` writes: Normal(0, stddev) per tensor stream, norms 1.
 WeightSource random_weight_source(uint64_t seed, float stddev);
 
+// Called once a unit's tensors are all built (each layer as soon as it is complete, the root
+// last), while the others may not exist yet: a sharded loader keeps its shard and frees the rest,
+// so no more than one unit of the model is ever whole in memory.
+using UnitBuilt = std::function<void(int unit, ParamUnit& contents)>;
+
 // Validates the options (fails with the option's name) and builds every weight and adapter.
-LlamaWeights build_llama_weights(const LlamaConfig& config, const ModelOptions& options, const WeightSource& source);
+LlamaWeights build_llama_weights(const LlamaConfig& config, const ModelOptions& options, const WeightSource& source,
+                                 const UnitBuilt& on_unit_built = {});
 
 }  // namespace fsdpq

@@ -1,0 +1,437 @@
+#include "dist/fsdp_engine.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+#include "model/llama_weights.h"
+#include "optim/clip.h"
+#include "util/bf16.h"
+
+namespace fsdpq {
+namespace {
+
+constexpr size_t kSegmentAlignment = 16;  // each flattened tensor starts aligned, as FSDP's flat params
+
+size_t round_up(size_t n, size_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+size_t ceil_div(size_t n, size_t d) { return (n + d - 1) / d; }
+
+// One contiguous piece of a frozen base weight in the unit's flat byte buffer.
+enum class SegmentKind { Dense, Nf4Packed, Nf4Absmax, Nf4AbsmaxQ, Nf4AbsmaxScale };
+struct FrozenSegment {
+  size_t weight = 0;  // index into Unit::frozen
+  SegmentKind kind = SegmentKind::Dense;
+  size_t offset = 0, bytes = 0;
+};
+
+struct TrainableEntry {
+  TrainableTensor* tensor = nullptr;
+  std::string name;
+  Shape shape;
+  int64_t offset = 0, numel = 0;  // elements within the unit's flat trainable vector
+};
+
+template <class T>
+void free_vector(std::vector<T>& v) { std::vector<T>().swap(v); }
+
+// Copies logical bytes [begin, begin + n) of a region that is split over ranks in pieces of
+// `piece` bytes, piece r stored at base + r * stride (the layout of an all-gather's output).
+void copy_from_pieces(const uint8_t* base, size_t stride, size_t piece, size_t begin, uint8_t* dst, size_t n) {
+  while (n > 0) {
+    const size_t r = begin / piece, within = begin % piece, take = std::min(n, piece - within);
+    std::memcpy(dst, base + r * stride + within, take);
+    dst += take;
+    begin += take;
+    n -= take;
+  }
+}
+
+// Stores fp32 values in the compute dtype (bf16: round to nearest even, as refresh_compute).
+void store_compute(DType dtype, const float* src, int64_t n, uint8_t* dst) {
+  if (dtype == DType::F32) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+  } else if (dtype == DType::BF16) {
+    auto* out = reinterpret_cast<uint16_t*>(dst);
+    for (int64_t i = 0; i < n; ++i) out[i] = float_to_bf16(src[i]);
+  } else {
+    throw std::logic_error("FsdpEngine: compute dtype must be F32 or BF16");
+  }
+}
+
+}  // namespace
+
+struct FsdpEngine::Unit {
+  int index = 0;
+  std::string name;
+  bool adopted = false;
+
+  // Layout (the same on every rank).
+  std::vector<BaseWeight*> frozen;
+  std::vector<DType> frozen_dtype;  // dense segments' dtype
+  std::vector<FrozenSegment> segments;
+  size_t frozen_bytes = 0, frozen_shard_bytes = 0;
+  std::vector<TrainableEntry> trainables;
+  int64_t trainable_numel = 0, shard_numel = 0;
+  size_t compute_shard_bytes = 0;  // shard_numel compute elements, padded to the gather granule
+  size_t chunk_bytes = 0;          // one rank's part of the gather: [frozen shard | compute shard]
+
+  // This rank's shard.
+  std::vector<uint8_t> send;  // chunk_bytes (non-resident only)
+  std::vector<float> master, grad;
+  std::unique_ptr<ShardOptimizer> optimizer;
+
+  // Gathering.
+  std::vector<uint8_t> recv;
+  CollectiveHandle pending;
+  bool gathered = false;       // the model's tensors hold the full parameters
+  bool grads_present = false;  // the model's gradient tensors are allocated (and accumulate)
+
+  int64_t shard_offset(int shard_rank) const { return shard_numel * shard_rank; }
+};
+
+namespace {
+
+uint8_t* segment_data(BaseWeight& w, SegmentKind kind, DType dtype, size_t bytes, bool allocate) {
+  switch (kind) {
+    case SegmentKind::Dense:
+      if (allocate) w.frozen = Tensor::empty(w.shape, dtype);
+      return static_cast<uint8_t*>(w.frozen.view().data);
+    case SegmentKind::Nf4Packed:
+      if (allocate) w.nf4->packed.resize(bytes);
+      return w.nf4->packed.data();
+    case SegmentKind::Nf4Absmax:
+      if (allocate) w.nf4->absmax.resize(bytes / sizeof(float));
+      return reinterpret_cast<uint8_t*>(w.nf4->absmax.data());
+    case SegmentKind::Nf4AbsmaxQ:
+      if (allocate) w.nf4->absmax_q.resize(bytes);
+      return w.nf4->absmax_q.data();
+    case SegmentKind::Nf4AbsmaxScale:
+      if (allocate) w.nf4->absmax_scale.resize(bytes / sizeof(float));
+      return reinterpret_cast<uint8_t*>(w.nf4->absmax_scale.data());
+  }
+  return nullptr;
+}
+
+void evict_frozen(BaseWeight& w) {
+  if (w.nf4) {
+    free_vector(w.nf4->packed);
+    free_vector(w.nf4->absmax);
+    free_vector(w.nf4->absmax_q);
+    free_vector(w.nf4->absmax_scale);
+  } else {
+    w.frozen = Tensor();
+  }
+}
+
+// The tensor a gathered trainable computes with: the master itself in fp32, else the compute copy.
+Tensor& compute_tensor(TrainableTensor& t, DType dtype) { return dtype == DType::F32 ? t.master : t.compute; }
+
+}  // namespace
+
+FsdpEngine::FsdpEngine(ProcessGroups& groups, FsdpOptions options, int num_units)
+    : groups_(groups),
+      options_(std::move(options)),
+      reshard_after_forward_(reshards_after_forward(groups.strategy)),
+      last_layer_unit_(num_units - 1) {
+  if (options_.compute_dtype != DType::F32 && options_.compute_dtype != DType::BF16)
+    throw std::logic_error("FsdpEngine: compute dtype must be F32 or BF16");
+  for (int i = 0; i < num_units; ++i) {
+    units_.push_back(std::make_unique<Unit>());
+    units_.back()->index = i;
+  }
+}
+
+FsdpEngine::~FsdpEngine() = default;
+
+bool FsdpEngine::resident() const { return groups_.shard->size() == 1; }
+bool FsdpEngine::is_writer() const { return groups_.replicate->rank() == 0; }
+
+FsdpEngine::Unit& FsdpEngine::unit(int index) {
+  if (index < 0 || index >= static_cast<int>(units_.size()))
+    throw std::logic_error(fmt::format("FsdpEngine: no unit {}", index));
+  return *units_[static_cast<size_t>(index)];
+}
+
+void FsdpEngine::adopt_unit(int index, ParamUnit& contents) {
+  Unit& u = unit(index);
+  if (u.adopted) throw std::logic_error(fmt::format("FsdpEngine: unit {} adopted twice", index));
+  u.adopted = true;
+  u.name = contents.name;
+  const size_t S = static_cast<size_t>(groups_.shard->size());
+  const int s = groups_.shard->rank();
+
+  // Layout of the frozen bytes: each weight's storage, segment by segment, aligned.
+  size_t offset = 0;
+  auto add_segment = [&](size_t weight, SegmentKind kind, size_t bytes) {
+    if (bytes == 0) return;
+    offset = round_up(offset, kSegmentAlignment);
+    u.segments.push_back({weight, kind, offset, bytes});
+    offset += bytes;
+  };
+  for (BaseWeight* w : contents.frozen) {
+    const size_t k = u.frozen.size();
+    u.frozen.push_back(w);
+    u.frozen_dtype.push_back(w->frozen.defined() ? w->frozen.dtype() : DType::U8);
+    if (w->nf4) {
+      add_segment(k, SegmentKind::Nf4Packed, w->nf4->packed.size());
+      add_segment(k, SegmentKind::Nf4Absmax, w->nf4->absmax.size() * sizeof(float));
+      add_segment(k, SegmentKind::Nf4AbsmaxQ, w->nf4->absmax_q.size());
+      add_segment(k, SegmentKind::Nf4AbsmaxScale, w->nf4->absmax_scale.size() * sizeof(float));
+    } else {
+      add_segment(k, SegmentKind::Dense, w->frozen.nbytes());
+    }
+  }
+  u.frozen_bytes = offset;
+  u.frozen_shard_bytes = round_up(ceil_div(u.frozen_bytes, S), Communicator::kAllGatherGranule);
+
+  for (TrainableTensor* t : contents.trainable) {
+    u.trainables.push_back({t, t->name, t->master.shape(), u.trainable_numel, t->master.numel()});
+    u.trainable_numel += t->master.numel();
+  }
+  u.shard_numel = static_cast<int64_t>(ceil_div(static_cast<size_t>(u.trainable_numel), S));
+  u.compute_shard_bytes = round_up(static_cast<size_t>(u.shard_numel) * dtype_size(options_.compute_dtype),
+                                   Communicator::kAllGatherGranule);
+  u.chunk_bytes = u.frozen_shard_bytes + u.compute_shard_bytes;
+
+  // This rank's master shard (zeros past the end: padding that never changes).
+  u.master.assign(static_cast<size_t>(u.shard_numel), 0.0f);
+  u.grad.assign(static_cast<size_t>(u.shard_numel), 0.0f);
+  const int64_t begin = u.shard_offset(s), end = begin + u.shard_numel;
+  for (const TrainableEntry& e : u.trainables) {
+    const int64_t lo = std::max(begin, e.offset), hi = std::min(end, e.offset + e.numel);
+    if (lo < hi)
+      std::memcpy(u.master.data() + (lo - begin), e.tensor->master.data<float>() + (lo - e.offset),
+                  static_cast<size_t>(hi - lo) * sizeof(float));
+  }
+  u.optimizer = std::make_unique<ShardOptimizer>(options_.optimizer, u.shard_numel);
+
+  if (resident()) {
+    // The engine's master is the only fp32 copy the optimizer steps; the model keeps what it computes with.
+    for (const TrainableEntry& e : u.trainables) {
+      if (options_.compute_dtype != DType::F32) e.tensor->master = Tensor();
+      e.tensor->grad = Tensor();
+    }
+    u.gathered = true;
+    return;
+  }
+
+  // Keep this rank's slice of the frozen bytes and its compute shard; free the unit.
+  u.send.assign(u.chunk_bytes, 0);
+  const size_t fbegin = u.frozen_shard_bytes * static_cast<size_t>(s), fend = fbegin + u.frozen_shard_bytes;
+  for (const FrozenSegment& seg : u.segments) {
+    const size_t lo = std::max(fbegin, seg.offset), hi = std::min(fend, seg.offset + seg.bytes);
+    if (lo >= hi) continue;
+    BaseWeight& w = *u.frozen[seg.weight];
+    const uint8_t* src = segment_data(w, seg.kind, u.frozen_dtype[seg.weight], seg.bytes, false);
+    std::memcpy(u.send.data() + (lo - fbegin), src + (lo - seg.offset), hi - lo);
+  }
+  store_compute(options_.compute_dtype, u.master.data(), u.shard_numel, u.send.data() + u.frozen_shard_bytes);
+  for (BaseWeight* w : u.frozen) evict_frozen(*w);
+  for (const TrainableEntry& e : u.trainables) {
+    e.tensor->master = Tensor();
+    e.tensor->compute = Tensor();
+    e.tensor->grad = Tensor();
+  }
+  u.gathered = false;
+}
+
+void FsdpEngine::attach(LlamaModel& model) {
+  std::vector<ParamUnit> units = model.param_units();
+  if (units.size() != units_.size())
+    throw std::logic_error(fmt::format("FsdpEngine: model has {} units, engine {}", units.size(), units_.size()));
+  for (size_t i = 0; i < units.size(); ++i) {
+    Unit& u = *units_[i];
+    if (!u.adopted) throw std::logic_error(fmt::format("FsdpEngine: unit {} was never adopted", i));
+    // The root's weights are members of the model, which moved since it was built: rebind by position.
+    if (units[i].frozen.size() != u.frozen.size() || units[i].trainable.size() != u.trainables.size())
+      throw std::logic_error(fmt::format("FsdpEngine: unit {} changed its tensors", i));
+    for (size_t k = 0; k < u.frozen.size(); ++k) u.frozen[k] = units[i].frozen[k];
+    for (size_t k = 0; k < u.trainables.size(); ++k) {
+      if (units[i].trainable[k]->name != u.trainables[k].name)
+        throw std::logic_error(fmt::format("FsdpEngine: unit {} tensor {} is now '{}', was '{}'", i, k,
+                                           units[i].trainable[k]->name, u.trainables[k].name));
+      u.trainables[k].tensor = units[i].trainable[k];
+    }
+  }
+  model.set_unit_hooks(this);
+}
+
+void FsdpEngine::start_gather(Unit& u) {
+  if (u.gathered || u.pending.pending()) return;
+  u.recv.resize(u.chunk_bytes * static_cast<size_t>(groups_.shard->size()));
+  u.pending = groups_.shard->all_gather(u.send.data(), u.recv.data(), u.chunk_bytes);
+}
+
+void FsdpEngine::ensure_gathered(Unit& u) {
+  if (u.gathered) return;
+  start_gather(u);
+  u.pending.wait();
+  // Unpack into the model's tensors: frozen segments, then the trainables in the compute dtype.
+  for (const FrozenSegment& seg : u.segments) {
+    BaseWeight& w = *u.frozen[seg.weight];
+    uint8_t* dst = segment_data(w, seg.kind, u.frozen_dtype[seg.weight], seg.bytes, true);
+    copy_from_pieces(u.recv.data(), u.chunk_bytes, u.frozen_shard_bytes, seg.offset, dst, seg.bytes);
+  }
+  const size_t element = dtype_size(options_.compute_dtype);
+  const size_t piece = static_cast<size_t>(u.shard_numel) * element;
+  for (const TrainableEntry& e : u.trainables) {
+    Tensor& t = compute_tensor(*e.tensor, options_.compute_dtype);
+    t = Tensor::empty(e.shape, options_.compute_dtype);
+    copy_from_pieces(u.recv.data() + u.frozen_shard_bytes, u.chunk_bytes, piece, static_cast<size_t>(e.offset) * element,
+                     static_cast<uint8_t*>(t.view().data), static_cast<size_t>(e.numel) * element);
+  }
+  free_vector(u.recv);
+  u.gathered = true;
+}
+
+void FsdpEngine::release(Unit& u) {
+  if (resident()) return;
+  if (u.pending.pending()) u.pending.wait();
+  free_vector(u.recv);
+  if (!u.gathered) return;
+  for (BaseWeight* w : u.frozen) evict_frozen(*w);
+  for (const TrainableEntry& e : u.trainables) compute_tensor(*e.tensor, options_.compute_dtype) = Tensor();
+  u.gathered = false;
+}
+
+void FsdpEngine::prefetch(int index) {
+  if (resident() || index < 0 || index >= static_cast<int>(units_.size())) return;
+  start_gather(unit(index));
+}
+
+void FsdpEngine::forward_begin(int index) {
+  ensure_gathered(unit(index));
+  prefetch(index + 1);
+}
+
+void FsdpEngine::forward_end(int index, bool backward_follows) {
+  // The root stays for the whole step; the last layer's backward comes next, so it stays too.
+  if (backward_follows && (!reshard_after_forward_ || index == kRootUnit || index == last_layer_unit_)) return;
+  release(unit(index));
+}
+
+void FsdpEngine::backward_begin(int index) {
+  Unit& u = unit(index);
+  ensure_gathered(u);
+  if (index > 1 && reshard_after_forward_) prefetch(index - 1);
+  if (!u.grads_present) {
+    for (const TrainableEntry& e : u.trainables) e.tensor->grad = Tensor::zeros(e.shape, DType::F32);
+    u.grads_present = true;
+  }
+}
+
+void FsdpEngine::backward_end(int index) {
+  Unit& u = unit(index);
+  if (sync_gradients_) reduce_gradients(u);
+  release(u);
+}
+
+void FsdpEngine::reduce_gradients(Unit& u) {
+  if (!u.grads_present) return;
+  const size_t S = static_cast<size_t>(groups_.shard->size());
+  std::vector<float> packed(static_cast<size_t>(u.shard_numel) * S, 0.0f);
+  for (const TrainableEntry& e : u.trainables)
+    std::memcpy(packed.data() + e.offset, e.tensor->grad.data<float>(), static_cast<size_t>(e.numel) * sizeof(float));
+  std::vector<float> mine(static_cast<size_t>(u.shard_numel));
+  groups_.shard->reduce_scatter(packed.data(), mine.data(), mine.size(), CommType::F32, ReduceOp::Sum).wait();
+  groups_.replicate->all_reduce(mine.data(), mine.size(), CommType::F32, ReduceOp::Sum).wait();
+  // The average over every rank's micro-batch, as FSDP and DDP average gradients.
+  const float inv_world = 1.0f / static_cast<float>(groups_.world->size());
+  for (size_t i = 0; i < mine.size(); ++i) u.grad[i] += mine[i] * inv_world;
+  for (const TrainableEntry& e : u.trainables) e.tensor->grad = Tensor();
+  u.grads_present = false;
+}
+
+double FsdpEngine::grad_norm() {
+  std::vector<GradBuffer> grads;
+  for (auto& u : units_) grads.push_back({u->grad.data(), static_cast<int64_t>(u->grad.size())});
+  return std::sqrt(groups_.shard->all_reduce_sum(grad_sq_sum(grads)));
+}
+
+void FsdpEngine::scale_grads(double factor) {
+  const float f = static_cast<float>(factor);
+  for (auto& u : units_)
+    for (float& g : u->grad) g *= f;
+}
+
+void FsdpEngine::optimizer_step(double lr) {
+  for (auto& up : units_) {
+    Unit& u = *up;
+    if (u.pending.pending()) release(u);  // no gather may read a shard while it changes
+    if (u.grads_present) throw std::logic_error("FsdpEngine: optimizer step with gradients not yet reduced");
+    u.optimizer->step(u.master.data(), u.grad.data(), lr);
+    std::fill(u.grad.begin(), u.grad.end(), 0.0f);
+  }
+  masters_loaded(-1);
+}
+
+int64_t FsdpEngine::optimizer_steps() const { return units_.empty() ? 0 : units_.front()->optimizer->step_count(); }
+
+void FsdpEngine::masters_loaded(int64_t optimizer_steps) {
+  for (auto& up : units_) {
+    Unit& u = *up;
+    if (optimizer_steps >= 0) u.optimizer->load_state_json({{"optimizer", std::string(optimizer_kind_name(options_.optimizer.kind))},
+                                                           {"step", optimizer_steps},
+                                                           {"numel", u.shard_numel}});
+    if (resident()) {
+      // The model computes with these tensors directly: write the new values into them.
+      for (const TrainableEntry& e : u.trainables) {
+        Tensor& t = compute_tensor(*e.tensor, options_.compute_dtype);
+        store_compute(options_.compute_dtype, u.master.data() + e.offset, e.numel, static_cast<uint8_t*>(t.view().data));
+      }
+    } else {
+      if (u.gathered) release(u);
+      store_compute(options_.compute_dtype, u.master.data(), u.shard_numel, u.send.data() + u.frozen_shard_bytes);
+    }
+  }
+}
+
+void FsdpEngine::gather_masters_into_model() {
+  const size_t S = static_cast<size_t>(groups_.shard->size());
+  for (auto& up : units_) {
+    Unit& u = *up;
+    if (u.trainables.empty()) continue;
+    const size_t piece = static_cast<size_t>(u.shard_numel) * sizeof(float);
+    const size_t chunk = round_up(piece, Communicator::kAllGatherGranule);
+    std::vector<uint8_t> send(chunk, 0), recv(chunk * S);
+    std::memcpy(send.data(), u.master.data(), piece);
+    groups_.shard->all_gather(send.data(), recv.data(), chunk).wait();
+    for (const TrainableEntry& e : u.trainables) {
+      if (!e.tensor->master.defined()) e.tensor->master = Tensor::empty(e.shape, DType::F32);
+      copy_from_pieces(recv.data(), chunk, piece, static_cast<size_t>(e.offset) * sizeof(float),
+                       static_cast<uint8_t*>(e.tensor->master.view().data), static_cast<size_t>(e.numel) * sizeof(float));
+    }
+  }
+}
+
+void FsdpEngine::for_each_trainable(const std::function<void(TrainableShard&)>& visit) {
+  const int s = groups_.shard->rank();
+  for (auto& up : units_) {
+    Unit& u = *up;
+    const int64_t begin = u.shard_offset(s), end = begin + u.shard_numel;
+    std::vector<ShardOptimizer::NamedBuffer> state = u.optimizer->state_buffers();
+    for (const TrainableEntry& e : u.trainables) {
+      const int64_t lo = std::max(begin, e.offset), hi = std::max(lo, std::min(end, e.offset + e.numel));
+      const size_t at = static_cast<size_t>(std::min(lo, end) - begin), n = static_cast<size_t>(hi - lo);
+      TrainableShard shard{e.name, e.shape, lo - e.offset, std::span<float>(u.master.data() + at, n), {}};
+      for (auto& buffer : state) shard.state.push_back(buffer.data.subspan(at, n));
+      visit(shard);
+    }
+  }
+}
+
+ShardBytes FsdpEngine::shard_bytes() const {
+  ShardBytes b;
+  for (const auto& u : units_) {
+    b.model_frozen += static_cast<int64_t>(u->frozen_bytes);
+    b.model_trainable += u->trainable_numel * static_cast<int64_t>(sizeof(float));
+    b.frozen += static_cast<int64_t>(resident() ? u->frozen_bytes : u->frozen_shard_bytes);
+    b.trainable += u->shard_numel * static_cast<int64_t>(sizeof(float));
+  }
+  return b;
+}
+
+}  // namespace fsdpq

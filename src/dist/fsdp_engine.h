@@ -1,0 +1,118 @@
+// FSDP over the model's units (docs/sharding.md): each unit's frozen base-weight bytes (NF4 codes
+// and statistics, or bf16) and trainable fp32 parameters are flattened, padded and split over the
+// shard group. Each rank keeps only its shard: frozen bytes, the fp32 master, the compute-dtype
+// copy it contributes to gathers, the fp32 gradient shard and the optimizer state of that shard.
+//
+// As the model announces units (UnitHooks), the engine all-gathers a unit's parameters into the
+// model's tensors just before use — prefetching the next unit's gather, one in flight — and frees
+// them after (full_shard: after forward, and again after backward with a second gather; the
+// shard_grad_op kinds: only after backward). When a unit's backward is done its gradients are
+// reduce-scattered over the shard group, all-reduced over the replicate group, averaged over the
+// world and added to the rank's gradient shard; `no_sync` micro-batches keep the full gradients
+// locally instead and reduce them with the last micro-batch of the step.
+//
+// A shard group of one rank (ddp, or a single process) keeps the model resident: nothing is
+// gathered or freed, and the optimizer's results are copied back into the model after each step.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dist/process_groups.h"
+#include "model/llama_model.h"
+#include "optim/optimizer.h"
+#include "util/dtype.h"
+
+namespace fsdpq {
+
+struct FsdpOptions {
+  DType compute_dtype = DType::BF16;  // what trainable parameters are gathered and computed in
+  OptimizerConfig optimizer;
+};
+
+// One trainable tensor and this rank's part of it: elements [offset, offset + master.size()) of
+// the tensor, flat (master is empty where the rank holds none of it); `state` in
+// optimizer_state_names order, the same range.
+struct TrainableShard {
+  const std::string& name;
+  const Shape& shape;
+  int64_t offset;
+  std::span<float> master;
+  std::vector<std::span<float>> state;
+};
+
+// What a rank holds, in bytes (the equivalence test checks total / world under full_shard).
+struct ShardBytes {
+  int64_t frozen = 0;     // this rank's share of the frozen base weights
+  int64_t trainable = 0;  // fp32 masters of this rank's shard
+  int64_t model_frozen = 0, model_trainable = 0;  // the whole model's, for comparison
+};
+
+class FsdpEngine final : public UnitHooks {
+ public:
+  FsdpEngine(ProcessGroups& groups, FsdpOptions options, int num_units);
+  ~FsdpEngine() override;
+  FsdpEngine(const FsdpEngine&) = delete;
+  FsdpEngine& operator=(const FsdpEngine&) = delete;
+
+  // The model builder's UnitBuilt callback: records the unit's layout, keeps this rank's shard and
+  // frees the rest (unless resident), so a rank never holds more than one whole unit.
+  void adopt_unit(int unit, ParamUnit& contents);
+  // Once the model exists: binds to its tensors (the root's moved with the model) and installs the
+  // hooks. Every unit must have been adopted.
+  void attach(LlamaModel& model);
+
+  // UnitHooks
+  void forward_begin(int unit) override;
+  void forward_end(int unit, bool backward_follows) override;
+  void backward_begin(int unit) override;
+  void backward_end(int unit) override;
+
+  // false during the micro-batches of a step that defer their gradient reduction (no_sync).
+  void set_sync_gradients(bool sync) { sync_gradients_ = sync; }
+
+  // The global gradient L2 norm over every shard (collective over the shard group).
+  double grad_norm();
+  void scale_grads(double factor);
+  // Steps every unit's shard with `lr`, refreshes the compute copies and zeroes the gradient shards.
+  void optimizer_step(double lr);
+  int64_t optimizer_steps() const;
+
+  // Makes every trainable tensor's full fp32 master present in the model (for saving or
+  // generation); collective over the shard group. Frees nothing: call when training is over.
+  void gather_masters_into_model();
+
+  // Checkpointing: every trainable tensor, in the same order on every rank, with this rank's part
+  // of its master and optimizer state. `is_writer` ranks (replicate rank 0) write their parts;
+  // every rank loads its own.
+  void for_each_trainable(const std::function<void(TrainableShard&)>& visit);
+  bool is_writer() const;
+  // After the masters or the optimizer state were loaded from a checkpoint.
+  void masters_loaded(int64_t optimizer_steps);
+
+  ShardBytes shard_bytes() const;
+  const ProcessGroups& groups() const { return groups_; }
+  bool resident() const;
+
+  struct Unit;
+
+ private:
+  Unit& unit(int index);
+  void start_gather(Unit& u);
+  void ensure_gathered(Unit& u);
+  void release(Unit& u);
+  void prefetch(int index);
+  void reduce_gradients(Unit& u);
+
+  ProcessGroups& groups_;
+  FsdpOptions options_;
+  std::vector<std::unique_ptr<Unit>> units_;
+  bool sync_gradients_ = true;
+  bool reshard_after_forward_;
+  int last_layer_unit_;
+};
+
+}  // namespace fsdpq

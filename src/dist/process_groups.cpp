@@ -1,0 +1,82 @@
+#include "dist/process_groups.h"
+
+#include <array>
+#include <utility>
+
+#include "util/error.h"
+
+namespace fsdpq {
+namespace {
+
+constexpr std::array<std::pair<const char*, ShardingStrategy>, 5> kStrategies{{
+    {"full_shard", ShardingStrategy::FullShard},
+    {"shard_grad_op", ShardingStrategy::ShardGradOp},
+    {"ddp", ShardingStrategy::Ddp},
+    {"hybrid_full_shard", ShardingStrategy::HybridFullShard},
+    {"hybrid_shard_grad_op", ShardingStrategy::HybridShardGradOp},
+}};
+
+// The node each rank belongs to for hybrid sharding.
+int node_of(const World& world, int64_t ranks_per_node) {
+  if (ranks_per_node <= 0) return world.node;
+  return static_cast<int>(world.rank / ranks_per_node);
+}
+
+std::unique_ptr<Communicator> split(const World& world, int color, const char* name) {
+  MPI_Comm sub;
+  MPI_Comm_split(world.comm, color, world.rank, &sub);
+  auto comm = make_mpi_communicator(sub, name);  // duplicates it
+  MPI_Comm_free(&sub);
+  return comm;
+}
+
+}  // namespace
+
+ShardingStrategy parse_sharding_strategy(const std::string& name) {
+  for (const auto& [n, s] : kStrategies)
+    if (name == n) return s;
+  fail("sharding_strategy = '{}' is not a strategy: use full_shard, shard_grad_op, ddp, hybrid_full_shard or "
+       "hybrid_shard_grad_op", name);
+}
+
+const char* sharding_strategy_name(ShardingStrategy strategy) {
+  for (const auto& [n, s] : kStrategies)
+    if (s == strategy) return n;
+  return "?";
+}
+
+bool reshards_after_forward(ShardingStrategy strategy) {
+  return strategy == ShardingStrategy::FullShard || strategy == ShardingStrategy::HybridFullShard;
+}
+
+ProcessGroups make_process_groups(const World& world, ShardingStrategy strategy, int64_t ranks_per_node) {
+  ProcessGroups g;
+  g.strategy = strategy;
+  g.world = make_mpi_communicator(world.comm, "world");
+  const bool hybrid = strategy == ShardingStrategy::HybridFullShard || strategy == ShardingStrategy::HybridShardGradOp;
+  if (ranks_per_node > 0 && world.size % ranks_per_node != 0)
+    fail("ranks_per_node = {} does not divide the {} ranks of this job into whole nodes", ranks_per_node, world.size);
+  if (hybrid && ranks_per_node <= 0 && world.num_nodes > 1 && world.size % world.num_nodes != 0)
+    fail("hybrid sharding needs the same number of ranks on every node ({} ranks on {} nodes); set ranks_per_node",
+         world.size, world.num_nodes);
+
+  int shard_color = 0, replicate_color = world.rank;  // full_shard: one shard group, no replicas
+  if (strategy == ShardingStrategy::Ddp) {
+    shard_color = world.rank;
+    replicate_color = 0;
+  } else if (hybrid) {
+    const int node = node_of(world, ranks_per_node);
+    const int per_node = ranks_per_node > 0 ? static_cast<int>(ranks_per_node) : world.size / world.num_nodes;
+    shard_color = node;
+    replicate_color = ranks_per_node > 0 ? world.rank % per_node : world.local_rank;
+    g.nodes = world.size / per_node;
+  }
+  g.shard = split(world, shard_color, "shard");
+  g.replicate = split(world, replicate_color, "replicate");
+  if (hybrid && g.shard->size() * g.replicate->size() != world.size)
+    fail("hybrid sharding: nodes hold different numbers of ranks (shard group of {} × replica group of {} ≠ {} "
+         "ranks); launch the same number of ranks per node or set ranks_per_node", g.shard->size(), g.replicate->size(), world.size);
+  return g;
+}
+
+}  // namespace fsdpq

@@ -1,0 +1,38 @@
+// Which ranks shard parameters together and which hold replicas, per `sharding_strategy`:
+//   full_shard, shard_grad_op   shard over the whole world; no replicas
+//   ddp                         no sharding (a shard group of one); replicated over the world
+//   hybrid_full_shard,
+//   hybrid_shard_grad_op        shard within a node, replicate across nodes (node = the ranks
+//                               sharing memory, or blocks of `ranks_per_node` consecutive ranks)
+// Gradients are reduce-scattered over the shard group, then all-reduced over the replicate group.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "dist/collectives.h"
+#include "runtime/world.h"
+
+namespace fsdpq {
+
+enum class ShardingStrategy { FullShard, ShardGradOp, Ddp, HybridFullShard, HybridShardGradOp };
+
+// Throws UserError naming `sharding_strategy` and the allowed values.
+ShardingStrategy parse_sharding_strategy(const std::string& name);
+const char* sharding_strategy_name(ShardingStrategy strategy);
+// full_shard and hybrid_full_shard free gathered parameters after each unit's forward (and gather
+// again for backward); the shard_grad_op kinds keep them until the unit's backward is done.
+bool reshards_after_forward(ShardingStrategy strategy);
+
+struct ProcessGroups {
+  ShardingStrategy strategy = ShardingStrategy::FullShard;
+  std::unique_ptr<Communicator> world;      // every rank: losses, norms, flags, checkpoints
+  std::unique_ptr<Communicator> shard;      // parameters are split over these ranks
+  std::unique_ptr<Communicator> replicate;  // ranks holding the same shard (same shard-group rank)
+  int nodes = 1;                            // shard groups under hybrid sharding
+};
+
+// Collective over world.comm. `ranks_per_node` (0: from the machine) must divide the world size;
+// a bad value is a UserError naming the key.
+ProcessGroups make_process_groups(const World& world, ShardingStrategy strategy, int64_t ranks_per_node);
+
+}  // namespace fsdpq
