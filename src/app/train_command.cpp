@@ -23,13 +23,8 @@ int run_training_job(const World& world, const ResolvedConfig& resolved) {
     log::info("dry run: everything checked, stopping before training (drop --dry_run to train)");
     return kExitOk;
   }
-  run_on_all_ranks(world, [&] {
-    if (world.size > 1)
-      fail("training on {} ranks needs sharded data parallelism, which this build does not have yet; "
-           "run one rank (the dry run works on any number)", world.size);
-  });
-  train(world, resolved, plan, gpu);
-  return kExitOk;
+  TrainingOutcome outcome = train(world, resolved, plan, gpu);
+  return outcome.preempted ? kExitCheckpointed : kExitOk;
 }
 
 }  // namespace fsdpq

@@ -169,6 +169,8 @@ std::vector<fs::path> prune_checkpoints(const fs::path& dir, int keep_last, cons
   for (const auto& [step, path] : doomed) {
     remove_file(path);
     removed.push_back(path);
+    std::error_code ignored;
+    fs::remove(path.parent_path() / (path.filename().string() + ".digest"), ignored);  // io/file_digest.h
   }
   return removed;
 }

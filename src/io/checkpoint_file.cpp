@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "io/file_digest.h"
 #include "io/safetensors.h"  // sync_directory
 #include "util/error.h"
 #include "util/strings.h"
@@ -521,6 +522,7 @@ void CheckpointWriter::commit(const nlohmann::json& meta) {
   agree(comm_, agreed_failure_, [&] {
     if (rank_ != 0) return;
     sync_file(temp_path_, where);
+    write_digest(final_path_, digest_file(temp_path_));  // before the rename: a published file always has one
     if (std::rename(temp_path_.c_str(), final_path_.c_str()) != 0)
       fail("{}: cannot rename '{}' to it: {}", where, temp_path_.string(), std::strerror(errno));
     sync_directory(final_path_.parent_path());  // the new name survives a crash
@@ -562,6 +564,15 @@ void check_is_hdf5_file(const fs::path& path) {
   const htri_t is_hdf5 = H5Fis_hdf5(path.c_str());
   if (is_hdf5 < 0) fail("{}: cannot read it{}", where, hdf5_reason());
   if (is_hdf5 == 0) fail("{} is not an HDF5 file (it has no HDF5 signature), so not an fsdpq checkpoint", where);
+  if (const std::optional<FileDigest> stored = read_digest(path)) {
+    const FileDigest now = digest_file(path);
+    if (now.bytes != stored->bytes)
+      fail("{} is corrupt: it has {} bytes, but {} were written ({})", where, now.bytes, stored->bytes,
+           digest_path(path).string());
+    if (now.hash != stored->hash)
+      fail("{} is corrupt: its bytes no longer match the digest written with it ({}); use an older checkpoint",
+           where, digest_path(path).string());
+  }
 }
 
 }  // namespace

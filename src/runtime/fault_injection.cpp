@@ -1,5 +1,6 @@
 #include "runtime/fault_injection.h"
 
+#include <csignal>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -12,10 +13,18 @@ void maybe_inject_fault(const World& world, std::string_view point) {
   const char* spec = std::getenv("FSDPQ_INJECT_FAULT");
   if (!spec || !*spec) return;
   auto parts = split(spec, ':');
-  if (parts.size() != 2) return;
+  if (parts.size() != 2 && parts.size() != 3) return;
+  const bool any_rank = parts[0] == "*";
   auto rank = parse_int(parts[0]);
-  if (rank && *rank == world.rank && parts[1] == point)
-    throw std::runtime_error("injected fault at " + std::string(point) + " (FSDPQ_INJECT_FAULT)");
+  if (!(any_rank || (rank && *rank == world.rank)) || parts[1] != point) return;
+  if (parts.size() == 3) {
+    // kill: as the OOM killer or a node failure would (no unwinding, no flushing, no goodbye);
+    // usr1 / term: the notices Slurm sends before preempting or at the time limit.
+    if (parts[2] == "kill") std::raise(SIGKILL);
+    if (parts[2] == "usr1") return void(std::raise(SIGUSR1));
+    if (parts[2] == "term") return void(std::raise(SIGTERM));
+  }
+  throw std::runtime_error("injected fault at " + std::string(point) + " (FSDPQ_INJECT_FAULT)");
 }
 
 }  // namespace fsdpq

@@ -1,6 +1,9 @@
 // Deliberate failures for tests of fsdpq's error handling: FSDPQ_INJECT_FAULT=RANK:POINT makes
 // rank RANK throw at the named point (e.g. "1:after_setup"), to prove that a failure on one rank
-// ends the whole job promptly with that rank's message. Costs one getenv per point when unset.
+// ends the whole job promptly with that rank's message; RANK:POINT:kill makes it die of SIGKILL
+// there instead (kill-and-resume tests), RANK:POINT:usr1 / :term send it that signal (preemption
+// tests); RANK "*" means every rank. Costs one getenv per point when unset. Points: load_data,
+// after_plan, after_step_N, checkpoint_write_N (halfway through writing step N's checkpoint).
 #pragma once
 #include <string_view>
 

@@ -6,13 +6,16 @@ namespace fsdpq {
 
 EpochBatches::EpochBatches(const std::vector<data::Example>& examples, const data::DistributedSampler& sampler,
                            int64_t epoch, int64_t batch_size, int32_t pad_id, int64_t context_length,
-                           bool pad_to_context_length)
+                           bool pad_to_context_length, int64_t skip)
     : examples_(examples),
       indices_(sampler.indices(epoch)),
       batch_size_(static_cast<size_t>(batch_size)),
       pad_id_(pad_id),
       context_length_(context_length),
-      pad_to_context_length_(pad_to_context_length) {}
+      pad_to_context_length_(pad_to_context_length) {
+  const auto drop = static_cast<size_t>(std::clamp<int64_t>(skip, 0, static_cast<int64_t>(indices_.size())));
+  indices_.erase(indices_.begin(), indices_.begin() + static_cast<std::ptrdiff_t>(drop));
+}
 
 data::Batch EpochBatches::batch(int64_t i) const {
   std::vector<const data::Example*> rows;

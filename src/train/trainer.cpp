@@ -6,15 +6,22 @@
 #include <chrono>
 #include <cmath>
 
+#include "dist/fsdp_engine.h"
+#include "dist/process_groups.h"
 #include "io/model_files.h"
 #include "optim/clip.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
+#include "runtime/agreed_errors.h"
+#include "runtime/exit_codes.h"
+#include "runtime/fault_injection.h"
 #include "runtime/log.h"
+#include "runtime/preemption.h"
 #include "train/epoch_batches.h"
 #include "train/metrics_log.h"
 #include "train/progress.h"
 #include "train/save_model.h"
+#include "train/train_checkpoint.h"
 #include "util/error.h"
 #include "util/strings.h"
 
@@ -81,40 +88,57 @@ ModelOptions model_options_from(const TrainConfig& c) {
   return o;
 }
 
-LlamaModel build_model(const RunPlan& plan, const ModelOptions& options) {
-  if (plan.model.is_preset()) return LlamaModel::random(plan.model.config, 0, options);
+LlamaModel build_model(const RunPlan& plan, const ModelOptions& options, const UnitBuiltCallback& on_unit_built) {
+  if (plan.model.is_preset()) return LlamaModel::random(plan.model.config, 0, options, on_unit_built);
   ModelWeights weights = ModelWeights::open(plan.model.directory);
-  return LlamaModel::load(plan.model.config, weights, options);
+  return LlamaModel::load(plan.model.config, weights, options, on_unit_built);
 }
 
 double evaluate_loss(LlamaModel& model, const std::vector<data::Example>& examples, int64_t batch_size,
-                     int32_t pad_id, int64_t context_length) {
-  LossSum total;
-  for (const auto& batch : sequential_batches(examples, batch_size, pad_id, context_length)) {
-    LossSum l = model.evaluate(batch);
-    total.loss_sum += l.loss_sum;
-    total.tokens += l.tokens;
+                     int32_t pad_id, int64_t context_length, Communicator* world) {
+  const std::vector<data::Batch> batches = sequential_batches(examples, batch_size, pad_id, context_length);
+  const int64_t ranks = world ? world->size() : 1, rank = world ? world->rank() : 0;
+  const int64_t n = static_cast<int64_t>(batches.size());
+  // Batches go round-robin over the ranks; a rank without one in the last round runs batch 0
+  // and discards it, so every rank makes the same passes (and the same gathers).
+  double sums[2] = {0, 0};  // loss sum, tokens
+  for (int64_t round = 0; round * ranks < n; ++round) {
+    const int64_t i = round * ranks + rank;
+    LossSum l = model.evaluate(batches[static_cast<size_t>(i < n ? i : 0)]);
+    if (i >= n) continue;
+    sums[0] += l.loss_sum;
+    sums[1] += static_cast<double>(l.tokens);
   }
-  return total.mean();
+  if (world) world->all_reduce(sums, 2, CommType::F64, ReduceOp::Sum).wait();
+  return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
 }
 
 TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPlan& plan, const GpuInfo& gpu) {
   const TrainConfig& c = resolved.config;
-  if (world.size > 1)
-    fail("training on {} ranks needs sharded data parallelism, which this build does not have yet; "
-         "run one rank (the dry run works on any number)", world.size);
   const auto start = Clock::now();
 
+  // Ranks, groups and the sharded model: each rank keeps its shards as the units are built.
+  const ShardingStrategy strategy = parse_sharding_strategy(c.sharding_strategy);
+  const bool hybrid = strategy == ShardingStrategy::HybridFullShard || strategy == ShardingStrategy::HybridShardGradOp;
+  ProcessGroups groups = make_process_groups(world, strategy, hybrid ? c.ranks_per_node : 0);
+  const ModelOptions options = model_options_from(c);
+  const OptimizerConfig optimizer = optimizer_config(c.optimizer, c.lr, c.wd);
+  FsdpEngine engine(groups, {activation_dtype(options.precision), optimizer},
+                    static_cast<int>(plan.model.config.num_hidden_layers) + 1);
   auto load_start = Clock::now();
-  LlamaModel model = build_model(plan, model_options_from(c));
-  std::vector<TrainableParameter> params = model.trainable_parameters();
-  log::info("model ready in {:.1f} s: {} trainable tensors, peak host memory {}", seconds_since(load_start),
-            params.size(), human_bytes(peak_rss_bytes()));
-
-  OptimizerConfig optimizer = optimizer_config(c.optimizer, c.lr, c.wd);
-  std::vector<ShardOptimizer> optimizers;
-  optimizers.reserve(params.size());
-  for (const auto& p : params) optimizers.emplace_back(optimizer, p.master->numel());
+  std::optional<LlamaModel> model_slot;
+  run_on_all_ranks(world, [&] {
+    model_slot.emplace(build_model(plan, options, [&](int unit, ParamUnit& contents) { engine.adopt_unit(unit, contents); }));
+  });
+  LlamaModel& model = *model_slot;
+  engine.attach(model);
+  const ShardBytes held = engine.shard_bytes();
+  const double peak_host = groups.world->all_reduce_max(peak_rss_bytes());
+  log::info("model ready in {:.1f} s ({} on {} rank{}): this rank holds {} of {} frozen and {} of {} trainable; peak "
+            "host memory {} (largest rank)", seconds_since(load_start), sharding_strategy_name(groups.strategy),
+            world.size, world.size == 1 ? "" : "s", human_bytes(static_cast<double>(held.frozen)),
+            human_bytes(static_cast<double>(held.model_frozen)), human_bytes(static_cast<double>(held.trainable)),
+            human_bytes(static_cast<double>(held.model_trainable)), human_bytes(peak_host));
 
   const BatchPlan& bp = plan.batches;
   const int64_t gas = c.gradient_accumulation_steps;
@@ -125,75 +149,122 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
     fail("the run has no optimizer step: {} micro-batches per epoch and gradient_accumulation_steps = {}",
          bp.micro_batches_per_epoch, gas);
 
-  MetricsLog metrics = world.is_root() ? MetricsLog(std::filesystem::path(c.output_dir) / "metrics.jsonl", false)
+  TrainingPosition position;
+  std::optional<std::filesystem::path> resume_from;
+  run_on_all_ranks(world, [&] { resume_from = checkpoint_to_resume(c); });
+  if (resume_from) {
+    // Its errors are the same on every rank (the reader agrees them): report them once.
+    run_on_all_ranks(world, [&] { position = load_training_checkpoint(world, *resume_from, engine, resolved, plan); });
+  } else if (c.resume == "auto") {
+    log::info("resume = auto: no checkpoint in {} yet, starting from step 0", c.checkpoint_dir);
+  }
+
+  const bool appending = position.step > 0;
+  MetricsLog metrics = world.is_root() ? MetricsLog(std::filesystem::path(c.output_dir) / "metrics.jsonl", appending)
                                        : MetricsLog();
-  metrics.write(run_header(resolved, plan, world, gpu, total_steps));
+  nlohmann::json header = run_header(resolved, plan, world, gpu, total_steps);
+  header["sharding_strategy"] = sharding_strategy_name(groups.strategy);
+  header["shard_bytes"] = {{"frozen", held.frozen}, {"trainable", held.trainable},
+                           {"model_frozen", held.model_frozen}, {"model_trainable", held.model_trainable}};
+  header["peak_host_memory_after_load_bytes"] = peak_host;
+  if (appending) header["resumed_from"] = {{"checkpoint", resume_from->string()}, {"step", position.step}};
+  metrics.write(header);
   Progress progress = world.is_root() ? Progress(c.log_to, c.output_dir) : Progress();
   const int32_t pad_id = plan.tokenizer->pad_id();
   data::DistributedSampler sampler(static_cast<int64_t>(plan.dataset.train.size()), world.size, world.rank,
                                    static_cast<uint64_t>(c.seed));
+  install_preemption_handlers();
+  Communicator& all = *groups.world;
 
   TrainingOutcome outcome;
-  int64_t step = 0;  // optimizer steps done
-  for (int64_t epoch = 0; epoch < c.num_epochs && step < total_steps; ++epoch) {
+  outcome.first_loss = position.first_loss;
+  int64_t& step = position.step;  // optimizer steps done
+  for (; position.epoch < c.num_epochs && step < total_steps; ++position.epoch, position.samples_in_epoch = 0) {
+    const int64_t epoch = position.epoch;
     EpochBatches batches(plan.dataset.train, sampler, epoch, c.batch_size, pad_id, c.context_length,
-                         c.pad_to_context_length);
-    model.zero_grads();
-    double loss_weighted = 0, samples = 0;  // fsdp_qlora's logged loss: micro-batch means weighted by batch size
-    int64_t step_tokens = 0, step_targets = 0;
+                         c.pad_to_context_length, position.samples_in_epoch / world.size);
+    // Micro-batches past the last whole accumulation step of the epoch would never be stepped.
+    const int64_t usable = batches.size() / gas * gas;
+    // Per step, summed over ranks: loss × batch size, samples, tokens, target tokens.
+    double sums[4] = {0, 0, 0, 0};
     auto step_start = Clock::now();
-    for (int64_t i = 0; i < batches.size() && step < total_steps; ++i) {
+    for (int64_t i = 0; i < usable && step < total_steps; ++i) {
       data::Batch batch = batches.batch(i);
+      const bool last_of_step = (i + 1) % gas == 0;
+      engine.set_sync_gradients(!c.no_sync || last_of_step);
       // fsdp_qlora: loss = output.loss / gradient_accumulation_steps, output.loss the micro-batch mean.
       const double normalizer = static_cast<double>(std::max<int64_t>(batch.target_tokens, 1)) * static_cast<double>(gas);
       LossSum l = model.forward_backward(batch, normalizer, 1.0f, static_cast<uint64_t>(step * gas + i % gas));
-      loss_weighted += l.mean() * static_cast<double>(batch.batch_size);
-      samples += static_cast<double>(batch.batch_size);
-      step_tokens += batch.batch_size * batch.seq_len;
-      step_targets += l.tokens;
-      if ((i + 1) % gas != 0) continue;
+      sums[0] += l.mean() * static_cast<double>(batch.batch_size);
+      sums[1] += static_cast<double>(batch.batch_size);
+      sums[2] += static_cast<double>(batch.batch_size * batch.seq_len);
+      sums[3] += static_cast<double>(l.tokens);
+      if (!last_of_step) continue;
 
-      // Optimizer step: grad norm (always measured; clipping when enabled), update, schedule.
-      std::vector<GradBuffer> grads;
-      for (const auto& p : params) grads.push_back({p.grad->data<float>(), p.grad->numel()});
-      const double grad_norm = std::sqrt(grad_sq_sum(grads));
+      // Optimizer step: global grad norm (always measured; clipping when enabled), update, schedule.
+      all.all_reduce(sums, 4, CommType::F64, ReduceOp::Sum).wait();
+      const double loss = sums[0] / sums[1];
+      const double grad_norm = engine.grad_norm();
       if (!std::isfinite(grad_norm))
-        fail("step {}: the gradient norm is {} (loss {}): training diverged; lower lr or check the data",
-             step + 1, grad_norm, loss_weighted / samples);
-      if (c.apply_gradient_clipping) clip_grads_to_norm(grads, grad_norm, c.grad_norm);
+        fail("step {}: the gradient norm is {} (loss {}): training diverged; lower lr or check the data", step + 1,
+             grad_norm, loss);
+      if (c.apply_gradient_clipping) {
+        const double coefficient = clip_coefficient(grad_norm, c.grad_norm);
+        if (coefficient < 1.0) engine.scale_grads(coefficient);
+      }
       const double lr = schedule.lr_at(step);
-      for (size_t k = 0; k < params.size(); ++k)
-        optimizers[k].step(params[k].master->data<float>(), params[k].grad->data<float>(), lr);
-      model.masters_updated();
-      model.zero_grads();
+      engine.optimizer_step(lr);
       ++step;
+      position.samples_in_epoch += static_cast<int64_t>(c.batch_size * gas) * world.size;
 
       const double seconds = seconds_since(step_start);
-      const double loss = loss_weighted / samples;
-      if (step == 1) outcome.first_loss = loss;
+      if (step == 1) outcome.first_loss = position.first_loss = loss;
       outcome.last_loss = loss;
-      StepReport report{step, total_steps, epoch, loss, lr, grad_norm, static_cast<double>(step_tokens) / seconds};
+      StepReport report{step, total_steps, epoch, loss, lr, grad_norm, sums[2] / seconds};
       nlohmann::json record = {{"type", "step"},
                                {"step", step},
                                {"epoch", epoch},
                                {"loss", loss},
                                {"lr", lr},
                                {"grad_norm", grad_norm},
-                               {"tokens", step_tokens},
-                               {"target_tokens", step_targets},
-                               {"samples", samples},
+                               {"tokens", static_cast<int64_t>(sums[2])},
+                               {"target_tokens", static_cast<int64_t>(sums[3])},
+                               {"samples", sums[1]},
                                {"step_seconds", seconds},
-                               {"tokens_per_second", static_cast<double>(step_tokens) / seconds}};
+                               {"tokens_per_second", sums[2] / seconds}};
       if (c.eval_every_steps > 0 && step % c.eval_every_steps == 0 && !plan.dataset.eval.empty()) {
-        double eval_loss = evaluate_loss(model, plan.dataset.eval, c.batch_size, pad_id, c.context_length);
+        double eval_loss = evaluate_loss(model, plan.dataset.eval, c.batch_size, pad_id, c.context_length, &all);
         record["eval_loss"] = eval_loss;
         record["eval_perplexity"] = std::exp(eval_loss);
         report.eval_loss = eval_loss;
       }
       metrics.write(record);
       progress.step(report);
-      loss_weighted = samples = 0;
-      step_tokens = step_targets = 0;
+      maybe_inject_fault(world, fmt::format("after_step_{}", step));
+
+      // Checkpoints: on schedule, and when any rank was told to stop (then exit to be requeued).
+      const int signal = static_cast<int>(all.all_reduce_max(static_cast<double>(preemption_signal())));
+      const bool scheduled = c.save_every_steps > 0 && step % c.save_every_steps == 0;
+      if (scheduled || signal != 0) {
+        // The position after this step: the next epoch's start when the epoch has no whole step left.
+        TrainingPosition at = position;
+        if (i + 1 + gas > usable) {
+          ++at.epoch;
+          at.samples_in_epoch = 0;
+        }
+        save_training_checkpoint(world, engine, at, resolved, plan);
+      }
+      if (signal != 0) {
+        progress.finish();
+        log::info("{} received: checkpoint of step {} written; exiting with code {} so the job can be requeued",
+                  signal_name(signal), step, kExitCheckpointed);
+        metrics.write({{"type", "preempted"}, {"step", step}, {"signal", signal_name(signal)}});
+        outcome.steps = step;
+        outcome.preempted = true;
+        outcome.seconds = seconds_since(start);
+        return outcome;
+      }
+      sums[0] = sums[1] = sums[2] = sums[3] = 0;
       step_start = Clock::now();
     }
   }
@@ -201,23 +272,29 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
   outcome.steps = step;
 
   if (!plan.dataset.eval.empty()) {
-    outcome.eval_loss = evaluate_loss(model, plan.dataset.eval, c.batch_size, pad_id, c.context_length);
+    outcome.eval_loss = evaluate_loss(model, plan.dataset.eval, c.batch_size, pad_id, c.context_length, &all);
     metrics.write({{"type", "eval"}, {"step", step}, {"eval_loss", *outcome.eval_loss},
                    {"eval_perplexity", std::exp(*outcome.eval_loss)}});
     log::info("eval loss {:.4f} (perplexity {:.2f}) on {} examples", *outcome.eval_loss,
               std::exp(*outcome.eval_loss), plan.dataset.eval.size());
   }
-  if (c.save_model && world.is_root()) {
-    std::string where = save_trained_model(model, resolved, plan);
-    log::info("saved {}", where);
+  if (c.save_model) {
+    engine.gather_masters_into_model();
+    if (world.is_root()) {
+      std::string where = save_trained_model(model, resolved, plan);
+      log::info("saved {}", where);
+    }
+    MPI_Barrier(world.comm);
   }
   outcome.seconds = seconds_since(start);
+  const double peak = all.all_reduce_max(peak_rss_bytes());
   metrics.write({{"type", "summary"},
                  {"steps", step},
                  {"first_loss", outcome.first_loss},
                  {"last_loss", outcome.last_loss},
                  {"seconds", outcome.seconds},
-                 {"peak_host_memory_bytes", peak_rss_bytes()}});
+                 {"world_size", world.size},
+                 {"peak_host_memory_bytes", peak}});
   log::info("trained {} steps in {}: loss {:.4f} → {:.4f}; metrics in {}", step, format_duration(outcome.seconds),
             outcome.first_loss, outcome.last_loss, metrics.path().string());
   return outcome;

@@ -1,11 +1,13 @@
-// The training loop (fsdp_qlora's train loop, single rank for now): epochs of micro-batches,
-// gradient accumulation, clipping, optimizer step, lr schedule, evaluation, metrics, progress,
-// and saving the result. Sharding across ranks wraps around this in the sharding issue.
+// The training loop (fsdp_qlora's train loop): epochs of micro-batches on every rank, gradient
+// accumulation, clipping, optimizer step, lr schedule, evaluation, metrics, progress, checkpoints
+// and resume, and saving the result. Parameters, gradients and optimizer state are sharded by the
+// FSDP engine (src/dist/); a single rank is the same code with a shard group of one.
 #pragma once
 #include <optional>
 
 #include "app/run_plan.h"
 #include "config/config_loader.h"
+#include "dist/collectives.h"
 #include "model/llama_model.h"
 #include "runtime/gpu.h"
 #include "runtime/world.h"
@@ -18,17 +20,20 @@ struct TrainingOutcome {
   double last_loss = 0;
   std::optional<double> eval_loss;  // at the end, when there is eval data
   double seconds = 0;
+  bool preempted = false;  // stopped by SIGTERM/SIGUSR1 after writing a checkpoint
 };
 
 ModelOptions model_options_from(const TrainConfig& config);
 // The model of a plan: a preset's random weights (init-model's seed 0, so `preset:X` and the
 // directory `fsdpq init-model --preset X` writes train identically) or an HF directory's.
-LlamaModel build_model(const RunPlan& plan, const ModelOptions& options);
+// With `on_unit_built`, each unit is handed over as soon as it is built (sharded loading).
+LlamaModel build_model(const RunPlan& plan, const ModelOptions& options, const UnitBuiltCallback& on_unit_built = {});
 
 TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPlan& plan, const GpuInfo& gpu);
 
-// Token-weighted mean loss over `examples` (evaluation: no dropout, no gradients).
+// Token-weighted mean loss over `examples` (evaluation: no dropout, no gradients). With `world`,
+// every rank of it calls this and evaluates a share of the batches; all get the global mean.
 double evaluate_loss(LlamaModel& model, const std::vector<data::Example>& examples, int64_t batch_size,
-                     int32_t pad_id, int64_t context_length);
+                     int32_t pad_id, int64_t context_length, Communicator* world = nullptr);
 
 }  // namespace fsdpq

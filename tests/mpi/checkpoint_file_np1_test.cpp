@@ -16,6 +16,7 @@
 
 #include "io/checkpoint_dir.h"
 #include "io/checkpoint_file.h"
+#include "io/file_digest.h"
 #include "mpi/checkpoint_test_support.h"
 #include "test_support.h"
 
@@ -262,8 +263,35 @@ std::string open_error(const fs::path& path) {
   return error_of([&] { CheckpointReader reader(MPI_COMM_WORLD, path); });
 }
 
-// Opens the file with serial HDF5 and lets `edit` change it, as another tool would.
+// The whole-file digest written at commit catches damage anywhere, before HDF5 reads a byte.
+TEST(CheckpointDigest, CommittedFilesCarryOneThatCatchesAnyChange) {
+  const fs::path path = committed_sample("digest");
+  ASSERT_TRUE(fs::exists(digest_path(path)));
+  ASSERT_EQ(read_digest(path), digest_file(path));
+  EXPECT_EQ(open_error(path), "<no error>");
+  for (int64_t where : {int64_t{0} + 100, static_cast<int64_t>(fs::file_size(path)) / 2,
+                        static_cast<int64_t>(fs::file_size(path)) - 1}) {
+    const fs::path copy = path.parent_path() / "copy.h5";
+    fs::copy_file(path, copy, fs::copy_options::overwrite_existing);
+    fs::copy_file(digest_path(path), digest_path(copy), fs::copy_options::overwrite_existing);
+    test::flip_byte(copy, where, 0x04);
+    EXPECT_TRUE(contains(open_error(copy), "is corrupt: its bytes no longer match the digest written with it"))
+        << where << ": " << open_error(copy);
+  }
+  const fs::path cut = path.parent_path() / "cut.h5";
+  fs::copy_file(path, cut);
+  fs::copy_file(digest_path(path), digest_path(cut));
+  fs::resize_file(cut, fs::file_size(path) - 8);
+  EXPECT_TRUE(contains(open_error(cut), "is corrupt: it has")) << open_error(cut);
+  test::write_file(digest_path(cut), "nonsense\n");
+  EXPECT_TRUE(contains(open_error(cut), "is not a digest file")) << open_error(cut);
+}
+
+// Opens the file with serial HDF5 and lets `edit` change it, as another tool would. The file's
+// digest would catch any edit before HDF5 opens it; these tests are about the checks below it,
+// so the digest goes (a file another tool wrote has none).
 void edit_hdf5(const fs::path& path, const std::function<void(hid_t root)>& edit) {
+  fs::remove(digest_path(path));
   hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
   ASSERT_GE(file, 0) << path;
   edit(file);
@@ -420,6 +448,7 @@ TEST(CheckpointReaderErrors, FlippedByteFailsVerifyNamingTheTensor) {
     EXPECT_NO_THROW(reader.verify());
   }
   const std::vector<float> original = sample_tensors()[2].data;  // "matrix"
+  fs::remove(digest_path(path));  // the digest would catch it first: this test is about verify()
   test::flip_byte(path, test::dataset_file_offset(path, "matrix") + 4 * 50 + 1, 0x10);
   CheckpointReader reader(MPI_COMM_WORLD, path);  // the metadata is intact: it opens
   std::vector<float> value(1);

@@ -1,0 +1,169 @@
+#include "train/train_checkpoint.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <chrono>
+
+#include "io/checkpoint_dir.h"
+#include "io/checkpoint_file.h"
+#include "runtime/fault_injection.h"
+#include "runtime/log.h"
+#include "util/error.h"
+
+namespace fsdpq {
+namespace {
+
+constexpr int kTrainingCheckpointVersion = 1;
+
+std::string state_dataset(const std::string& state, const std::string& tensor) { return state + ":" + tensor; }
+
+std::vector<int64_t> dims_of(const Shape& shape) {
+  return std::vector<int64_t>(shape.dims.begin(), shape.dims.begin() + shape.rank);
+}
+
+// What must match for a checkpoint to continue this run: the model's shape, what trains, and the
+// meaning of the saved position (sample order and global batch). Learning rate, schedule, logging
+// and the like may change between runs.
+nlohmann::json compatibility(const TrainConfig& c, const RunPlan& plan) {
+  const auto& m = plan.model.config;
+  return {
+      {"model",
+       {{"hidden_size", m.hidden_size},
+        {"intermediate_size", m.intermediate_size},
+        {"num_hidden_layers", m.num_hidden_layers},
+        {"num_attention_heads", m.num_attention_heads},
+        {"num_key_value_heads", m.num_key_value_heads},
+        {"vocab_size", m.vocab_size},
+        {"tie_word_embeddings", m.tie_word_embeddings}}},
+      {"train_type", c.is_lora() ? "lora" : "full"},
+      {"lora", c.is_lora() ? nlohmann::json{{"rank", c.lora_rank}, {"alpha", c.lora_alpha},
+                                            {"target_modules", c.lora_target_modules}}
+                           : nlohmann::json(nullptr)},
+      {"optimizer", c.optimizer},
+      {"seed", c.seed},
+      {"train_examples", plan.dataset.train.size()},
+      {"global_batch", plan.batches.global_batch},
+  };
+}
+
+// "lora.rank: checkpoint 8, this run 16" for the first difference between two JSON trees.
+std::optional<std::string> first_difference(const nlohmann::json& saved, const nlohmann::json& now,
+                                            const std::string& where) {
+  if (saved.is_object() && now.is_object()) {
+    for (auto it = now.begin(); it != now.end(); ++it) {
+      const std::string key = where.empty() ? it.key() : where + "." + it.key();
+      if (!saved.contains(it.key())) return fmt::format("{}: not in the checkpoint, this run {}", key, it.value().dump());
+      if (auto d = first_difference(saved.at(it.key()), it.value(), key)) return d;
+    }
+    return std::nullopt;
+  }
+  if (saved == now) return std::nullopt;
+  return fmt::format("{}: checkpoint {}, this run {}", where, saved.dump(), now.dump());
+}
+
+}  // namespace
+
+std::optional<std::filesystem::path> checkpoint_to_resume(const TrainConfig& c) {
+  if (c.resume.empty()) return std::nullopt;
+  if (c.resume == "auto") return find_latest_checkpoint(c.checkpoint_dir);
+  if (!std::filesystem::exists(c.resume)) fail("resume = '{}': no such checkpoint file", c.resume);
+  return std::filesystem::path(c.resume);
+}
+
+std::filesystem::path save_training_checkpoint(const World& world, FsdpEngine& engine, const TrainingPosition& position,
+                                               const ResolvedConfig& resolved, const RunPlan& plan) {
+  const TrainConfig& c = resolved.config;
+  const auto start = std::chrono::steady_clock::now();
+  const std::filesystem::path dir = c.checkpoint_dir;
+  const std::string file = checkpoint_file_name(position.step);
+  {
+    CheckpointWriter writer(world.comm, dir / file);
+    const bool writes = engine.is_writer();
+    const std::vector<std::string> states = optimizer_state_names(optimizer_config(c.optimizer, c.lr, c.wd).kind);
+    size_t written = 0, total = 0;
+    engine.for_each_trainable([&](TrainableShard&) { ++total; });
+    engine.for_each_trainable([&](TrainableShard& t) {
+      if (++written == total / 2 + 1) maybe_inject_fault(world, fmt::format("checkpoint_write_{}", position.step));
+      const std::vector<int64_t> shape = dims_of(t.shape);
+      auto slices = [&](std::span<float> values) {
+        std::vector<FloatSlice> out;
+        if (writes && !values.empty()) out.push_back({t.offset, values});
+        return out;
+      };
+      writer.write_tensor(t.name, shape, slices(t.master));
+      for (size_t k = 0; k < states.size(); ++k) writer.write_tensor(state_dataset(states[k], t.name), shape, slices(t.state[k]));
+    });
+    nlohmann::json config = nlohmann::json::object();
+    for (const auto& [key, value] : resolved.text) config[key] = value;
+    writer.commit({{"kind", "fsdpq-training-checkpoint"},
+                   {"version", kTrainingCheckpointVersion},
+                   {"fsdpq_version", FSDPQ_VERSION},
+                   {"step", position.step},
+                   {"epoch", position.epoch},
+                   {"samples_in_epoch", position.samples_in_epoch},
+                   {"first_loss", position.first_loss},
+                   {"optimizer_steps", engine.optimizer_steps()},
+                   {"optimizer_states", states},
+                   {"loss_scaler", nullptr},  // fp16 loss scaling is not supported by the CPU backend
+                   {"rng", {{"dropout", "keyed by (seed, step, micro-batch)"}, {"sampler", "keyed by (seed, epoch)"}}},
+                   {"world_size", world.size},
+                   {"sharding_strategy", c.sharding_strategy},
+                   {"compatibility", compatibility(c, plan)},
+                   {"config_file", resolved.config_path},
+                   {"config", config}});
+  }
+  if (world.is_root()) {
+    mark_latest(dir, file);
+    prune_checkpoints(dir, static_cast<int>(c.keep_last), file);
+  }
+  MPI_Barrier(world.comm);  // nobody returns (and perhaps exits) before `latest` is in place
+  log::info("checkpoint {} written in {:.1f} s", (dir / file).string(),
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return dir / file;
+}
+
+TrainingPosition load_training_checkpoint(const World& world, const std::filesystem::path& path, FsdpEngine& engine,
+                                          const ResolvedConfig& resolved, const RunPlan& plan) {
+  const TrainConfig& c = resolved.config;
+  CheckpointReader reader(world.comm, path);
+  const nlohmann::json& meta = reader.meta();
+  if (meta.value("kind", "") != "fsdpq-training-checkpoint" || meta.value("version", 0) != kTrainingCheckpointVersion)
+    fail("checkpoint '{}' is not a training checkpoint of this fsdpq (kind '{}', version {})", path.string(),
+         meta.value("kind", "?"), meta.value("version", 0));
+  if (auto d = first_difference(meta.at("compatibility"), compatibility(c, plan), ""))
+    fail("checkpoint '{}' cannot continue this run: {} (resume with the config it was made with, {})", path.string(),
+         *d, meta.value("config_file", "?"));
+  reader.verify();
+
+  const std::vector<std::string> states = optimizer_state_names(optimizer_config(c.optimizer, c.lr, c.wd).kind);
+  engine.for_each_trainable([&](TrainableShard& t) {
+    const std::vector<int64_t> shape = dims_of(t.shape);
+    auto read = [&](const std::string& name, std::span<float> out) {
+      if (!reader.has_tensor(name))
+        fail("checkpoint '{}' has no tensor '{}' that this run trains: it was made for another model or LoRA "
+             "configuration", path.string(), name);
+      if (reader.shape(name) != shape)
+        fail("checkpoint '{}': tensor '{}' has shape [{}], this run's is {}", path.string(), name,
+             fmt::join(reader.shape(name), ", "), t.shape.to_string());
+      if (!out.empty()) reader.read(name, t.offset, out);
+    };
+    read(t.name, t.master);
+    for (size_t k = 0; k < states.size(); ++k) read(state_dataset(states[k], t.name), t.state[k]);
+  });
+  engine.masters_loaded(meta.at("optimizer_steps").get<int64_t>());
+
+  TrainingPosition p;
+  p.step = meta.at("step").get<int64_t>();
+  p.epoch = meta.at("epoch").get<int64_t>();
+  p.samples_in_epoch = meta.at("samples_in_epoch").get<int64_t>();
+  p.first_loss = meta.value("first_loss", 0.0);
+  if (p.samples_in_epoch % world.size != 0)
+    fail("checkpoint '{}' stopped {} samples into epoch {}, which {} ranks cannot split evenly", path.string(),
+         p.samples_in_epoch, p.epoch, world.size);
+  log::info("resuming from {} (made on {} ranks): step {}, epoch {}, {} samples into the epoch", path.string(),
+            meta.value("world_size", 0), p.step, p.epoch, p.samples_in_epoch);
+  return p;
+}
+
+}  // namespace fsdpq

@@ -1,0 +1,385 @@
+// Sharded training through the real binary under mpirun (CPU ranks, the MPI transport).
+//
+// Equivalence: the same global batch of 4 examples per step as 1 rank × 4 accumulated
+// micro-batches, 2 ranks × 2 and 4 ranks × 1, one example per micro-batch. fsdp_qlora's loss is
+// each micro-batch's token mean / accumulation steps, averaged over ranks, so all three optimise
+// exactly the same objective on the same samples (DistributedSampler hands rank r the samples
+// r, r + W, ...); they differ only in the order in which fp32 gradients are summed. Tolerances
+// (the measured differences, 2026-12-03): losses within 1e-5 relative (bf16: 0, fp32: 3e-8);
+// saved weights within 2 bf16 ulps of the tensor's scale for bf16 runs (measured: identical) and
+// 3e-5 for fp32 adapters (measured 3.4e-6: AdamW's normalisation amplifies summation-order noise).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "io/model_files.h"
+#include "io/safetensors.h"
+#include "test_support.h"
+#include "util/bf16.h"
+
+namespace fsdpq {
+namespace {
+
+namespace fs = std::filesystem;
+using test::run_command;
+
+std::vector<nlohmann::json> read_jsonl(const fs::path& path, const std::string& type) {
+  std::vector<nlohmann::json> lines;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) {
+      auto j = nlohmann::json::parse(line);
+      if (j.at("type") == type) lines.push_back(j);
+    }
+  return lines;
+}
+
+std::vector<double> losses(const fs::path& out) {
+  std::vector<double> l;
+  for (const auto& s : read_jsonl(out / "metrics.jsonl", "step")) l.push_back(s.at("loss").get<double>());
+  return l;
+}
+
+using Weights = std::map<std::string, std::vector<float>>;
+
+std::vector<float> to_floats(const TensorInfo& info, std::span<const std::byte> bytes) {
+  std::vector<float> v(static_cast<size_t>(info.numel()));
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (info.dtype == DType::F32) {
+      std::memcpy(&v[i], bytes.data() + 4 * i, 4);
+    } else {
+      uint16_t b;
+      std::memcpy(&b, bytes.data() + 2 * i, 2);
+      v[i] = bf16_to_float(b);
+    }
+  }
+  return v;
+}
+
+// The trained tensors a run saved: PEFT adapters, or the whole HF model for full fine-tuning.
+Weights saved_weights(const fs::path& out) {
+  Weights w;
+  if (fs::exists(out / "adapter_model.safetensors")) {
+    auto file = SafetensorsFile::open(out / "adapter_model.safetensors");
+    for (const auto& t : file.tensors()) w[t.name] = to_floats(t, file.bytes(t));
+  } else {
+    auto model = ModelWeights::open(out);
+    for (const auto& name : model.tensor_names()) w[name] = to_floats(*model.find(name), model.bytes(name));
+  }
+  return w;
+}
+
+// Largest |a - b| relative to the tensor's largest |value|, over all tensors.
+double max_relative_difference(const Weights& a, const Weights& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (const auto& [name, x] : a) {
+    auto it = b.find(name);
+    if (it == b.end()) {
+      ADD_FAILURE() << "missing " << name;
+      continue;
+    }
+    const auto& y = it->second;
+    EXPECT_EQ(x.size(), y.size()) << name;
+    double scale = 1e-30, diff = 0;
+    for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
+      scale = std::max(scale, std::fabs(static_cast<double>(x[i])));
+      diff = std::max(diff, std::fabs(static_cast<double>(x[i]) - y[i]));
+    }
+    worst = std::max(worst, diff / scale);
+  }
+  return worst;
+}
+
+class DistTrain : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = test::make_temp_dir("dist_train");
+    auto r = run_command("cd '" + dir_.string() + "' && '" + FSDPQ_BINARY + "' demo --out demo --dry_run");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+
+  // A short run: 4 examples per optimizer step whatever the rank count.
+  // `train_type` may carry a precision: "lora:fp32".
+  static std::string args(std::string train_type, int ranks, const std::string& out, int max_steps = 6) {
+    std::string precision = "bf16";
+    if (auto colon = train_type.find(':'); colon != std::string::npos) {
+      precision = train_type.substr(colon + 1);
+      train_type.resize(colon);
+    }
+    return "--precision " + precision + " --model_name demo/model --dataset alpaca --data_path demo/data.jsonl --dataset_samples 48 "
+           "--context_length 96 --batch_size 1 --gradient_accumulation_steps " + std::to_string(4 / ranks) +
+           " --train_type " + train_type + " --lora_rank 4 --lora_alpha 8 --lora_dropout 0 --lr 2e-3 "
+           "--max_steps " + std::to_string(max_steps) + " --log_to stdout --save_model true --output_dir " + out;
+  }
+
+  static test::CommandResult mpirun(int ranks, const std::string& arguments, const std::string& env = "") {
+    return run_command("cd '" + dir_.string() + "' && " + env + " timeout 600 " + MPIEXEC +
+                       " --allow-run-as-root --oversubscribe -np " + std::to_string(ranks) + " '" + FSDPQ_BINARY +
+                       "' " + arguments + " 2>&1");
+  }
+
+  static fs::path dir_;
+};
+fs::path DistTrain::dir_;
+
+struct Case {
+  std::string train_type;
+  std::string strategy;
+};
+
+class Equivalence : public DistTrain, public ::testing::WithParamInterface<std::string> {};
+
+// One train type, every strategy at 2 and 4 ranks, against the single-rank run.
+TEST_P(Equivalence, SameLossesAndWeightsAtOneTwoAndFourRanks) {
+  const std::string type = GetParam();
+  const bool fp32 = type.find(":fp32") != std::string::npos;
+  const std::string tag = fp32 ? type.substr(0, type.find(':')) + "_fp32" : type;
+  const std::string base = "eq_" + tag + "_np1";
+  auto r = mpirun(1, args(type, 1, base));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<double> want = losses(dir_ / base);
+  ASSERT_EQ(want.size(), 6u) << r.output;
+  const Weights want_weights = saved_weights(dir_ / base);
+  ASSERT_FALSE(want_weights.empty());
+
+  for (const char* strategy : {"full_shard", "shard_grad_op", "ddp", "hybrid_full_shard", "hybrid_shard_grad_op"})
+    for (int ranks : {2, 4}) {
+      SCOPED_TRACE(std::string(strategy) + " on " + std::to_string(ranks) + " ranks");
+      const std::string out = "eq_" + tag + "_" + strategy + "_np" + std::to_string(ranks);
+      std::string extra = std::string(" --sharding_strategy ") + strategy;
+      if (std::string(strategy).rfind("hybrid", 0) == 0) extra += " --ranks_per_node " + std::to_string(ranks / 2);
+      if (ranks == 2 && std::string(strategy) == "full_shard") extra += " --no_sync true";
+      r = mpirun(ranks, args(type, ranks, out) + extra);
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      const std::vector<double> got = losses(dir_ / out);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t k = 0; k < got.size(); ++k) EXPECT_NEAR(got[k], want[k], 1e-5 * std::fabs(want[k])) << "step " << k + 1;
+      const double weight_difference = max_relative_difference(saved_weights(dir_ / out), want_weights);
+      // bf16: within 2 bf16 ulps; fp32 masters: within 1e-5 of the tensor's scale.
+      EXPECT_LE(weight_difference, fp32 ? 3e-5 : 2.0 / 128.0);
+      double loss_difference = 0;
+      for (size_t k = 0; k < got.size(); ++k) loss_difference = std::max(loss_difference, std::fabs(got[k] / want[k] - 1));
+      std::printf("%s %s np%d: max relative difference: losses %.2e, weights %.2e\n", type.c_str(), strategy, ranks,
+                  loss_difference, weight_difference);
+
+      // Under full sharding each rank holds ~1/W of the parameters (padding aside).
+      if (std::string(strategy) == "full_shard") {
+        auto header = read_jsonl(dir_ / out / "metrics.jsonl", "header").at(0);
+        const auto& b = header.at("shard_bytes");
+        const double frozen = b.at("frozen"), trainable = b.at("trainable");
+        const double model_frozen = b.at("model_frozen"), model_trainable = b.at("model_trainable");
+        EXPECT_NEAR(frozen, model_frozen / ranks, 0.01 * model_frozen / ranks + 64 * 3);
+        EXPECT_NEAR(trainable, model_trainable / ranks, 0.01 * model_trainable / ranks + 64 * 3);
+      }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(TrainTypes, Equivalence, ::testing::Values("lora", "qlora", "full", "lora:fp32"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), ':', '_');
+                           return name;
+                         });
+
+
+// ---- Checkpoints and resume --------------------------------------------------------------------
+
+// Per step, the loss the metrics last logged for it (a resumed run appends: steps after the
+// checkpoint it resumed from appear twice, the resumed run's last).
+std::map<int64_t, double> losses_by_step(const fs::path& out) {
+  std::map<int64_t, double> l;
+  for (const auto& s : read_jsonl(out / "metrics.jsonl", "step")) l[s.at("step").get<int64_t>()] = s.at("loss").get<double>();
+  return l;
+}
+
+class Checkpoints : public DistTrain {
+ protected:
+  // 8 steps of 4 examples, a checkpoint every 2 steps.
+  // `overrides` ("--key value ...") replace the same keys of the standard run.
+  static std::string run_args(int ranks, const std::string& out, const std::string& overrides = "", int max_steps = 8) {
+    return merge_options(args("lora", ranks, out, max_steps) + " --save_every_steps 2 --keep_last 3", overrides);
+  }
+  static std::string merge_options(const std::string& base, const std::string& overrides) {
+    std::vector<std::pair<std::string, std::string>> options;
+    auto add = [&](const std::string& text) {
+      std::istringstream in(text);
+      std::string key, value;
+      while (in >> key >> value) {
+        auto it = std::find_if(options.begin(), options.end(), [&](const auto& o) { return o.first == key; });
+        if (it != options.end())
+          it->second = value;
+        else
+          options.emplace_back(key, value);
+      }
+    };
+    add(base);
+    add(overrides);
+    std::string out;
+    for (const auto& [key, value] : options) out += " " + key + " " + value;
+    return out;
+  }
+  // The uninterrupted 2-rank run the interrupted ones are compared with.
+  static void SetUpTestSuite() {
+    DistTrain::SetUpTestSuite();
+    auto r = mpirun(2, run_args(2, "ck_ref"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  static void expect_same_as_reference(const std::string& out, bool bit_identical) {
+    const auto want = losses_by_step(dir_ / "ck_ref"), got = losses_by_step(dir_ / out);
+    ASSERT_EQ(want.size(), 8u);
+    ASSERT_EQ(got.size(), want.size());
+    for (const auto& [step, loss] : want) {
+      if (bit_identical)
+        EXPECT_EQ(got.at(step), loss) << "step " << step;
+      else
+        EXPECT_NEAR(got.at(step), loss, 1e-5 * loss) << "step " << step;
+    }
+    const double d = max_relative_difference(saved_weights(dir_ / out), saved_weights(dir_ / "ck_ref"));
+    if (bit_identical)
+      EXPECT_EQ(d, 0.0);
+    else
+      EXPECT_LE(d, 2.0 / 128.0);
+  }
+};
+
+TEST_F(Checkpoints, WrittenOnScheduleWithALatestMarkerAndPruned) {
+  const fs::path dir = dir_ / "ck_ref" / "checkpoints";
+  EXPECT_EQ(test::read_file(dir / "latest"), "step-00000008.h5\n");
+  EXPECT_FALSE(fs::exists(dir / "step-00000002.h5")) << "keep_last = 3 keeps steps 4, 6, 8";
+  for (const char* f : {"step-00000004.h5", "step-00000006.h5", "step-00000008.h5"}) EXPECT_TRUE(fs::exists(dir / f)) << f;
+}
+
+TEST_F(Checkpoints, KilledRankResumesBitIdentically) {
+  // SIGKILL on rank 1 after step 5: the job dies; the step-4 checkpoint is the last complete one.
+  auto r = mpirun(2, run_args(2, "ck_kill"), "FSDPQ_INJECT_FAULT=1:after_step_5:kill");
+  ASSERT_NE(r.exit_code, 0) << r.output;
+  EXPECT_EQ(test::read_file(dir_ / "ck_kill" / "checkpoints" / "latest"), "step-00000004.h5\n");
+  r = mpirun(2, run_args(2, "ck_kill", "--resume auto"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("resuming from ck_kill/checkpoints/step-00000004.h5"), std::string::npos) << r.output;
+  expect_same_as_reference("ck_kill", true);
+}
+
+TEST_F(Checkpoints, KilledDuringACheckpointWriteResumesFromThePreviousOne) {
+  auto r = mpirun(2, run_args(2, "ck_write"), "FSDPQ_INJECT_FAULT=0:checkpoint_write_6:kill");
+  ASSERT_NE(r.exit_code, 0) << r.output;
+  const fs::path dir = dir_ / "ck_write" / "checkpoints";
+  EXPECT_FALSE(fs::exists(dir / "step-00000006.h5")) << "a half-written checkpoint never gets its final name";
+  EXPECT_EQ(test::read_file(dir / "latest"), "step-00000004.h5\n");
+  r = mpirun(2, run_args(2, "ck_write", "--resume auto"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_same_as_reference("ck_write", true);
+}
+
+TEST_F(Checkpoints, ResumesAtOtherWorldSizesWithTheSameGlobalBatch) {
+  // Written at 4 ranks (1 micro-batch each), continued at 2 (2 each); written at 1, continued at 4.
+  auto r = mpirun(4, run_args(4, "ck_4to2", "", 4));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = mpirun(2, run_args(2, "ck_4to2", "--resume auto"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("(made on 4 ranks)"), std::string::npos) << r.output;
+  expect_same_as_reference("ck_4to2", false);
+
+  r = mpirun(1, run_args(1, "ck_1to4", "", 2));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = mpirun(4, run_args(4, "ck_1to4", "--resume auto --sharding_strategy hybrid_full_shard --ranks_per_node 2"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_same_as_reference("ck_1to4", false);
+}
+
+TEST_F(Checkpoints, PreemptionSignalOnOneRankCheckpointsEveryRankAndExits75) {
+  // Rank 1 alone gets SIGUSR1 after step 3 (as from Slurm's --signal): all ranks stop after that
+  // step with a checkpoint of it, exit 75, and the requeued job finishes the run.
+  auto r = mpirun(2, run_args(2, "ck_usr1"), "FSDPQ_INJECT_FAULT=1:after_step_3:usr1");
+  EXPECT_EQ(r.exit_code, 75) << r.output;
+  EXPECT_NE(r.output.find("SIGUSR1 received: checkpoint of step 3 written"), std::string::npos) << r.output;
+  EXPECT_EQ(test::read_file(dir_ / "ck_usr1" / "checkpoints" / "latest"), "step-00000003.h5\n");
+  r = mpirun(2, run_args(2, "ck_usr1", "--resume auto"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_same_as_reference("ck_usr1", true);
+}
+
+TEST_F(Checkpoints, SigtermToTheJobCheckpointsAndExits75) {
+  // A long run, signalled from outside once it is training. Slurm signals the tasks themselves
+  // (mpirun would kill its job on SIGTERM), so the test signals the rank processes directly.
+  const std::string out = "ck_term";
+  const std::string cmd = "cd '" + dir_.string() + "' && (" + MPIEXEC + " --allow-run-as-root --oversubscribe -np 2 '" +
+                          FSDPQ_BINARY + "' " + args("lora", 2, out, 100000) +
+                          " --num_epochs 1000 > ck_term.log 2>&1; echo $? > ck_term.rc) > /dev/null 2>&1 &";
+  ASSERT_EQ(run_command(cmd).exit_code, 0);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (losses_by_step(dir_ / out).size() < 2 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_GE(losses_by_step(dir_ / out).size(), 2u) << test::read_file(dir_ / "ck_term.log");
+  // Only the ranks (their command line starts with the binary), not mpirun or the shell.
+  run_command("pkill -TERM -f -- '^" + std::string(FSDPQ_BINARY) + " .*--output_dir " + out + "( |$)'; true");
+  while (!fs::exists(dir_ / "ck_term.rc") && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(fs::exists(dir_ / "ck_term.rc")) << "the job did not stop";
+  EXPECT_EQ(test::read_file(dir_ / "ck_term.rc"), "75\n") << test::read_file(dir_ / "ck_term.log");
+  EXPECT_NE(test::read_file(dir_ / "ck_term.log").find("SIGTERM received"), std::string::npos);
+  EXPECT_TRUE(fs::exists(dir_ / out / "checkpoints" / "latest"));
+}
+
+TEST_F(Checkpoints, DamagedOrForeignCheckpointsAreRefusedClearly) {
+  const fs::path good = dir_ / "ck_ref" / "checkpoints" / "step-00000004.h5";
+  // Cut short.
+  fs::copy_file(good, dir_ / "truncated.h5", fs::copy_options::overwrite_existing);
+  fs::resize_file(dir_ / "truncated.h5", fs::file_size(good) / 2);
+  auto r = mpirun(2, run_args(2, "ck_bad", "--resume truncated.h5"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("truncated.h5"), std::string::npos) << r.output;
+  // One byte flipped anywhere (here: mid-file, in HDF5's own structures, which HDF5 would crash
+  // on): the digest written with the checkpoint catches it before HDF5 opens the file.
+  {
+    std::string bytes = test::read_file(good);
+    bytes[bytes.size() / 2] = static_cast<char>(bytes[bytes.size() / 2] ^ 0x5a);
+    test::write_file(dir_ / "flipped.h5", bytes);
+    fs::copy_file(good.string() + ".digest", dir_ / "flipped.h5.digest", fs::copy_options::overwrite_existing);
+  }
+  r = mpirun(2, run_args(2, "ck_bad", "--resume flipped.h5"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("checkpoint 'flipped.h5' is corrupt: its bytes no longer match the digest"), std::string::npos)
+      << r.output;
+  // Not a checkpoint at all.
+  test::write_file(dir_ / "garbage.h5", "this is not HDF5\n");
+  r = mpirun(2, run_args(2, "ck_bad", "--resume garbage.h5"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("garbage.h5"), std::string::npos) << r.output;
+  // Another LoRA shape.
+  r = mpirun(2, run_args(2, "ck_bad", "--resume " + good.string() + " --lora_rank 8"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("cannot continue this run: lora.rank: checkpoint 4, this run 8"), std::string::npos) << r.output;
+  // Another global batch.
+  r = mpirun(2, run_args(2, "ck_bad", "--resume " + good.string() + " --gradient_accumulation_steps 1"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("global_batch: checkpoint 4, this run 2"), std::string::npos) << r.output;
+  // Missing.
+  r = mpirun(2, run_args(2, "ck_bad", "--resume nowhere.h5"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("nowhere.h5"), std::string::npos) << r.output;
+}
+
+TEST_F(Checkpoints, AFailureOnOneRankMidTrainingEndsEveryRankPromptly) {
+  const auto start = std::chrono::steady_clock::now();
+  auto r = mpirun(2, run_args(2, "ck_fail"), "FSDPQ_INJECT_FAULT=1:after_step_2");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.exit_code, 124) << "timed out: a rank hung";
+  EXPECT_NE(r.output.find("injected fault at after_step_2"), std::string::npos) << r.output;
+  EXPECT_LT(seconds, 60.0);
+}
+
+}  // namespace
+}  // namespace fsdpq
