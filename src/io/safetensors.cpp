@@ -249,6 +249,13 @@ std::span<const std::byte> SafetensorsFile::bytes(const TensorInfo& tensor) cons
   return {map_ + data_start_ + tensor.offset, static_cast<size_t>(n)};
 }
 
+void SafetensorsFile::release_pages(std::span<const std::byte> bytes) const {
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = (reinterpret_cast<uintptr_t>(bytes.data()) + page - 1) / page * page;
+  const auto end = (reinterpret_cast<uintptr_t>(bytes.data()) + bytes.size()) / page * page;
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);  // advisory: errors are harmless
+}
+
 // ---- Writing -------------------------------------------------------------------------------------
 
 void write_all(int fd, std::span<const std::byte> data, const std::filesystem::path& path) {

@@ -53,6 +53,9 @@ class SafetensorsFile {
   const TensorInfo* find(std::string_view name) const;
   // The tensor's bytes inside the mapping (valid while this object lives).
   std::span<const std::byte> bytes(const TensorInfo& tensor) const;
+  // Done with these bytes for now: their pages leave this process's resident set (they stay in
+  // the page cache, shared with the other ranks, and fault back in if read again).
+  void release_pages(std::span<const std::byte> bytes) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const std::filesystem::path& path() const { return path_; }
   uint64_t file_size() const { return size_; }

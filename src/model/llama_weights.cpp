@@ -217,7 +217,10 @@ WeightSource file_weight_source(const ModelWeights& files) {
     if (info->dtype != DType::BF16 && info->dtype != DType::F16 && info->dtype != DType::F32)
       fail("model '{}': tensor '{}' is stored as {}; fsdpq loads BF16, F16 or F32 checkpoints", files.directory().string(),
            spec.name, dtype_name(info->dtype));
-    convert_file_values(files.bytes(spec.name).data(), info->dtype, out);
+    const std::span<const std::byte> bytes = files.bytes(spec.name);
+    convert_file_values(bytes.data(), info->dtype, out);
+    // A sharded loader keeps only its shard of this: the mapped file pages need not stay resident.
+    files.file_of(spec.name).release_pages(bytes);
   };
 }
 

@@ -15,6 +15,7 @@
 #include "runtime/agreed_errors.h"
 #include "runtime/exit_codes.h"
 #include "runtime/fault_injection.h"
+#include "runtime/host_memory.h"
 #include "runtime/log.h"
 #include "runtime/preemption.h"
 #include "train/epoch_batches.h"
@@ -133,13 +134,17 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
   LlamaModel& model = *model_slot;
   engine.attach(model);
   const ShardBytes held = engine.shard_bytes();
-  const double peak_host = groups.world->all_reduce_max(peak_rss_bytes());
-  log::info("model ready in {:.1f} s ({} on {} rank{}): this rank holds {} of {} frozen and {} of {} trainable; peak "
-            "host memory {} (largest rank)", seconds_since(load_start), sharding_strategy_name(groups.strategy),
-            world.size, world.size == 1 ? "" : "s", human_bytes(static_cast<double>(held.frozen)),
-            human_bytes(static_cast<double>(held.model_frozen)), human_bytes(static_cast<double>(held.trainable)),
-            human_bytes(static_cast<double>(held.model_trainable)), human_bytes(peak_host));
+  const HostMemory memory = host_memory();
+  const double peak_host = groups.world->all_reduce_max(static_cast<double>(memory.peak_resident));
+  const double private_host = groups.world->all_reduce_max(static_cast<double>(memory.private_now));
+  log::info("model ready in {:.1f} s ({} on {} rank{}): this rank holds {} of {} frozen and {} of {} trainable; host "
+            "memory per rank (largest): {} private now, peak resident {} (incl. mapped model files)",
+            seconds_since(load_start), sharding_strategy_name(groups.strategy), world.size, world.size == 1 ? "" : "s",
+            human_bytes(static_cast<double>(held.frozen)), human_bytes(static_cast<double>(held.model_frozen)),
+            human_bytes(static_cast<double>(held.trainable)), human_bytes(static_cast<double>(held.model_trainable)),
+            human_bytes(private_host), human_bytes(peak_host));
 
+  maybe_inject_fault(world, "after_load");
   const BatchPlan& bp = plan.batches;
   const int64_t gas = c.gradient_accumulation_steps;
   LrSchedule schedule(parse_lr_schedule(c.lr_scheduler), c.lr,
@@ -167,6 +172,7 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
   header["shard_bytes"] = {{"frozen", held.frozen}, {"trainable", held.trainable},
                            {"model_frozen", held.model_frozen}, {"model_trainable", held.model_trainable}};
   header["peak_host_memory_after_load_bytes"] = peak_host;
+  header["private_host_memory_after_load_bytes"] = private_host;
   if (appending) header["resumed_from"] = {{"checkpoint", resume_from->string()}, {"step", position.step}};
   metrics.write(header);
   Progress progress = world.is_root() ? Progress(c.log_to, c.output_dir) : Progress();
