@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -268,7 +269,9 @@ void FsdpEngine::start_gather(Unit& u) {
 void FsdpEngine::ensure_gathered(Unit& u) {
   if (u.gathered) return;
   start_gather(u);
+  const auto waited = std::chrono::steady_clock::now();
   u.pending.wait();
+  times_.gather_wait += std::chrono::duration<double>(std::chrono::steady_clock::now() - waited).count();
   // Unpack into the model's tensors: frozen segments, then the trainables in the compute dtype.
   for (const FrozenSegment& seg : u.segments) {
     BaseWeight& w = *u.frozen[seg.weight];
@@ -331,6 +334,7 @@ void FsdpEngine::backward_end(int index) {
 
 void FsdpEngine::reduce_gradients(Unit& u) {
   if (!u.grads_present) return;
+  const auto start = std::chrono::steady_clock::now();
   const size_t S = static_cast<size_t>(groups_.shard->size());
   std::vector<float> packed(static_cast<size_t>(u.shard_numel) * S, 0.0f);
   for (const TrainableEntry& e : u.trainables)
@@ -343,6 +347,13 @@ void FsdpEngine::reduce_gradients(Unit& u) {
   for (size_t i = 0; i < mine.size(); ++i) u.grad[i] += mine[i] * inv_world;
   for (const TrainableEntry& e : u.trainables) e.tensor->grad = Tensor();
   u.grads_present = false;
+  times_.reduce += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+CommTimes FsdpEngine::take_times() {
+  CommTimes t = times_;
+  times_ = {};
+  return t;
 }
 
 double FsdpEngine::grad_norm() {

@@ -51,6 +51,13 @@ struct ShardBytes {
   int64_t model_frozen = 0, model_trainable = 0;  // the whole model's, for comparison
 };
 
+// Seconds this rank spent blocked on communication since the last take_times(): waiting for
+// parameter all-gathers (what prefetching did not hide) and reducing gradients.
+struct CommTimes {
+  double gather_wait = 0;
+  double reduce = 0;
+};
+
 class FsdpEngine final : public UnitHooks {
  public:
   FsdpEngine(ProcessGroups& groups, FsdpOptions options, int num_units);
@@ -94,6 +101,7 @@ class FsdpEngine final : public UnitHooks {
   void masters_loaded(int64_t optimizer_steps);
 
   ShardBytes shard_bytes() const;
+  CommTimes take_times();
   const ProcessGroups& groups() const { return groups_; }
   bool resident() const;
 
@@ -111,6 +119,7 @@ class FsdpEngine final : public UnitHooks {
   FsdpOptions options_;
   std::vector<std::unique_ptr<Unit>> units_;
   bool sync_gradients_ = true;
+  CommTimes times_;
   bool reshard_after_forward_;
   int last_layer_unit_;
 };

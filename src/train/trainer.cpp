@@ -238,11 +238,15 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
                                {"samples", sums[1]},
                                {"step_seconds", seconds},
                                {"tokens_per_second", sums[2] / seconds}};
+      const CommTimes comm = engine.take_times();  // this rank's (rank 0 writes the metrics)
+      record["gather_wait_seconds"] = comm.gather_wait;
+      record["reduce_seconds"] = comm.reduce;
       if (c.eval_every_steps > 0 && step % c.eval_every_steps == 0 && !plan.dataset.eval.empty()) {
         double eval_loss = evaluate_loss(model, plan.dataset.eval, c.batch_size, pad_id, c.context_length, &all);
         record["eval_loss"] = eval_loss;
         record["eval_perplexity"] = std::exp(eval_loss);
         report.eval_loss = eval_loss;
+        engine.take_times();  // evaluation's gathers are not the next step's
       }
       metrics.write(record);
       progress.step(report);

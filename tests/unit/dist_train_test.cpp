@@ -175,6 +175,10 @@ TEST_P(Equivalence, SameLossesAndWeightsAtOneTwoAndFourRanks) {
 
       // Under full sharding each rank holds ~1/W of the parameters (padding aside).
       if (std::string(strategy) == "full_shard") {
+        for (const auto& step : read_jsonl(dir_ / out / "metrics.jsonl", "step")) {
+          EXPECT_GT(step.at("gather_wait_seconds").get<double>(), 0.0) << "full_shard gathers every unit";
+          EXPECT_GT(step.at("reduce_seconds").get<double>(), 0.0);
+        }
         auto header = read_jsonl(dir_ / out / "metrics.jsonl", "header").at(0);
         const auto& b = header.at("shard_bytes");
         const double frozen = b.at("frozen"), trainable = b.at("trainable");
