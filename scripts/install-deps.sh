@@ -11,6 +11,7 @@ packages=(
   nlohmann-json3-dev libfmt-dev
   libgtest-dev
   python3
+  procps  # pkill, for the preemption test
 )
 
 missing=()
