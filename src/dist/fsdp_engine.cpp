@@ -376,17 +376,22 @@ void FsdpEngine::optimizer_step(double lr) {
     u.optimizer->step(u.master.data(), u.grad.data(), lr);
     std::fill(u.grad.begin(), u.grad.end(), 0.0f);
   }
-  masters_loaded(-1);
+  refresh_compute_copies();
 }
 
 int64_t FsdpEngine::optimizer_steps() const { return units_.empty() ? 0 : units_.front()->optimizer->step_count(); }
 
 void FsdpEngine::masters_loaded(int64_t optimizer_steps) {
+  for (auto& u : units_)
+    u->optimizer->load_state_json({{"optimizer", std::string(optimizer_kind_name(options_.optimizer.kind))},
+                                   {"step", optimizer_steps},
+                                   {"numel", u->shard_numel}});
+  refresh_compute_copies();
+}
+
+void FsdpEngine::refresh_compute_copies() {
   for (auto& up : units_) {
     Unit& u = *up;
-    if (optimizer_steps >= 0) u.optimizer->load_state_json({{"optimizer", std::string(optimizer_kind_name(options_.optimizer.kind))},
-                                                           {"step", optimizer_steps},
-                                                           {"numel", u.shard_numel}});
     if (resident()) {
       // The model computes with these tensors directly: write the new values into them.
       for (const TrainableEntry& e : u.trainables) {

@@ -114,6 +114,8 @@ class FsdpEngine final : public UnitHooks {
   void release(Unit& u);
   void prefetch(int index);
   void reduce_gradients(Unit& u);
+  // After the masters changed: the compute copies (model tensors, or the shards gathers send).
+  void refresh_compute_copies();
 
   ProcessGroups& groups_;
   FsdpOptions options_;

@@ -18,6 +18,7 @@
 #include "io/file_digest.h"
 #include "io/safetensors.h"  // sync_directory
 #include "util/error.h"
+#include "util/shape_text.h"
 #include "util/strings.h"
 
 namespace fsdpq {
@@ -230,23 +231,6 @@ std::optional<std::vector<T>> read_integer_attribute(hid_t object, const char* n
 
 // ---- Element ranges --------------------------------------------------------------------------------
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::vector<std::string> dims;
-  for (int64_t d : shape) dims.push_back(std::to_string(d));
-  return fmt::format("[{}]", join(dims, ", "));
-}
-
-// The element count of a shape, or nullopt for a negative dimension or more than 2^62 elements.
-std::optional<int64_t> checked_numel(const std::vector<int64_t>& shape) {
-  constexpr int64_t kLimit = int64_t{1} << 62;
-  int64_t n = 1;
-  for (int64_t d : shape) {
-    if (d < 0) return std::nullopt;
-    if (d != 0 && n > kLimit / d) return std::nullopt;
-    n *= d;
-  }
-  return n;
-}
 
 // 0 + 1 + ... + (n - 1), modulo 2^64 (halving the even factor first keeps it exact modulo 2^64).
 uint64_t triangular(uint64_t n) { return n % 2 == 0 ? (n / 2) * (n - 1) : n * ((n - 1) / 2); }

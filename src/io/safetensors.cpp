@@ -13,6 +13,7 @@
 #include <limits>
 
 #include "util/error.h"
+#include "util/shape_text.h"
 #include "util/strings.h"
 
 namespace fsdpq {
@@ -27,24 +28,6 @@ std::string dtype_list() {
   return join(names, ", ");
 }
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::vector<std::string> dims;
-  for (int64_t d : shape) dims.push_back(std::to_string(d));
-  return fmt::format("[{}]", join(dims, ", "));
-}
-
-// The element count of a shape, or nullopt when a dimension is negative or the product would not
-// fit comfortably in 63 bits (such a header can only come from a corrupt file).
-std::optional<int64_t> checked_numel(const std::vector<int64_t>& shape) {
-  constexpr int64_t kLimit = int64_t{1} << 62;
-  int64_t n = 1;
-  for (int64_t d : shape) {
-    if (d < 0) return std::nullopt;
-    if (d != 0 && n > kLimit / d) return std::nullopt;
-    n *= d;
-  }
-  return n;
-}
 
 // A JSON value as a non-negative integer that fits in int64, or nullopt.
 std::optional<int64_t> json_non_negative(const nlohmann::json& v) {

@@ -1,7 +1,6 @@
 #include "train/trainer.h"
 
 #include <fmt/format.h>
-#include <sys/resource.h>
 
 #include <chrono>
 #include <cmath>
@@ -32,12 +31,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-double peak_rss_bytes() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return static_cast<double>(usage.ru_maxrss) * 1024.0;
-}
 
 nlohmann::json run_header(const ResolvedConfig& resolved, const RunPlan& plan, const World& world,
                           const GpuInfo& gpu, int64_t total_steps) {
@@ -297,7 +290,7 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
     MPI_Barrier(world.comm);
   }
   outcome.seconds = seconds_since(start);
-  const double peak = all.all_reduce_max(peak_rss_bytes());
+  const double peak = all.all_reduce_max(static_cast<double>(host_memory().peak_resident));
   metrics.write({{"type", "summary"},
                  {"steps", step},
                  {"first_loss", outcome.first_loss},
