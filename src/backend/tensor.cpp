@@ -69,6 +69,7 @@ float load_f32(const TensorView& view, int64_t index) {
   switch (view.dtype) {
     case DType::F32: return static_cast<const float*>(view.data)[index];
     case DType::BF16: return bf16_to_float(static_cast<const bf16_bits*>(view.data)[index]);
+    case DType::F16: return f16_to_float(static_cast<const uint16_t*>(view.data)[index]);
     default: break;
   }
   throw std::logic_error(fmt::format("load_f32: unsupported dtype {}", dtype_name(view.dtype)));
@@ -78,6 +79,7 @@ void store_f32(TensorView& view, int64_t index, float value) {
   switch (view.dtype) {
     case DType::F32: static_cast<float*>(view.data)[index] = value; return;
     case DType::BF16: static_cast<bf16_bits*>(view.data)[index] = float_to_bf16(value); return;
+    case DType::F16: static_cast<uint16_t*>(view.data)[index] = float_to_f16(value); return;
     default: break;
   }
   throw std::logic_error(fmt::format("store_f32: unsupported dtype {}", dtype_name(view.dtype)));

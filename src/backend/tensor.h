@@ -53,7 +53,7 @@ struct TensorView {
   std::string describe() const;  // "BF16[2, 3] on CPU", for error messages
 };
 
-// Element access for tests and cold paths (F32 and BF16 only; stores round to nearest even).
+// Element access for tests and cold paths (F32, BF16, F16; stores round to nearest even).
 // Hot loops use the typed helpers of ops/storage.h instead of these per-element switches.
 float load_f32(const TensorView& view, int64_t index);
 void store_f32(TensorView& view, int64_t index, float value);

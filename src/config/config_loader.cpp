@@ -220,6 +220,9 @@ void validate_combinations(ResolvedConfig& r) {
     r.warnings.push_back(fmt::format("{} has no effect with gradient_accumulation_steps = 1", r.cite("no_sync")));
   if (!c.apply_gradient_clipping && is_set(r, "grad_norm"))
     r.warnings.push_back(fmt::format("{} has no effect unless apply_gradient_clipping = true", r.cite("grad_norm")));
+  if (c.precision != "fp16_autocast")
+    for (const char* key : {"loss_scale_init", "loss_scale_growth_interval"})
+      if (is_set(r, key)) r.warnings.push_back(fmt::format("{} has no effect unless precision = fp16_autocast", r.cite(key)));
   if (c.lr_scheduler != "cosine" && is_set(r, "min_lr_fraction"))
     r.warnings.push_back(fmt::format("{} only affects lr_scheduler = cosine", r.cite("min_lr_fraction")));
 }

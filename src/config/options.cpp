@@ -36,6 +36,12 @@ std::vector<OptionSpec> build_specs() {
        "trainable weights, bf16 compute (the latter keeps RoPE buffers fp32). fp16_autocast: fp16 "
        "compute with dynamic loss scaling.",
        {"fp32", "bf16", "bf16_autocast", "bf16_buffers_autocast", "fp16_autocast"}},
+      {"loss_scale_init", "model", OptionType::Float, &T::loss_scale_init, "65536",
+       "fp16_autocast: the dynamic loss scale to start from (torch.amp.GradScaler's init_scale); "
+       "halved on every step whose gradients overflow (the step is skipped).", {}, 1.0, 1e38},
+      {"loss_scale_growth_interval", "model", OptionType::Int, &T::loss_scale_growth_interval, "2000",
+       "fp16_autocast: clean steps in a row after which the loss scale doubles (GradScaler's "
+       "growth_interval).", {}, 1, kNoMax},
 
       // ---- [lora] --------------------------------------------------------------------------
       {"lora_rank", "lora", OptionType::Int, &T::lora_rank, "64", "LoRA rank r.", {}, 1, 65536},

@@ -13,6 +13,8 @@ struct TrainConfig {
   std::string tokenizer_path;
   std::string train_type;
   std::string precision;
+  double loss_scale_init = 0;             // fp16_autocast only
+  int64_t loss_scale_growth_interval = 0;  // fp16_autocast only
   // [lora]
   int64_t lora_rank = 0;
   double lora_alpha = 0;

@@ -50,15 +50,18 @@ void copy_from_pieces(const uint8_t* base, size_t stride, size_t piece, size_t b
   }
 }
 
-// Stores fp32 values in the compute dtype (bf16: round to nearest even, as refresh_compute).
+// Stores fp32 values in the compute dtype (bf16 / f16: round to nearest even, as refresh_compute).
 void store_compute(DType dtype, const float* src, int64_t n, uint8_t* dst) {
   if (dtype == DType::F32) {
     std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
   } else if (dtype == DType::BF16) {
     auto* out = reinterpret_cast<uint16_t*>(dst);
     for (int64_t i = 0; i < n; ++i) out[i] = float_to_bf16(src[i]);
+  } else if (dtype == DType::F16) {
+    auto* out = reinterpret_cast<uint16_t*>(dst);
+    for (int64_t i = 0; i < n; ++i) out[i] = float_to_f16(src[i]);
   } else {
-    throw std::logic_error("FsdpEngine: compute dtype must be F32 or BF16");
+    throw std::logic_error("FsdpEngine: compute dtype must be F32, BF16 or F16");
   }
 }
 
@@ -137,8 +140,9 @@ FsdpEngine::FsdpEngine(ProcessGroups& groups, FsdpOptions options, int num_units
       options_(std::move(options)),
       reshard_after_forward_(reshards_after_forward(groups.strategy)),
       last_layer_unit_(num_units - 1) {
-  if (options_.compute_dtype != DType::F32 && options_.compute_dtype != DType::BF16)
-    throw std::logic_error("FsdpEngine: compute dtype must be F32 or BF16");
+  if (options_.compute_dtype != DType::F32 && options_.compute_dtype != DType::BF16 &&
+      options_.compute_dtype != DType::F16)
+    throw std::logic_error("FsdpEngine: compute dtype must be F32, BF16 or F16");
   for (int i = 0; i < num_units; ++i) {
     units_.push_back(std::make_unique<Unit>());
     units_.back()->index = i;
@@ -366,6 +370,19 @@ void FsdpEngine::scale_grads(double factor) {
   const float f = static_cast<float>(factor);
   for (auto& u : units_)
     for (float& g : u->grad) g *= f;
+}
+
+bool FsdpEngine::unscale_grads(const DynamicLossScaler& scaler) {
+  bool found = false;
+  for (auto& u : units_) found |= scaler.unscale(u->grad.data(), static_cast<int64_t>(u->grad.size()));
+  return groups_.world->all_reduce_max(found ? 1.0 : 0.0) > 0.0;
+}
+
+void FsdpEngine::skip_step() {
+  for (auto& u : units_) {
+    if (u->grads_present) throw std::logic_error("FsdpEngine: skipped step with gradients not yet reduced");
+    std::fill(u->grad.begin(), u->grad.end(), 0.0f);
+  }
 }
 
 void FsdpEngine::optimizer_step(double lr) {

@@ -23,6 +23,7 @@
 
 #include "dist/process_groups.h"
 #include "model/llama_model.h"
+#include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
 #include "util/dtype.h"
 
@@ -84,6 +85,11 @@ class FsdpEngine final : public UnitHooks {
   // The global gradient L2 norm over every shard (collective over the shard group).
   double grad_norm();
   void scale_grads(double factor);
+  // fp16 loss scaling: multiplies every gradient shard by 1/scale and returns whether any rank's
+  // shard holds inf or NaN (collective over the world, so every rank skips or steps alike).
+  bool unscale_grads(const DynamicLossScaler& scaler);
+  // An overflowed step is skipped: the gradient shards are zeroed, masters and optimizer untouched.
+  void skip_step();
   // Steps every unit's shard with `lr`, refreshes the compute copies and zeroes the gradient shards.
   void optimizer_step(double lr);
   int64_t optimizer_steps() const;

@@ -24,7 +24,10 @@ namespace fsdpq {
 //        avoid updates vanishing below bf16's resolution).
 //  bf16_autocast / bf16_buffers_autocast: fp32 trainable weights, bf16 compute (the latter
 //        keeps RoPE tables fp32, which fsdpq always does) — same numerics as bf16 here.
-//  fp16_autocast: not yet supported on the CPU backend (its ops are F32/BF16 only).
+//  fp16_autocast: fp32 trainable weights (and fp32 loading, as fsdp_qlora's torch_dtype float32),
+//        fp16 compute: activations, frozen dense weights and dequantised NF4 in half storage
+//        (fp32 math, one rounding per store); the trainer scales the loss dynamically and skips
+//        steps whose gradients overflow.
 enum class Precision { FP32, BF16, BF16Autocast, BF16BuffersAutocast, FP16Autocast };
 Precision parse_precision(const std::string& name);
 DType activation_dtype(Precision precision);

@@ -37,7 +37,7 @@ TrainableTensor make_trainable(std::string name, const Shape& shape, DType activ
   return t;
 }
 
-// Converts `count` values of a safetensors dtype into `out` (F32 or BF16).
+// Converts `count` values of a safetensors dtype into `out` (F32, BF16 or F16).
 void convert_file_values(const std::byte* src, DType src_dtype, TensorView out) {
   const int64_t n = out.numel();
   if (src_dtype == out.dtype) {
@@ -68,6 +68,10 @@ void convert_file_values(const std::byte* src, DType src_dtype, TensorView out) 
     float* dst = out.as<float>();
 #pragma omp parallel for if (n >= (1 << 16)) schedule(static)
     for (int64_t i = 0; i < n; ++i) dst[i] = read(i);
+  } else if (out.dtype == DType::F16) {
+    uint16_t* dst = out.as<uint16_t>();
+#pragma omp parallel for if (n >= (1 << 16)) schedule(static)
+    for (int64_t i = 0; i < n; ++i) dst[i] = float_to_f16(read(i));
   } else {
     bf16_bits* dst = out.as<bf16_bits>();
 #pragma omp parallel for if (n >= (1 << 16)) schedule(static)
@@ -78,9 +82,6 @@ void convert_file_values(const std::byte* src, DType src_dtype, TensorView out) 
 std::string module_list(const std::vector<std::string>& names) { return join(names, ", "); }
 
 void validate_options(const LlamaConfig& config, const ModelOptions& o) {
-  if (o.precision == Precision::FP16Autocast)
-    fail("precision fp16_autocast is not supported on the CPU backend yet (its ops compute in F32 or BF16 "
-         "storage); use precision bf16, bf16_autocast, bf16_buffers_autocast or fp32");
   if (o.train_base && o.quantize_base)
     fail("full fine-tuning (train_type full) trains every base weight and cannot train NF4-quantised ones: "
          "quantize_base must be off when train_base is on");
@@ -123,10 +124,15 @@ TensorView BaseWeight::dense(Tensor& scratch, DType dtype) const {
   if (trainable) return trainable->compute_view();
   if (!nf4) return frozen.view();
   if (!scratch.defined() || scratch.shape() != shape || scratch.dtype() != dtype) scratch = Tensor::empty(shape, dtype);
-  if (dtype == DType::F32)
+  if (dtype == DType::F32) {
     nf4_dequantize(*nf4, scratch.data<float>());
-  else
+  } else if (dtype == DType::F16) {  // code * absmax in fp32, rounded once to half
+    Tensor values = Tensor::empty(shape, DType::F32);
+    nf4_dequantize(*nf4, values.data<float>());
+    copy_convert(scratch.view(), values.view());
+  } else {
     nf4_dequantize(*nf4, scratch.data<uint16_t>());
+  }
   return scratch.view();
 }
 
@@ -238,8 +244,7 @@ WeightSource random_weight_source(uint64_t seed, float stddev) {
     }
     std::vector<uint16_t> values(static_cast<size_t>(n), float_to_bf16(1.0f));
     if (!norm) fill_normal_bf16(seed, spec_index, 0, stddev, values);
-    float* dst = out.as<float>();
-    for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(values[static_cast<size_t>(i)]);
+    convert_file_values(reinterpret_cast<const std::byte*>(values.data()), DType::BF16, out);  // F32 or F16
   };
 }
 
@@ -306,8 +311,12 @@ LlamaWeights build_llama_weights(const LlamaConfig& config, const ModelOptions& 
     slot.name = spec.name;
     slot.shape = shape_of(spec.shape);
     // Values arrive in the activation dtype first, as fsdp_qlora loads the checkpoint in its
-    // compute dtype before quantising or training it.
-    Tensor loaded = Tensor::empty(slot.shape, w.activation);
+    // compute dtype before quantising or training it — except under fp16_autocast, where it loads
+    // fp32 (torch_dtype float32) and only the frozen dense weights are kept in half, the dtype
+    // autocast would cast them to for every matmul.
+    const bool load_fp32 =
+        w.activation == DType::F16 && (options.train_base || (options.quantize_base && is_linear(spec.name)));
+    Tensor loaded = Tensor::empty(slot.shape, load_fp32 ? DType::F32 : w.activation);
     source(spec, index, loaded.view());
     if (options.train_base) {
       slot.trainable = std::make_unique<TrainableTensor>();
@@ -316,9 +325,14 @@ LlamaWeights build_llama_weights(const LlamaConfig& config, const ModelOptions& 
       t.master = Tensor::empty(slot.shape, DType::F32);
       copy_convert(t.master.view(), loaded.view());
       t.grad = Tensor::zeros(slot.shape, DType::F32);
-      if (w.activation != DType::F32) t.compute = std::move(loaded);  // the master's values, exactly
+      if (w.activation == DType::F16) {
+        t.compute = Tensor::empty(slot.shape, DType::F16);
+        copy_convert(t.compute.view(), t.master.view());
+      } else if (w.activation != DType::F32) {
+        t.compute = std::move(loaded);  // the master's values, exactly
+      }
     } else if (options.quantize_base && is_linear(spec.name)) {
-      const bool f32 = w.activation == DType::F32;
+      const bool f32 = loaded.dtype() == DType::F32;
       slot.nf4 = std::make_unique<Nf4Tensor>(
           f32 ? nf4_quantize(loaded.data<float>(), loaded.numel(), dims_of(slot.shape), /*double_quant=*/true)
               : nf4_quantize(loaded.data<uint16_t>(), loaded.numel(), dims_of(slot.shape), /*double_quant=*/true));

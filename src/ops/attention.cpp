@@ -59,17 +59,11 @@ void scatter_typed(const TensorView& x, const float* panel, int64_t b, int64_t h
 // Head `head` of batch b of a [B, T, heads, D] tensor, as fp32 [T, D]. dtype is checked beforehand.
 void gather_head(std::vector<float>& panel, const TensorView& x, int64_t b, int64_t head) {
   panel.resize(static_cast<size_t>(x.shape[1] * x.shape[3]));
-  if (x.dtype == DType::F32)
-    gather_typed<float>(panel.data(), x, b, head);
-  else
-    gather_typed<bf16_bits>(panel.data(), x, b, head);
+  with_storage(x.dtype, "attention", [&](auto tag) { gather_typed<decltype(tag)>(panel.data(), x, b, head); });
 }
 
 void scatter_head(const TensorView& x, const std::vector<float>& panel, int64_t b, int64_t head) {
-  if (x.dtype == DType::F32)
-    scatter_typed<float>(x, panel.data(), b, head);
-  else
-    scatter_typed<bf16_bits>(x, panel.data(), b, head);
+  with_storage(x.dtype, "attention", [&](auto tag) { scatter_typed<decltype(tag)>(x, panel.data(), b, head); });
 }
 
 inline float dot(const float* a, const float* b, int64_t n) {

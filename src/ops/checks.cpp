@@ -17,8 +17,8 @@ void check_cpu(const char* op, const char* name, const TensorView& view) {
 
 void check_cpu_float(const char* op, const char* name, const TensorView& view) {
   check_cpu(op, name, view);
-  if (view.dtype != DType::F32 && view.dtype != DType::BF16)
-    throw std::logic_error(fmt::format("{}: {} is {}; expected F32 or BF16", op, name, view.describe()));
+  if (view.dtype != DType::F32 && view.dtype != DType::BF16 && view.dtype != DType::F16)
+    throw std::logic_error(fmt::format("{}: {} is {}; expected F32, BF16 or F16", op, name, view.describe()));
 }
 
 void check_dtype(const char* op, const char* name, const TensorView& view, DType expected) {

@@ -167,17 +167,11 @@ void pack_b_panel_typed(float* panel, const MatrixOperand& b, int64_t p0, int64_
 }
 
 void pack_a(float* dst, const MatrixOperand& a, int64_t i0, int64_t mc, int64_t p0, int64_t kc) {
-  if (a.dtype == DType::F32)
-    pack_a_typed<float>(dst, a, i0, mc, p0, kc);
-  else
-    pack_a_typed<bf16_bits>(dst, a, i0, mc, p0, kc);
+  with_storage(a.dtype, "gemm", [&](auto tag) { pack_a_typed<decltype(tag)>(dst, a, i0, mc, p0, kc); });
 }
 
 void pack_b_panel(float* panel, const MatrixOperand& b, int64_t p0, int64_t kc, int64_t j0, int64_t cols) {
-  if (b.dtype == DType::F32)
-    pack_b_panel_typed<float>(panel, b, p0, kc, j0, cols);
-  else
-    pack_b_panel_typed<bf16_bits>(panel, b, p0, kc, j0, cols);
+  with_storage(b.dtype, "gemm", [&](auto tag) { pack_b_panel_typed<decltype(tag)>(panel, b, p0, kc, j0, cols); });
 }
 
 // Writes a finished fp32 tile into C: C = (accumulate ? C : 0) + scale * tile, rounded once.
@@ -197,15 +191,14 @@ void store_tile_typed(const MatrixOutput& c, const float* tile, int64_t tile_str
 
 void store_tile(const MatrixOutput& c, const float* tile, int64_t tile_stride, int64_t i0, int64_t rows, int64_t j0,
                 int64_t cols, bool accumulate, float scale) {
-  if (c.dtype == DType::F32)
-    store_tile_typed<float>(c, tile, tile_stride, i0, rows, j0, cols, accumulate, scale);
-  else
-    store_tile_typed<bf16_bits>(c, tile, tile_stride, i0, rows, j0, cols, accumulate, scale);
+  with_storage(c.dtype, "gemm", [&](auto tag) {
+    store_tile_typed<decltype(tag)>(c, tile, tile_stride, i0, rows, j0, cols, accumulate, scale);
+  });
 }
 
 void check_float(const char* name, DType dtype) {
-  if (dtype != DType::F32 && dtype != DType::BF16)
-    throw std::logic_error(fmt::format("gemm: {} is {}; expected F32 or BF16", name, dtype_name(dtype)));
+  if (dtype != DType::F32 && dtype != DType::BF16 && dtype != DType::F16)
+    throw std::logic_error(fmt::format("gemm: {} is {}; expected F32, BF16 or F16", name, dtype_name(dtype)));
 }
 
 }  // namespace

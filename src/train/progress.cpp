@@ -77,8 +77,9 @@ void Progress::step(const StepReport& r) {
     bar_drawn_ = true;
     return;
   }
-  emit_line(fmt::format("step {}/{} epoch {} loss {:.4f} lr {:.3g} grad_norm {:.4g} {:.0f} tok/s elapsed {} eta {}{}",
-                        r.step, r.total_steps, r.epoch, r.loss, r.lr, r.grad_norm, r.tokens_per_second,
+  const std::string norm = r.skipped ? "skipped (fp16 overflow)" : fmt::format("{:.4g}", r.grad_norm);
+  emit_line(fmt::format("step {}/{} epoch {} loss {:.4f} lr {:.3g} grad_norm {} {:.0f} tok/s elapsed {} eta {}{}",
+                        r.step, r.total_steps, r.epoch, r.loss, r.lr, norm, r.tokens_per_second,
                         format_duration(elapsed), format_duration(eta), eval));
 }
 

@@ -19,6 +19,7 @@ struct StepReport {
   double grad_norm = 0;
   double tokens_per_second = 0;
   double eval_loss = -1;  // < 0: none this step
+  bool skipped = false;   // fp16: the gradients overflowed, the optimizer step was skipped
 };
 
 class Progress {

@@ -105,7 +105,7 @@ std::filesystem::path save_training_checkpoint(const World& world, FsdpEngine& e
                    {"first_loss", position.first_loss},
                    {"optimizer_steps", engine.optimizer_steps()},
                    {"optimizer_states", states},
-                   {"loss_scaler", nullptr},  // fp16 loss scaling is not supported by the CPU backend
+                   {"loss_scaler", position.loss_scaler},
                    {"rng", {{"dropout", "keyed by (seed, step, micro-batch)"}, {"sampler", "keyed by (seed, epoch)"}}},
                    {"world_size", world.size},
                    {"sharding_strategy", c.sharding_strategy},
@@ -158,6 +158,7 @@ TrainingPosition load_training_checkpoint(const World& world, const std::filesys
   p.epoch = meta.at("epoch").get<int64_t>();
   p.samples_in_epoch = meta.at("samples_in_epoch").get<int64_t>();
   p.first_loss = meta.value("first_loss", 0.0);
+  if (meta.contains("loss_scaler")) p.loss_scaler = meta.at("loss_scaler");
   if (p.samples_in_epoch % world.size != 0)
     fail("checkpoint '{}' stopped {} samples into epoch {}, which {} ranks cannot split evenly", path.string(),
          p.samples_in_epoch, p.epoch, world.size);

@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <optional>
 
+#include <nlohmann/json.hpp>
+
 #include "app/run_plan.h"
 #include "config/config_loader.h"
 #include "dist/fsdp_engine.h"
@@ -20,6 +22,7 @@ struct TrainingPosition {
   int64_t epoch = 0;             // the epoch the next step belongs to
   int64_t samples_in_epoch = 0;  // samples of that epoch consumed, over all ranks
   double first_loss = 0;         // the run's first logged loss (for the summary)
+  nlohmann::json loss_scaler;    // fp16_autocast: the dynamic loss scaler's state; null otherwise
 };
 
 // The checkpoint `resume` names: `auto` → the latest in checkpoint_dir (none: a fresh start);

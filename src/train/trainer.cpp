@@ -156,6 +156,15 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
   } else if (c.resume == "auto") {
     log::info("resume = auto: no checkpoint in {} yet, starting from step 0", c.checkpoint_dir);
   }
+  // fp16_autocast: dynamic loss scaling (torch.amp.GradScaler's defaults), carried by checkpoints.
+  std::optional<DynamicLossScaler> scaler;
+  if (options.precision == Precision::FP16Autocast) {
+    LossScalerConfig scaling;
+    scaling.init_scale = static_cast<float>(c.loss_scale_init);
+    scaling.growth_interval = c.loss_scale_growth_interval;
+    scaler.emplace(scaling);
+    if (!position.loss_scaler.is_null()) run_on_all_ranks(world, [&] { scaler->load_state_json(position.loss_scaler); });
+  }
 
   const bool appending = position.step > 0;
   MetricsLog metrics = world.is_root() ? MetricsLog(std::filesystem::path(c.output_dir) / "metrics.jsonl", appending)
@@ -193,7 +202,8 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
       engine.set_sync_gradients(!c.no_sync || last_of_step);
       // fsdp_qlora: loss = output.loss / gradient_accumulation_steps, output.loss the micro-batch mean.
       const double normalizer = static_cast<double>(std::max<int64_t>(batch.target_tokens, 1)) * static_cast<double>(gas);
-      LossSum l = model.forward_backward(batch, normalizer, 1.0f, static_cast<uint64_t>(step * gas + i % gas));
+      const float loss_scale = scaler ? scaler->scale() : 1.0f;
+      LossSum l = model.forward_backward(batch, normalizer, loss_scale, static_cast<uint64_t>(step * gas + i % gas));
       sums[0] += l.mean() * static_cast<double>(batch.batch_size);
       sums[1] += static_cast<double>(batch.batch_size);
       sums[2] += static_cast<double>(batch.batch_size * batch.seq_len);
@@ -203,16 +213,23 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
       // Optimizer step: global grad norm (always measured; clipping when enabled), update, schedule.
       all.all_reduce(sums, 4, CommType::F64, ReduceOp::Sum).wait();
       const double loss = sums[0] / sums[1];
-      const double grad_norm = engine.grad_norm();
-      if (!std::isfinite(grad_norm))
+      // fp16: unscale, and skip the step when any gradient overflowed (the scale backs off).
+      bool skipped = false;
+      if (scaler) skipped = !scaler->update(engine.unscale_grads(*scaler));
+      const double grad_norm = skipped ? std::nan("") : engine.grad_norm();
+      if (!skipped && !std::isfinite(grad_norm))
         fail("step {}: the gradient norm is {} (loss {}): training diverged; lower lr or check the data", step + 1,
              grad_norm, loss);
-      if (c.apply_gradient_clipping) {
+      if (!skipped && c.apply_gradient_clipping) {
         const double coefficient = clip_coefficient(grad_norm, c.grad_norm);
         if (coefficient < 1.0) engine.scale_grads(coefficient);
       }
+      // The schedule advances over skipped steps too, as fsdp_qlora's lr_scheduler.step() does.
       const double lr = schedule.lr_at(step);
-      engine.optimizer_step(lr);
+      if (skipped)
+        engine.skip_step();
+      else
+        engine.optimizer_step(lr);
       ++step;
       position.samples_in_epoch += static_cast<int64_t>(c.batch_size * gas) * world.size;
 
@@ -220,12 +237,13 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
       if (step == 1) outcome.first_loss = position.first_loss = loss;
       outcome.last_loss = loss;
       StepReport report{step, total_steps, epoch, loss, lr, grad_norm, sums[2] / seconds};
+      report.skipped = skipped;
       nlohmann::json record = {{"type", "step"},
                                {"step", step},
                                {"epoch", epoch},
                                {"loss", loss},
                                {"lr", lr},
-                               {"grad_norm", grad_norm},
+                               {"grad_norm", skipped ? nlohmann::json(nullptr) : nlohmann::json(grad_norm)},
                                {"tokens", static_cast<int64_t>(sums[2])},
                                {"target_tokens", static_cast<int64_t>(sums[3])},
                                {"samples", sums[1]},
@@ -234,6 +252,10 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
       const CommTimes comm = engine.take_times();  // this rank's (rank 0 writes the metrics)
       record["gather_wait_seconds"] = comm.gather_wait;
       record["reduce_seconds"] = comm.reduce;
+      if (scaler) {
+        record["loss_scale"] = loss_scale;  // the scale this step's backward used
+        record["skipped"] = skipped;
+      }
       if (c.eval_every_steps > 0 && step % c.eval_every_steps == 0 && !plan.dataset.eval.empty()) {
         double eval_loss = evaluate_loss(model, plan.dataset.eval, c.batch_size, pad_id, c.context_length, &all);
         record["eval_loss"] = eval_loss;
@@ -251,6 +273,7 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
       if (scheduled || signal != 0) {
         // The position after this step: the next epoch's start when the epoch has no whole step left.
         TrainingPosition at = position;
+        if (scaler) at.loss_scaler = scaler->state_json();
         if (i + 1 + gas > usable) {
           ++at.epoch;
           at.samples_in_epoch = 0;

@@ -40,6 +40,7 @@ void expect_matches(const TensorView& got, const std::function<double(int64_t, i
       const double have = load_f32(got, m * cols + n);
       double tolerance = 1e-5 * std::abs(scale) * magnitude + 1e-6;
       if (got.dtype == DType::BF16) tolerance += std::ldexp(std::abs(want), -8);
+      if (got.dtype == DType::F16) tolerance += std::ldexp(std::abs(want), -11);  // one half rounding
       if (std::abs(have - want) > tolerance) {
         ++failures;
         ADD_FAILURE() << what << " [" << m << ", " << n << "] of [" << rows << ", " << cols << "] depth " << depth
@@ -78,9 +79,11 @@ void check_all_linear_ops(DType dtype, bool accumulate, float scale) {
 
 TEST(OpsMatmul, F32MatchesTripleLoop) { check_all_linear_ops(DType::F32, false, 1.0f); }
 TEST(OpsMatmul, Bf16MatchesTripleLoop) { check_all_linear_ops(DType::BF16, false, 1.0f); }
+TEST(OpsMatmul, F16MatchesTripleLoop) { check_all_linear_ops(DType::F16, false, 1.0f); }
 TEST(OpsMatmul, AccumulateAndScale) {
   check_all_linear_ops(DType::F32, true, 0.5f);
   check_all_linear_ops(DType::BF16, true, -2.0f);
+  check_all_linear_ops(DType::F16, true, 3.0f);
 }
 
 TEST(OpsMatmul, PortableKernelMatchesTripleLoop) {
