@@ -35,6 +35,15 @@ test: build
 run: build
 	./fsdpq demo
 
+# The side-by-side benchmark, a GPU-machine command (bench/README.md: what to carry, how to read it).
+#   make bench BENCH_OUT=$$OUT BENCH_ARGS="--quick"      add --fsdpq ./build/fsdpq for fsdpq's rows
+BENCH_OUT  ?= bench
+BENCH_ARGS ?=
+.PHONY: bench
+bench:
+	python3 bench/bench.py --results $(BENCH_OUT)/results.jsonl --log $(BENCH_OUT)/bench.log $(BENCH_ARGS)
+	python3 bench/compare.py $(BENCH_OUT)/results.jsonl | tee $(BENCH_OUT)/table.md
+
 
 clean:
 	rm -rf $(BUILD_DIR) $(BUILD_DIR).cmake.log fsdpq

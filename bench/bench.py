@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""Side-by-side benchmark driver: every (peer, shape, ctx, grad-ckpt) point at bs 1, 2, 4, ... until
+out of memory (or --max-bs), each run in its own process with a timeout, one JSON line per run
+appended to --results. Peers are entries of PEERS: a name and a function giving the command to run
+and the function that turns its outcome into a record; fsdpq's two entries run only with --fsdpq PATH.
+
+On the GPU machine:  python3 bench/bench.py --results $OUT/results.jsonl --log $OUT/bench.log
+Then:                python3 bench/compare.py $OUT/results.jsonl
+"""
+import argparse
+import datetime
+import glob
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from shapes import DEFAULT_PEAK_TFLOPS, FLOP_CONVENTION, SHAPES, flops_per_token, mfu, shape_dict
+
+HF_PEERS = ("hf_lora_eager", "hf_lora_compile", "hf_qlora_bnb")
+FSDPQ_PEERS = {"fsdpq_lora": "lora", "fsdpq_qlora": "qlora"}
+
+
+def peer_command(a, peer, shape, ctx, bs, ckpt, workdir):
+    cmd = [sys.executable, os.path.join(HERE, "peer_train.py"), "--peer", peer, "--shape", shape,
+           "--batch-size", str(bs), "--context-length", str(ctx), "--warmup", str(a.warmup),
+           "--steps", str(a.steps), "--device", a.device, "--peak-tflops", str(a.peak_tflops),
+           "--grad-ckpt" if ckpt else "--no-grad-ckpt"]
+    return cmd + shlex.split(a.peer_args), lambda proc: last_json_line(proc.stdout)
+
+
+def fsdpq_command(a, peer, shape, ctx, bs, ckpt, workdir):
+    """fsdpq on the same shape, batch, context and LoRA settings; fixed-length dummy records."""
+    steps = a.warmup + a.steps
+    cmd = [a.fsdpq, "--model_name", f"preset:{shape}", "--tokenizer_path", "builtin:bytes",
+           "--train_type", FSDPQ_PEERS[peer], "--dataset", "dummy", "--dataset_samples", str(bs * steps),
+           "--context_length", str(ctx), "--pad_to_context_length", "true", "--batch_size", str(bs),
+           "--max_steps", str(steps), "--use_gradient_checkpointing", "true" if ckpt else "false",
+           "--lora_rank", "64", "--lora_alpha", "16", "--lora_dropout", "0.1", "--lr", "1e-5",
+           "--log_to", "stdout", "--output_dir", workdir]
+    return cmd + shlex.split(a.fsdpq_args), lambda proc: fsdpq_record(a, workdir, shape, ctx, proc)
+
+
+def fsdpq_record(a, workdir, shape, ctx, proc):
+    """tokens/s over the steps after the warm-up, from output_dir/metrics.jsonl's "step" records."""
+    rec = {"tokens_per_second": None, "steps_timed": 0, "step_seconds": [], "oom": False}
+    if proc.returncode != 0:
+        if "out of memory" in (proc.stdout + proc.stderr).lower():
+            rec["oom"] = True
+        else:
+            rec["error"] = f"fsdpq exited {proc.returncode}"
+        return rec
+    lines = [json.loads(x) for x in open(os.path.join(workdir, "metrics.jsonl")) if x.strip()]
+    steps = [r for r in lines if r.get("type") == "step" and r["step"] > a.warmup]
+    summary = next((r for r in lines if r.get("type") == "summary"), {})
+    seconds = sum(r["step_seconds"] for r in steps)
+    flops = flops_per_token(shape_dict(shape), ctx)
+    tps = sum(r["tokens"] for r in steps) / seconds if seconds else None
+    gib = lambda key: round(summary[key] / 2 ** 30, 3) if summary.get(key) is not None else None  # noqa: E731
+    rec.update(tokens_per_second=tps, steps_timed=len(steps), step_seconds=[r["step_seconds"] for r in steps],
+               flops_per_token=flops, mfu=mfu(tps, flops, a.peak_tflops) if tps else None,
+               peak_tflops=a.peak_tflops, flop_convention=FLOP_CONVENTION,
+               # names the CUDA backend is asked to write into the summary (bench/README.md)
+               peak_allocated_gib=gib("peak_device_allocated_bytes"),
+               peak_reserved_gib=gib("peak_device_reserved_bytes"))
+    return rec
+
+
+PEERS = {name: peer_command for name in HF_PEERS} | {name: fsdpq_command for name in FSDPQ_PEERS}
+
+
+def last_json_line(stdout):
+    for line in reversed(stdout.splitlines()):
+        try:
+            return json.loads(line)
+        except ValueError:
+            continue
+    return {"error": "the run printed no JSON line"}
+
+
+def install_bnb(a):
+    """bitsandbytes is not on the GPU machine: pip-install the carried wheel into a private folder."""
+    if subprocess.run([sys.executable, "-c", "import bitsandbytes"], capture_output=True).returncode == 0:
+        return
+    wheels = sorted(glob.glob(os.path.join(a.wheels, "bitsandbytes-*.whl")))
+    if not wheels:
+        sys.exit(f"hf_qlora_bnb needs bitsandbytes: no wheel in {a.wheels} (run bench/fetch_bnb_wheel.sh here "
+                 "and carry .device/wheels), or leave the peer out with --peers")
+    target = os.path.join(tempfile.gettempdir(), "bench-site")
+    # --target sidesteps both the venv and PEP 668's externally-managed refusal; the env var covers old pips.
+    env = dict(os.environ, PIP_BREAK_SYSTEM_PACKAGES="1")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--upgrade",
+                    "--target", target, wheels[-1]], check=True, env=env)
+    os.environ["PYTHONPATH"] = target + os.pathsep + os.environ.get("PYTHONPATH", "")
+    print(f"installed {os.path.basename(wheels[-1])} into {target}", file=sys.stderr)
+
+
+def key(r):
+    return (r.get("peer"), r.get("model_shape"), r.get("context_length"), r.get("batch_size"),
+            r.get("gradient_checkpointing"))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="ctx 512, bs 1-2, 2+4 steps: does everything run?")
+    p.add_argument("--peers", default=",".join(HF_PEERS), help=f"comma list of {', '.join(PEERS)}")
+    p.add_argument("--shapes", default="llama2-7b", help=f"comma list of {', '.join(SHAPES)}")
+    p.add_argument("--ctx", default="512,2048")
+    p.add_argument("--grad-ckpt", choices=("on", "off", "both"), default="on")
+    p.add_argument("--max-bs", type=int, default=64)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--peak-tflops", type=float, default=DEFAULT_PEAK_TFLOPS)
+    p.add_argument("--timeout", type=float, default=600, help="seconds per run")
+    p.add_argument("--budget", type=float, default=0, help="seconds for the whole grid (0: no limit); "
+                   "no run starts after it and each run's timeout shrinks to what is left")
+    p.add_argument("--results", default="bench/results.jsonl")
+    p.add_argument("--log", default="bench/bench.log", help="every run's stderr, one after another")
+    p.add_argument("--resume", action="store_true", help="skip points already in --results (OOM included)")
+    p.add_argument("--wheels", default=".device/wheels")
+    p.add_argument("--peer-args", default="", help="extra flags for peer_train.py")
+    p.add_argument("--fsdpq", help="the fsdpq binary: adds the fsdpq_lora and fsdpq_qlora entries")
+    p.add_argument("--fsdpq-args", default="", help="extra flags for fsdpq (e.g. a device setting)")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.ctx, a.max_bs, a.warmup, a.steps = "512", min(a.max_bs, 2), 2, 4
+    peers = [x for x in a.peers.split(",") if x]
+    if a.fsdpq:
+        peers += [x for x in FSDPQ_PEERS if x not in peers]
+    unknown = [x for x in peers if x not in PEERS] + [s for s in a.shapes.split(",") if s not in SHAPES]
+    if unknown:
+        p.error(f"unknown peer or shape: {', '.join(unknown)}")
+    if any(x in FSDPQ_PEERS for x in peers) and not a.fsdpq:
+        p.error("the fsdpq entries need --fsdpq PATH")
+    if "hf_qlora_bnb" in peers:
+        install_bnb(a)
+
+    done = {}
+    if a.resume and os.path.exists(a.results):
+        for line in open(a.results):
+            try:
+                r = json.loads(line)
+                done[key(r)] = r
+            except ValueError:
+                pass  # a line cut short by a killed run: that point runs again
+    ckpts = {"on": [True], "off": [False], "both": [True, False]}[a.grad_ckpt]
+    start = time.time()
+    os.makedirs(os.path.dirname(os.path.abspath(a.results)), exist_ok=True)
+    with open(a.results, "a") as results, open(a.log, "a") as logf:
+        for shape in a.shapes.split(","):
+            for ctx in [int(c) for c in a.ctx.split(",")]:
+                for ckpt in ckpts:
+                    for peer in peers:
+                        bs = 1
+                        while bs <= a.max_bs:
+                            k = (peer, shape, ctx, bs, ckpt)
+                            rec = done.get(k) or run_one(a, peer, shape, ctx, bs, ckpt, start, results, logf)
+                            if rec is None or rec.get("oom") or rec.get("error") or rec.get("timeout"):
+                                break  # a larger batch would fail the same way
+                            bs *= 2
+    print(f"results in {a.results}; table: python3 bench/compare.py {a.results}", file=sys.stderr)
+
+
+def run_one(a, peer, shape, ctx, bs, ckpt, start, results, logf):
+    left = a.budget - (time.time() - start) if a.budget else a.timeout
+    if a.budget and left < 30:
+        print(f"skip {peer} {shape} ctx{ctx} bs{bs}: the --budget is spent", file=sys.stderr)
+        return None
+    with tempfile.TemporaryDirectory(prefix="bench-") as workdir:
+        cmd, to_record = PEERS[peer](a, peer, shape, ctx, bs, ckpt, workdir)
+        name = f"{peer} {shape} ctx{ctx} bs{bs} ckpt={'on' if ckpt else 'off'}"
+        logf.write(f"\n===== {name}\n$ {shlex.join(cmd)}\n")
+        logf.flush()
+        t0 = time.time()
+        # Its own process group, so that a timeout also ends what it started (torch.compile's workers).
+        child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 start_new_session=True)
+        try:
+            out, err = child.communicate(timeout=min(a.timeout, left))
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            out, err = child.communicate()
+            timed_out = True
+        proc = subprocess.CompletedProcess(cmd, child.returncode, out, err)
+        logf.write(err + (out if peer in FSDPQ_PEERS else "") + "\n")
+        try:
+            rec = {"timeout": True} if timed_out else to_record(proc)
+        except (OSError, ValueError, KeyError, TypeError) as e:  # e.g. fsdpq wrote no metrics.jsonl
+            rec = {"error": f"no result readable: {type(e).__name__}: {e}"}
+    rec.update(peer=peer, model_shape=shape, context_length=ctx, batch_size=bs, gradient_checkpointing=ckpt,
+               rc=None if timed_out else proc.returncode, wall_s=round(time.time() - t0, 1),
+               date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               command=shlex.join(cmd))
+    results.write(json.dumps(rec) + "\n")
+    results.flush()
+    tps = rec.get("tokens_per_second")
+    what = ("OOM" if rec.get("oom") else "timeout" if rec.get("timeout") else rec.get("error")
+            or (f"{tps:,.0f} tok/s" if tps else "no tokens/s"))
+    print(f"{name}: {what} ({rec['wall_s']} s)", file=sys.stderr, flush=True)
+    return rec
+
+
+if __name__ == "__main__":
+    main()
