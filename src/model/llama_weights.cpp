@@ -126,10 +126,22 @@ TensorView BaseWeight::dense(Tensor& scratch, DType dtype) const {
   if (!scratch.defined() || scratch.shape() != shape || scratch.dtype() != dtype) scratch = Tensor::empty(shape, dtype);
   if (dtype == DType::F32) {
     nf4_dequantize(*nf4, scratch.data<float>());
-  } else if (dtype == DType::F16) {  // code * absmax in fp32, rounded once to half
-    Tensor values = Tensor::empty(shape, DType::F32);
-    nf4_dequantize(*nf4, values.data<float>());
-    copy_convert(scratch.view(), values.view());
+  } else if (dtype == DType::F16) {
+    // code * absmax in fp32, rounded once to half, staged 256 blocks at a time (no fp32 copy of
+    // the whole weight on every pass).
+    constexpr int64_t kChunkBlocks = 256;
+    const std::vector<float> absmax = nf4_absmax(*nf4);
+    uint16_t* out = scratch.data<uint16_t>();
+    const int64_t blocks = nf4->num_blocks(), numel = nf4->numel;
+#pragma omp parallel for schedule(static)
+    for (int64_t b0 = 0; b0 < blocks; b0 += kChunkBlocks) {
+      float staged[kChunkBlocks * kNf4BlockSize];
+      const int64_t count_blocks = std::min(kChunkBlocks, blocks - b0);
+      nf4_dequantize_blocks(nf4->packed.data() + b0 * (kNf4BlockSize / 2), absmax.data() + b0, numel, b0,
+                            count_blocks, staged);
+      const int64_t first = b0 * kNf4BlockSize, count = std::min(numel - first, count_blocks * kNf4BlockSize);
+      for (int64_t i = 0; i < count; ++i) out[first + i] = float_to_f16(staged[i]);
+    }
   } else {
     nf4_dequantize(*nf4, scratch.data<uint16_t>());
   }
