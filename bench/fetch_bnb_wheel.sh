@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=.device/wheels
-git check-ignore -q .device || { echo ".device is not git-ignored: refusing to put wheels there" >&2; exit 1; }
+mkdir -p .device && git check-ignore -q .device || { echo ".device is not git-ignored: refusing to put wheels there" >&2; exit 1; }
 mkdir -p "$dir" && rm -f "$dir"/bitsandbytes-*.whl
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   --platform manylinux_2_24_x86_64 -d "$dir" "bitsandbytes${1:+==$1}"

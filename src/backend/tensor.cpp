@@ -94,7 +94,8 @@ DeviceMemoryHooks& cuda_hooks() {
 
 const DeviceMemoryHooks& hooks_for(Device device) {
   const DeviceMemoryHooks& hooks = cuda_hooks();
-  if (device == Device::CUDA && hooks.allocate == nullptr) throw std::logic_error("CUDA backend not built");
+  if (device == Device::CUDA && hooks.allocate == nullptr)
+    throw std::logic_error("a CUDA tensor before the CUDA backend started (cuda_init), or in a build without CUDA");
   return hooks;
 }
 

@@ -8,8 +8,12 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "backend/cuda_backend.h"
 #include "model/llama_weights.h"
+#include "ops/elementwise.h"
 #include "optim/clip.h"
+#include "optim/device_grads.h"
+#include "optim/device_optimizer.h"
 #include "util/bf16.h"
 
 namespace fsdpq {
@@ -65,6 +69,19 @@ void store_compute(DType dtype, const float* src, int64_t n, uint8_t* dst) {
   }
 }
 
+// Writes a tensor's bytes with `write(host_bytes)`: in place on the CPU, through a host staging
+// buffer for a device tensor (the engine's shards and messages are host memory).
+template <class Write>
+void write_tensor_bytes(Tensor& t, Write&& write) {
+  if (t.device() == Device::CPU) {
+    write(static_cast<uint8_t*>(t.view().data));
+    return;
+  }
+  std::vector<uint8_t> staged(t.nbytes());
+  write(staged.data());
+  copy_bytes(t.view().data, t.device(), staged.data(), Device::CPU, staged.size());
+}
+
 }  // namespace
 
 struct FsdpEngine::Unit {
@@ -82,10 +99,26 @@ struct FsdpEngine::Unit {
   size_t compute_shard_bytes = 0;  // shard_numel compute elements, padded to the gather granule
   size_t chunk_bytes = 0;          // one rank's part of the gather: [frozen shard | compute shard]
 
-  // This rank's shard.
+  // This rank's shard. With state on the GPU, master_d / grad_d / device_optimizer hold it and
+  // `master` is a host staging copy, refreshed where host code reads it (checkpoints, gathers).
   std::vector<uint8_t> send;  // chunk_bytes (non-resident only)
   std::vector<float> master, grad;
   std::unique_ptr<ShardOptimizer> optimizer;
+  Tensor master_d, grad_d;
+  std::unique_ptr<DeviceShardOptimizer> device_optimizer;
+
+  bool state_on_device() const { return device_optimizer != nullptr; }
+  int64_t optimizer_steps() const { return state_on_device() ? device_optimizer->step_count() : optimizer->step_count(); }
+  void master_to_host() {
+    if (state_on_device()) copy_bytes(master.data(), Device::CPU, master_d.view().data, Device::CUDA, master.size() * sizeof(float));
+  }
+  void master_to_device() {
+    if (state_on_device()) copy_bytes(master_d.view().data, Device::CUDA, master.data(), Device::CPU, master.size() * sizeof(float));
+  }
+  GradBuffer grad_buffer() {
+    return state_on_device() ? GradBuffer{grad_d.data<float>(), grad_d.numel()}
+                             : GradBuffer{grad.data(), static_cast<int64_t>(grad.size())};
+  }
 
   // Gathering.
   std::vector<uint8_t> recv;
@@ -120,6 +153,7 @@ uint8_t* segment_data(BaseWeight& w, SegmentKind kind, DType dtype, size_t bytes
 }
 
 void evict_frozen(BaseWeight& w) {
+  w.nf4_device = nullptr;
   if (w.nf4) {
     free_vector(w.nf4->packed);
     free_vector(w.nf4->absmax);
@@ -211,7 +245,14 @@ void FsdpEngine::adopt_unit(int index, ParamUnit& contents) {
       std::memcpy(u.master.data() + (lo - begin), e.tensor->master.data<float>() + (lo - e.offset),
                   static_cast<size_t>(hi - lo) * sizeof(float));
   }
-  u.optimizer = std::make_unique<ShardOptimizer>(options_.optimizer, u.shard_numel);
+  if (options_.state_device == Device::CUDA) {
+    u.master_d = copy_to(TensorView{u.master.data(), DType::F32, Shape{u.shard_numel}, Device::CPU}, Device::CUDA);
+    u.grad_d = Tensor::zeros(Shape{u.shard_numel}, DType::F32, Device::CUDA);
+    u.device_optimizer = std::make_unique<DeviceShardOptimizer>(options_.optimizer, u.shard_numel);
+    free_vector(u.grad);
+  } else {
+    u.optimizer = std::make_unique<ShardOptimizer>(options_.optimizer, u.shard_numel);
+  }
 
   if (resident()) {
     // The engine's master is the only fp32 copy the optimizer steps; the model keeps what it computes with.
@@ -282,13 +323,17 @@ void FsdpEngine::ensure_gathered(Unit& u) {
     uint8_t* dst = segment_data(w, seg.kind, u.frozen_dtype[seg.weight], seg.bytes, true);
     copy_from_pieces(u.recv.data(), u.chunk_bytes, u.frozen_shard_bytes, seg.offset, dst, seg.bytes);
   }
+  if (options_.device != Device::CPU)
+    for (BaseWeight* w : u.frozen) w->place_on(options_.device);
   const size_t element = dtype_size(options_.compute_dtype);
   const size_t piece = static_cast<size_t>(u.shard_numel) * element;
   for (const TrainableEntry& e : u.trainables) {
     Tensor& t = compute_tensor(*e.tensor, options_.compute_dtype);
-    t = Tensor::empty(e.shape, options_.compute_dtype);
-    copy_from_pieces(u.recv.data() + u.frozen_shard_bytes, u.chunk_bytes, piece, static_cast<size_t>(e.offset) * element,
-                     static_cast<uint8_t*>(t.view().data), static_cast<size_t>(e.numel) * element);
+    t = Tensor::empty(e.shape, options_.compute_dtype, options_.device);
+    write_tensor_bytes(t, [&](uint8_t* dst) {
+      copy_from_pieces(u.recv.data() + u.frozen_shard_bytes, u.chunk_bytes, piece,
+                       static_cast<size_t>(e.offset) * element, dst, static_cast<size_t>(e.numel) * element);
+    });
   }
   free_vector(u.recv);
   u.gathered = true;
@@ -325,7 +370,7 @@ void FsdpEngine::backward_begin(int index) {
   ensure_gathered(u);
   if (index > 1 && reshard_after_forward_) prefetch(index - 1);
   if (!u.grads_present) {
-    for (const TrainableEntry& e : u.trainables) e.tensor->grad = Tensor::zeros(e.shape, DType::F32);
+    for (const TrainableEntry& e : u.trainables) e.tensor->grad = Tensor::zeros(e.shape, DType::F32, options_.device);
     u.grads_present = true;
   }
 }
@@ -339,16 +384,28 @@ void FsdpEngine::backward_end(int index) {
 void FsdpEngine::reduce_gradients(Unit& u) {
   if (!u.grads_present) return;
   const auto start = std::chrono::steady_clock::now();
-  const size_t S = static_cast<size_t>(groups_.shard->size());
-  std::vector<float> packed(static_cast<size_t>(u.shard_numel) * S, 0.0f);
-  for (const TrainableEntry& e : u.trainables)
-    std::memcpy(packed.data() + e.offset, e.tensor->grad.data<float>(), static_cast<size_t>(e.numel) * sizeof(float));
-  std::vector<float> mine(static_cast<size_t>(u.shard_numel));
-  groups_.shard->reduce_scatter(packed.data(), mine.data(), mine.size(), CommType::F32, ReduceOp::Sum).wait();
-  groups_.replicate->all_reduce(mine.data(), mine.size(), CommType::F32, ReduceOp::Sum).wait();
   // The average over every rank's micro-batch, as FSDP and DDP average gradients.
   const float inv_world = 1.0f / static_cast<float>(groups_.world->size());
-  for (size_t i = 0; i < mine.size(); ++i) u.grad[i] += mine[i] * inv_world;
+  if (u.state_on_device() && groups_.world->size() == 1) {
+    // One GPU: nothing to communicate, so the gradients never leave the device.
+    for (const TrainableEntry& e : u.trainables)
+      add_scaled(u.grad_d.view().slice_rows(e.offset, e.numel), e.tensor->grad, inv_world);
+  } else {
+    const size_t S = static_cast<size_t>(groups_.shard->size());
+    std::vector<float> packed(static_cast<size_t>(u.shard_numel) * S, 0.0f);
+    for (const TrainableEntry& e : u.trainables)
+      copy_bytes(packed.data() + e.offset, Device::CPU, e.tensor->grad.view().data, e.tensor->grad.device(),
+                 static_cast<size_t>(e.numel) * sizeof(float));
+    std::vector<float> mine(static_cast<size_t>(u.shard_numel));
+    groups_.shard->reduce_scatter(packed.data(), mine.data(), mine.size(), CommType::F32, ReduceOp::Sum).wait();
+    groups_.replicate->all_reduce(mine.data(), mine.size(), CommType::F32, ReduceOp::Sum).wait();
+    if (u.state_on_device()) {
+      const Tensor reduced = copy_to(TensorView{mine.data(), DType::F32, Shape{u.shard_numel}, Device::CPU}, Device::CUDA);
+      add_scaled(u.grad_d, reduced, inv_world);
+    } else {
+      for (size_t i = 0; i < mine.size(); ++i) u.grad[i] += mine[i] * inv_world;
+    }
+  }
   for (const TrainableEntry& e : u.trainables) e.tensor->grad = Tensor();
   u.grads_present = false;
   times_.reduce += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -362,27 +419,46 @@ CommTimes FsdpEngine::take_times() {
 
 double FsdpEngine::grad_norm() {
   std::vector<GradBuffer> grads;
-  for (auto& u : units_) grads.push_back({u->grad.data(), static_cast<int64_t>(u->grad.size())});
-  return std::sqrt(groups_.shard->all_reduce_sum(grad_sq_sum(grads)));
+  for (auto& u : units_) grads.push_back(u->grad_buffer());
+  const bool on_device = options_.state_device == Device::CUDA;
+  return std::sqrt(groups_.shard->all_reduce_sum(on_device ? device_grad_sq_sum(grads) : grad_sq_sum(grads)));
 }
 
 void FsdpEngine::scale_grads(double factor) {
   const float f = static_cast<float>(factor);
-  for (auto& u : units_)
-    for (float& g : u->grad) g *= f;
+  for (auto& u : units_) {
+    if (u->state_on_device()) {
+      device_scale(u->grad_d.data<float>(), u->grad_d.numel(), f);
+    } else {
+      for (float& g : u->grad) g *= f;
+    }
+  }
 }
 
 bool FsdpEngine::unscale_grads(const DynamicLossScaler& scaler) {
+  std::vector<GradBuffer> grads;
+  for (auto& u : units_) grads.push_back(u->grad_buffer());
   bool found = false;
-  for (auto& u : units_) found |= scaler.unscale(u->grad.data(), static_cast<int64_t>(u->grad.size()));
+  if (options_.state_device == Device::CUDA) {
+    found = device_unscale(grads, scaler);
+  } else {
+    for (const GradBuffer& g : grads) found |= scaler.unscale(g.data, g.numel);
+  }
   return groups_.world->all_reduce_max(found ? 1.0 : 0.0) > 0.0;
 }
 
 void FsdpEngine::skip_step() {
   for (auto& u : units_) {
     if (u->grads_present) throw std::logic_error("FsdpEngine: skipped step with gradients not yet reduced");
-    std::fill(u->grad.begin(), u->grad.end(), 0.0f);
+    zero_grad_shard(*u);
   }
+}
+
+void FsdpEngine::zero_grad_shard(Unit& u) {
+  if (u.state_on_device())
+    device_fill_zero(u.grad_d.data<float>(), u.grad_d.numel());
+  else
+    std::fill(u.grad.begin(), u.grad.end(), 0.0f);
 }
 
 void FsdpEngine::optimizer_step(double lr) {
@@ -390,19 +466,27 @@ void FsdpEngine::optimizer_step(double lr) {
     Unit& u = *up;
     if (u.pending.pending()) release(u);  // no gather may read a shard while it changes
     if (u.grads_present) throw std::logic_error("FsdpEngine: optimizer step with gradients not yet reduced");
-    u.optimizer->step(u.master.data(), u.grad.data(), lr);
-    std::fill(u.grad.begin(), u.grad.end(), 0.0f);
+    if (u.state_on_device())
+      u.device_optimizer->step(u.master_d.data<float>(), u.grad_d.data<float>(), lr);
+    else
+      u.optimizer->step(u.master.data(), u.grad.data(), lr);
+    zero_grad_shard(u);
   }
   refresh_compute_copies();
 }
 
-int64_t FsdpEngine::optimizer_steps() const { return units_.empty() ? 0 : units_.front()->optimizer->step_count(); }
+int64_t FsdpEngine::optimizer_steps() const { return units_.empty() ? 0 : units_.front()->optimizer_steps(); }
 
 void FsdpEngine::masters_loaded(int64_t optimizer_steps) {
-  for (auto& u : units_)
-    u->optimizer->load_state_json({{"optimizer", std::string(optimizer_kind_name(options_.optimizer.kind))},
-                                   {"step", optimizer_steps},
-                                   {"numel", u->shard_numel}});
+  for (auto& u : units_) {
+    const nlohmann::json state = {{"optimizer", std::string(optimizer_kind_name(options_.optimizer.kind))},
+                                  {"step", optimizer_steps},
+                                  {"numel", u->shard_numel}};
+    if (u->state_on_device())
+      u->device_optimizer->load_state_json(state);
+    else
+      u->optimizer->load_state_json(state);
+  }
   refresh_compute_copies();
 }
 
@@ -413,10 +497,18 @@ void FsdpEngine::refresh_compute_copies() {
       // The model computes with these tensors directly: write the new values into them.
       for (const TrainableEntry& e : u.trainables) {
         Tensor& t = compute_tensor(*e.tensor, options_.compute_dtype);
-        store_compute(options_.compute_dtype, u.master.data() + e.offset, e.numel, static_cast<uint8_t*>(t.view().data));
+        if (u.state_on_device() && t.device() == Device::CUDA) {
+          copy_convert(t.view().reshaped(Shape{e.numel}), u.master_d.view().slice_rows(e.offset, e.numel));
+          continue;
+        }
+        u.master_to_host();
+        write_tensor_bytes(t, [&](uint8_t* dst) {
+          store_compute(options_.compute_dtype, u.master.data() + e.offset, e.numel, dst);
+        });
       }
     } else {
       if (u.gathered) release(u);
+      u.master_to_host();
       store_compute(options_.compute_dtype, u.master.data(), u.shard_numel, u.send.data() + u.frozen_shard_bytes);
     }
   }
@@ -430,12 +522,15 @@ void FsdpEngine::gather_masters_into_model() {
     const size_t piece = static_cast<size_t>(u.shard_numel) * sizeof(float);
     const size_t chunk = round_up(piece, Communicator::kAllGatherGranule);
     std::vector<uint8_t> send(chunk, 0), recv(chunk * S);
+    u.master_to_host();
     std::memcpy(send.data(), u.master.data(), piece);
     groups_.shard->all_gather(send.data(), recv.data(), chunk).wait();
     for (const TrainableEntry& e : u.trainables) {
       if (!e.tensor->master.defined()) e.tensor->master = Tensor::empty(e.shape, DType::F32);
-      copy_from_pieces(recv.data(), chunk, piece, static_cast<size_t>(e.offset) * sizeof(float),
-                       static_cast<uint8_t*>(e.tensor->master.view().data), static_cast<size_t>(e.numel) * sizeof(float));
+      write_tensor_bytes(e.tensor->master, [&](uint8_t* dst) {
+        copy_from_pieces(recv.data(), chunk, piece, static_cast<size_t>(e.offset) * sizeof(float), dst,
+                         static_cast<size_t>(e.numel) * sizeof(float));
+      });
     }
   }
 }
@@ -445,13 +540,30 @@ void FsdpEngine::for_each_trainable(const std::function<void(TrainableShard&)>& 
   for (auto& up : units_) {
     Unit& u = *up;
     const int64_t begin = u.shard_offset(s), end = begin + u.shard_numel;
-    std::vector<ShardOptimizer::NamedBuffer> state = u.optimizer->state_buffers();
+    // Visitors read (save) or write (load) host spans: state on the GPU is staged through host
+    // copies, written back afterwards (checkpoints are rare; the copies are the shard's size).
+    std::vector<std::vector<float>> staged;
+    std::vector<std::span<float>> state;
+    if (u.state_on_device()) {
+      u.master_to_host();
+      for (const auto& buffer : u.device_optimizer->state_buffers()) {
+        staged.emplace_back(static_cast<size_t>(buffer.numel));
+        u.device_optimizer->copy_state_to_host(staged.size() - 1, 0, staged.back());
+        state.push_back(staged.back());
+      }
+    } else {
+      for (auto& buffer : u.optimizer->state_buffers()) state.push_back(buffer.data);
+    }
     for (const TrainableEntry& e : u.trainables) {
       const int64_t lo = std::max(begin, e.offset), hi = std::max(lo, std::min(end, e.offset + e.numel));
       const size_t at = static_cast<size_t>(std::min(lo, end) - begin), n = static_cast<size_t>(hi - lo);
       TrainableShard shard{e.name, e.shape, lo - e.offset, std::span<float>(u.master.data() + at, n), {}};
-      for (auto& buffer : state) shard.state.push_back(buffer.data.subspan(at, n));
+      for (auto& buffer : state) shard.state.push_back(buffer.subspan(at, n));
       visit(shard);
+    }
+    if (u.state_on_device()) {
+      u.master_to_device();
+      for (size_t b = 0; b < staged.size(); ++b) u.device_optimizer->copy_state_from_host(b, 0, staged[b]);
     }
   }
 }

@@ -31,6 +31,10 @@ namespace fsdpq {
 
 struct FsdpOptions {
   DType compute_dtype = DType::BF16;  // what trainable parameters are gathered and computed in
+  Device device = Device::CPU;        // where the model computes: gathered tensors and gradients live there
+  // Where the shards' fp32 masters, gradients and optimizer state live and are stepped: the GPU,
+  // or host memory (the CPU backend, and use_cpu_offload).
+  Device state_device = Device::CPU;
   OptimizerConfig optimizer;
 };
 
@@ -120,6 +124,7 @@ class FsdpEngine final : public UnitHooks {
   void release(Unit& u);
   void prefetch(int index);
   void reduce_gradients(Unit& u);
+  void zero_grad_shard(Unit& u);
   // After the masters changed: the compute copies (model tensors, or the shards gathers send).
   void refresh_compute_copies();
 

@@ -43,23 +43,24 @@ LayerDims layer_dims(const LlamaConfig& config, int64_t batch, int64_t seq_len) 
   return d;
 }
 
-void LayerActivations::allocate(const LayerDims& d, DType dtype, const std::array<int64_t, kLinearModules>& lora_ranks) {
+void LayerActivations::allocate(const LayerDims& d, DType dtype, const std::array<int64_t, kLinearModules>& lora_ranks,
+                                Device device) {
   const int64_t N = d.N();
-  n1 = Tensor::empty(Shape{N, d.C}, dtype);
-  rstd1 = Tensor::empty(Shape{N}, DType::F32);
-  q = Tensor::empty(Shape{N, d.H * d.D}, dtype);
-  k = Tensor::empty(Shape{N, d.KV * d.D}, dtype);
-  v = Tensor::empty(Shape{N, d.KV * d.D}, dtype);
-  att = Tensor::empty(Shape{N, d.H * d.D}, dtype);
-  lse = Tensor::empty(Shape{d.B, d.H, d.T}, DType::F32);
-  x2 = Tensor::empty(Shape{N, d.C}, dtype);
-  n2 = Tensor::empty(Shape{N, d.C}, dtype);
-  rstd2 = Tensor::empty(Shape{N}, DType::F32);
-  gate = Tensor::empty(Shape{N, d.I}, dtype);
-  up = Tensor::empty(Shape{N, d.I}, dtype);
-  h = Tensor::empty(Shape{N, d.I}, dtype);
+  n1 = Tensor::empty(Shape{N, d.C}, dtype, device);
+  rstd1 = Tensor::empty(Shape{N}, DType::F32, device);
+  q = Tensor::empty(Shape{N, d.H * d.D}, dtype, device);
+  k = Tensor::empty(Shape{N, d.KV * d.D}, dtype, device);
+  v = Tensor::empty(Shape{N, d.KV * d.D}, dtype, device);
+  att = Tensor::empty(Shape{N, d.H * d.D}, dtype, device);
+  lse = Tensor::empty(Shape{d.B, d.H, d.T}, DType::F32, device);
+  x2 = Tensor::empty(Shape{N, d.C}, dtype, device);
+  n2 = Tensor::empty(Shape{N, d.C}, dtype, device);
+  rstd2 = Tensor::empty(Shape{N}, DType::F32, device);
+  gate = Tensor::empty(Shape{N, d.I}, dtype, device);
+  up = Tensor::empty(Shape{N, d.I}, dtype, device);
+  h = Tensor::empty(Shape{N, d.I}, dtype, device);
   for (int m = 0; m < kLinearModules; ++m)
-    xa[m] = lora_ranks[m] > 0 ? Tensor::empty(Shape{N, lora_ranks[m]}, dtype) : Tensor();
+    xa[m] = lora_ranks[m] > 0 ? Tensor::empty(Shape{N, lora_ranks[m]}, dtype, device) : Tensor();
 }
 
 int64_t LayerActivations::nbytes() const {
@@ -69,17 +70,17 @@ int64_t LayerActivations::nbytes() const {
   return static_cast<int64_t>(total);
 }
 
-void LayerGradScratch::allocate(const LayerDims& d) {
+void LayerGradScratch::allocate(const LayerDims& d, Device device) {
   const int64_t N = d.N();
-  d_norm = Tensor::empty(Shape{N, d.C}, DType::F32);
-  d_att = Tensor::empty(Shape{N, d.H * d.D}, DType::F32);
-  dq = Tensor::empty(Shape{N, d.H * d.D}, DType::F32);
-  dk = Tensor::empty(Shape{N, d.KV * d.D}, DType::F32);
-  dv = Tensor::empty(Shape{N, d.KV * d.D}, DType::F32);
-  dh = Tensor::empty(Shape{N, d.I}, DType::F32);
-  dgate = Tensor::empty(Shape{N, d.I}, DType::F32);
-  dup = Tensor::empty(Shape{N, d.I}, DType::F32);
-  norm_weight_sink = Tensor::zeros(Shape{d.C}, DType::F32);
+  d_norm = Tensor::empty(Shape{N, d.C}, DType::F32, device);
+  d_att = Tensor::empty(Shape{N, d.H * d.D}, DType::F32, device);
+  dq = Tensor::empty(Shape{N, d.H * d.D}, DType::F32, device);
+  dk = Tensor::empty(Shape{N, d.KV * d.D}, DType::F32, device);
+  dv = Tensor::empty(Shape{N, d.KV * d.D}, DType::F32, device);
+  dh = Tensor::empty(Shape{N, d.I}, DType::F32, device);
+  dgate = Tensor::empty(Shape{N, d.I}, DType::F32, device);
+  dup = Tensor::empty(Shape{N, d.I}, DType::F32, device);
+  norm_weight_sink = Tensor::zeros(Shape{d.C}, DType::F32, device);
 }
 
 void attention_inputs_forward(LayerActivations& a, const TensorView& x, const LayerCompute& w, const LayerDims& d,

@@ -46,7 +46,8 @@ struct LayerActivations {
   std::array<Tensor, kLinearModules> xa;  // LoRA dropout(x)·Aᵀ [N, r], where an adapter exists
 
   // lora_ranks[m] = r of module m's adapter, 0 where there is none.
-  void allocate(const LayerDims& d, DType dtype, const std::array<int64_t, kLinearModules>& lora_ranks);
+  void allocate(const LayerDims& d, DType dtype, const std::array<int64_t, kLinearModules>& lora_ranks,
+                Device device = Device::CPU);
   int64_t nbytes() const;
 };
 
@@ -57,7 +58,7 @@ struct LayerGradScratch {
   Tensor dq, dk, dv;        // [N, H*D], [N, KV*D], [N, KV*D]
   Tensor dh, dgate, dup;    // [N, I]
   Tensor norm_weight_sink;  // [C]: rmsnorm_backward's dweight for a frozen norm (discarded)
-  void allocate(const LayerDims& d);
+  void allocate(const LayerDims& d, Device device = Device::CPU);
 };
 
 // n1 = rmsnorm(x); q, k, v = linear(n1) (+ LoRA); RoPE on q and k for positions offset + t.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "backend/cuda_backend.h"
 #include "ops/elementwise.h"
 #include "ops/matmul.h"
 #include "util/error.h"
@@ -31,7 +32,7 @@ CrossEntropyResult lm_head_loss(const TensorView& normed, const TensorView& head
   chunk_rows = std::clamp<int64_t>(chunk_rows, 1, std::max<int64_t>(N, 1));
   // One spare row: the chunk is handed to the cross entropy as a single sequence of n + 1 rows whose
   // labels are already shifted (label t + 1 is row t's target); its last row never counts.
-  Tensor logits = Tensor::empty(Shape{chunk_rows + 1, V}, logits_dtype);
+  Tensor logits = Tensor::empty(Shape{chunk_rows + 1, V}, logits_dtype, normed.device);
   std::vector<int32_t> chunk_labels(static_cast<size_t>(chunk_rows + 1));
   CrossEntropyResult total;
   for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
@@ -51,8 +52,10 @@ CrossEntropyResult lm_head_loss(const TensorView& normed, const TensorView& head
     const TensorView x = normed.slice_rows(r0, n);
     linear_forward(rows, x, head);
     fill_zero(chunk.slice_rows(n, 1));
-    const TensorView label_view{chunk_labels.data(), DType::I32, Shape{n + 1}, Device::CPU};
-    const CrossEntropyResult part = cross_entropy_forward_backward(chunk, label_view, 1, n + 1, chunk, grad_scale);
+    const TensorView host_labels{chunk_labels.data(), DType::I32, Shape{n + 1}, Device::CPU};
+    const Tensor labels_on_device = copy_to(host_labels, normed.device);
+    const CrossEntropyResult part =
+        cross_entropy_forward_backward(chunk, labels_on_device, 1, n + 1, chunk, grad_scale);
     total.loss_sum += part.loss_sum;
     total.count += part.count;
     if (d_normed.data) linear_backward_input(d_normed.slice_rows(r0, n), rows, head);
@@ -68,7 +71,7 @@ void lm_head_logits(TensorView out, const TensorView& normed, const TensorView& 
   }
   const int64_t N = normed.shape.rows(), V = head.shape[0];
   const int64_t chunk_rows = lm_head_chunk_rows(V, N);
-  Tensor logits = Tensor::empty(Shape{chunk_rows, V}, logits_dtype);
+  Tensor logits = Tensor::empty(Shape{chunk_rows, V}, logits_dtype, normed.device);
   for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
     const int64_t n = std::min(chunk_rows, N - r0);
     const TensorView rows = logits.view().slice_rows(0, n);

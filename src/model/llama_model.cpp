@@ -6,6 +6,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "backend/cuda_backend.h"
 #include "model/llama_cached_attention.h"
 #include "model/llama_layer.h"
 #include "model/llama_lm_head.h"
@@ -125,10 +126,18 @@ struct LlamaModel::Impl {
   std::array<Tensor, kLinearModules> dequantized;  // one layer's NF4 weights made dense, reused
   Tensor norm_sink;                                // rmsnorm_backward's dweight for the frozen final norm
   UnitHooks* hooks = nullptr;                      // sharding; null: weights always present
+  Device device = Device::CPU;                     // where activations live and the ops run
 
   Impl(const LlamaConfig& c, const ModelOptions& o, LlamaWeights w)
       : config(c), options(o), weights(std::move(w)), act(weights.activation) {
     norm_sink = Tensor::zeros(Shape{config.hidden_size}, DType::F32);
+  }
+
+  void place_on(Device target) {
+    weights.place_on(target);
+    norm_sink = Tensor::zeros(Shape{config.hidden_size}, DType::F32, target);
+    for (Tensor& t : dequantized) t = Tensor();
+    device = target;
   }
 
   int64_t num_layers() const { return config.num_hidden_layers; }
@@ -186,18 +195,19 @@ struct LlamaModel::Impl {
     const LayerDims d = layer_dims(config, B, T);
     const bool train = kind == PassKind::Train;
     const bool keep_activations = train && !options.gradient_checkpointing;
-    const TensorView ids = i32_view(batch.input_ids, N);
+    const Tensor ids_storage = copy_to(i32_view(batch.input_ids, N), device);
+    const TensorView ids = ids_storage.view();
 
     // The residual stream: stream[i] is layer i's input (two buffers in turn when nothing is kept).
     std::vector<Tensor> stream(static_cast<size_t>(train ? L + 1 : 2));
-    for (Tensor& t : stream) t = Tensor::empty(Shape{N, config.hidden_size}, act);
+    for (Tensor& t : stream) t = Tensor::empty(Shape{N, config.hidden_size}, act, device);
     auto stream_at = [&](int64_t i) -> Tensor& { return stream[static_cast<size_t>(train ? i : i % 2)]; };
     const bool backward_follows = train && !weights.trainables().empty();
     if (hooks) hooks->forward_begin(kRootUnit);
     embedding_forward(stream_at(0), ids, dense_of(weights.embedding));
 
     std::vector<LayerActivations> activations(static_cast<size_t>(keep_activations ? L : 1));
-    for (LayerActivations& a : activations) a.allocate(d, act, lora_ranks());
+    for (LayerActivations& a : activations) a.allocate(d, act, lora_ranks(), device);
     auto activations_of = [&](int64_t i) -> LayerActivations& {
       return activations[static_cast<size_t>(keep_activations ? i : 0)];
     };
@@ -207,8 +217,8 @@ struct LlamaModel::Impl {
       if (hooks) hooks->forward_end(layer_unit(i), backward_follows);
     }
 
-    Tensor normed = Tensor::empty(Shape{N, config.hidden_size}, act);
-    Tensor rstd = Tensor::empty(Shape{N}, DType::F32);
+    Tensor normed = Tensor::empty(Shape{N, config.hidden_size}, act, device);
+    Tensor rstd = Tensor::empty(Shape{N}, DType::F32, device);
     const TensorView final_norm = dense_of(weights.final_norm);
     rmsnorm_forward(normed, rstd, stream_at(L), final_norm, d.eps);
     const TensorView head = dense_of(weights.head());
@@ -221,7 +231,7 @@ struct LlamaModel::Impl {
       return {};
     }
 
-    Tensor d_normed = train ? Tensor::empty(Shape{N, config.hidden_size}, DType::F32) : Tensor();
+    Tensor d_normed = train ? Tensor::empty(Shape{N, config.hidden_size}, DType::F32, device) : Tensor();
     const CrossEntropyResult loss =
         lm_head_loss(normed, head, i32_view(batch.labels, N), B, T, train ? grad_scale : 0.0f, d_normed.view(),
                      train ? weights.head().grad_view() : TensorView{}, act, lm_head_chunk_rows(config.vocab_size, N));
@@ -232,15 +242,15 @@ struct LlamaModel::Impl {
     }
 
     // Backward, layer by layer in reverse; d_resid carries the residual stream's gradient.
-    Tensor d_resid = Tensor::empty(Shape{N, config.hidden_size}, DType::F32);
+    Tensor d_resid = Tensor::empty(Shape{N, config.hidden_size}, DType::F32, device);
     const TensorView d_final_norm = weights.final_norm.grad_view();
     rmsnorm_backward(d_resid, d_final_norm.data ? d_final_norm : norm_sink.view(), d_normed, stream_at(L), final_norm,
                      rstd);
     d_normed = Tensor();
     normed = Tensor();
     LayerGradScratch scratch;
-    scratch.allocate(d);
-    Tensor recomputed_out = keep_activations ? Tensor() : Tensor::empty(Shape{N, config.hidden_size}, act);
+    scratch.allocate(d, device);
+    Tensor recomputed_out = keep_activations ? Tensor() : Tensor::empty(Shape{N, config.hidden_size}, act, device);
     for (int64_t i = L - 1; i >= 0; --i) {
       if (hooks) hooks->backward_begin(layer_unit(i));
       const LayerCompute w = layer_compute(i, true, step_key);
@@ -257,6 +267,7 @@ struct LlamaModel::Impl {
 
   std::vector<float> forward_cached(const std::vector<int32_t>& tokens, KvCache& cache) {
     if (hooks) throw std::logic_error("forward_cached: generation runs on an unsharded model");
+    if (device != Device::CPU) throw std::logic_error("forward_cached: generation runs on the CPU backend");
     const int64_t n = static_cast<int64_t>(tokens.size()), L = num_layers();
     if (n == 0) fail("forward_cached: no tokens given");
     if (cache.keys.size() != static_cast<size_t>(L) || cache.values.size() != static_cast<size_t>(L))
@@ -275,7 +286,7 @@ struct LlamaModel::Impl {
 
     const LayerDims d = layer_dims(config, 1, n);
     const int64_t kv_width = d.KV * d.D;
-    std::array<Tensor, 2> stream = {Tensor::empty(Shape{n, d.C}, act), Tensor::empty(Shape{n, d.C}, act)};
+    std::array<Tensor, 2> stream = {Tensor::empty(Shape{n, d.C}, act, device), Tensor::empty(Shape{n, d.C}, act, device)};
     embedding_forward(stream[0], i32_view(tokens, n), dense_of(weights.embedding));
     LayerActivations a;
     a.allocate(d, act, lora_ranks());
@@ -295,8 +306,8 @@ struct LlamaModel::Impl {
 
     // Only the last position's logits are needed.
     const TensorView last = stream[static_cast<size_t>(L % 2)].view().slice_rows(n - 1, 1);
-    Tensor normed = Tensor::empty(Shape{1, d.C}, act);
-    Tensor rstd = Tensor::empty(Shape{1}, DType::F32);
+    Tensor normed = Tensor::empty(Shape{1, d.C}, act, device);
+    Tensor rstd = Tensor::empty(Shape{1}, DType::F32, device);
     rmsnorm_forward(normed, rstd, last, dense_of(weights.final_norm), d.eps);
     std::vector<float> logits(static_cast<size_t>(config.vocab_size));
     lm_head_logits(TensorView{logits.data(), DType::F32, Shape{1, config.vocab_size}, Device::CPU}, normed,
@@ -375,6 +386,8 @@ LlamaModel LlamaModel::random(const LlamaConfig& config, uint64_t init_seed, con
 std::vector<ParamUnit> LlamaModel::param_units() { return impl_->weights.units(); }
 int LlamaModel::num_units() const { return static_cast<int>(impl_->config.num_hidden_layers) + 1; }
 void LlamaModel::set_unit_hooks(UnitHooks* hooks) { impl_->hooks = hooks; }
+void LlamaModel::place_on(Device device) { impl_->place_on(device); }
+Device LlamaModel::device() const { return impl_->device; }
 
 const LlamaConfig& LlamaModel::config() const { return impl_->config; }
 const ModelOptions& LlamaModel::options() const { return impl_->options; }
@@ -388,10 +401,11 @@ LossSum LlamaModel::evaluate(const data::Batch& batch) { return impl_->pass(batc
 
 Tensor LlamaModel::logits(const data::Batch& batch) {
   check_batch(batch);
-  Tensor out = Tensor::empty(Shape{batch.batch_size, batch.seq_len, impl_->config.vocab_size}, DType::F32);
+  Tensor out = Tensor::empty(Shape{batch.batch_size, batch.seq_len, impl_->config.vocab_size}, DType::F32,
+                             impl_->device);
   impl_->pass(batch, PassKind::Logits, 0.0f, 0,
               out.view().reshaped(Shape{batch.batch_size * batch.seq_len, impl_->config.vocab_size}));
-  return out;
+  return impl_->device == Device::CPU ? std::move(out) : copy_to(out, Device::CPU);
 }
 
 std::vector<TrainableParameter> LlamaModel::trainable_parameters() {

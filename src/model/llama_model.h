@@ -122,6 +122,12 @@ class LlamaModel {
   int num_units() const;
   void set_unit_hooks(UnitHooks* hooks);
 
+  // Moves what the ops read (frozen weights, NF4 bytes, compute copies) to `device` and runs
+  // every later pass there (activations included). Loading always builds on the host; the
+  // trainer places the model on its GPU once sharding has taken its share.
+  void place_on(Device device);
+  Device device() const;
+
   std::vector<TrainableParameter> trainable_parameters();
   void zero_grads();
   // After the optimizer updated the masters: refresh the compute copies (bf16, or NF4 never).

@@ -6,6 +6,7 @@
 #include <map>
 #include <stdexcept>
 
+#include "backend/cuda_backend.h"
 #include "model/init_model.h"
 #include "ops/elementwise.h"
 #include "optim/lora_init.h"
@@ -117,13 +118,51 @@ const char* linear_module_name(int module) {
 const char* linear_module_group(int module) { return module <= kOProj ? "self_attn" : "mlp"; }
 
 void TrainableTensor::refresh_compute() {
-  if (compute.defined()) copy_convert(compute.view(), master.view());
+  if (!compute.defined()) return;
+  if (compute.device() == master.device()) {
+    copy_convert(compute.view(), master.view());
+    return;
+  }
+  Tensor staged = Tensor::empty(compute.shape(), compute.dtype(), master.device());
+  copy_convert(staged, master.view());
+  copy_tensor(compute, staged);
+}
+
+namespace {
+void move_tensor(Tensor& t, Device device) {
+  if (t.defined() && t.device() != device) t = copy_to(t, device);
+}
+}  // namespace
+
+void TrainableTensor::place_on(Device device) {
+  if (compute.defined()) {
+    move_tensor(compute, device);
+  } else {
+    move_tensor(master, device);
+  }
+  move_tensor(grad, device);
+}
+
+void BaseWeight::place_on(Device device) {
+  if (trainable) {
+    trainable->place_on(device);
+  } else if (nf4) {
+    nf4_device = device == Device::CUDA ? std::make_unique<Nf4Device>(upload_nf4(*nf4)) : nullptr;
+  } else {
+    move_tensor(frozen, device);
+  }
 }
 
 TensorView BaseWeight::dense(Tensor& scratch, DType dtype) const {
   if (trainable) return trainable->compute_view();
   if (!nf4) return frozen.view();
-  if (!scratch.defined() || scratch.shape() != shape || scratch.dtype() != dtype) scratch = Tensor::empty(shape, dtype);
+  const Device device = nf4_device ? Device::CUDA : Device::CPU;
+  if (!scratch.defined() || scratch.shape() != shape || scratch.dtype() != dtype || scratch.device() != device)
+    scratch = Tensor::empty(shape, dtype, device);
+  if (nf4_device) {
+    nf4_dequantize(*nf4_device, scratch.view());
+    return scratch.view();
+  }
   if (dtype == DType::F32) {
     nf4_dequantize(*nf4, scratch.data<float>());
   } else if (dtype == DType::F16) {
@@ -154,6 +193,13 @@ int64_t BaseWeight::storage_bytes() const {
     return static_cast<int64_t>(trainable->master.nbytes() + trainable->grad.nbytes() +
                                 (trainable->compute.defined() ? trainable->compute.nbytes() : 0));
   return static_cast<int64_t>(frozen.nbytes());
+}
+
+void LlamaWeights::place_on(Device device) {
+  for (const ParamUnit& u : units()) {
+    for (BaseWeight* w : u.frozen) w->place_on(device);
+    for (TrainableTensor* t : u.trainable) t->place_on(device);
+  }
 }
 
 std::vector<TrainableTensor*> LlamaWeights::trainables() {

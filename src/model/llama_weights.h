@@ -15,6 +15,7 @@
 #include "model/llama_config.h"
 #include "model/llama_model.h"
 #include "quant/nf4.h"
+#include "quant/nf4_device.h"
 
 namespace fsdpq {
 
@@ -34,6 +35,9 @@ struct TrainableTensor {
   TensorView compute_view() const { return compute.defined() ? compute.view() : master.view(); }
   // Rounds the master into the compute copy (after the optimizer or a load changed it).
   void refresh_compute();
+  // Moves the tensors the ops compute with (the compute copy, or an fp32 master used directly)
+  // and the gradient to `device`; an fp32 master beside a compute copy stays on the host.
+  void place_on(Device device);
 };
 
 // One base weight of the checkpoint: exactly one of frozen / nf4 / trainable is set.
@@ -42,10 +46,16 @@ struct BaseWeight {
   Shape shape;
   Tensor frozen;                               // activation dtype
   std::unique_ptr<Nf4Tensor> nf4;              // bitsandbytes NF4 with double-quantised absmax
+  std::unique_ptr<Nf4Device> nf4_device;       // its copy on the GPU, when the model computes there
   std::unique_ptr<TrainableTensor> trainable;  // full fine-tuning
 
+  // Puts what the ops read on `device`: the dense frozen tensor, the NF4 bytes (the host copy
+  // stays: sharding sends it), or the trainable tensor's compute copy.
+  void place_on(Device device);
+
   // The dense weight to compute with. An NF4 weight is dequantised into `scratch` (allocated
-  // here on first use in `dtype`, reused afterwards), so only one layer is ever dense at a time.
+  // here on first use in `dtype`, reused afterwards), so only one layer is ever dense at a time;
+  // on the GPU when nf4_device is there.
   TensorView dense(Tensor& scratch, DType dtype) const;
   // The fp32 gradient, or an empty view (data == nullptr) for a frozen weight.
   TensorView grad_view() const { return trainable ? trainable->grad.view() : TensorView{}; }
@@ -91,6 +101,8 @@ struct LlamaWeights {
   // The units in order (root first, then the layers); pointers into this object.
   std::vector<ParamUnit> units();
   ParamUnit unit(int index);
+  // Every weight and adapter's compute tensors to `device` (see BaseWeight::place_on).
+  void place_on(Device device);
 };
 
 // Fills `out` (F32 or BF16, the spec's shape) with the values of HF tensor `spec`, which is entry

@@ -7,7 +7,14 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <stdexcept>
+#include <string>
 #include <vector>
+
+#ifdef FSDPQ_WITH_CUDA
+#include "kernels/attention.cuh"
+#include "ops/cuda_dispatch.h"
+#endif
 
 namespace fsdpq {
 
@@ -20,10 +27,10 @@ struct AttentionDims {
 
 AttentionDims check_dims(const char* op, const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& lse) {
-  check_cpu_float(op, "q", q);
-  check_cpu_float(op, "k", k);
-  check_cpu_float(op, "v", v);
-  check_dtype(op, "lse", lse, DType::F32);
+  check_float(op, "q", q);
+  check_float(op, "k", k);
+  check_float(op, "v", v);
+  check_that(lse.dtype == DType::F32, "{}: lse is {}; expected F32", op, lse.describe());
   check_that(q.shape.rank == 4 && k.shape.rank == 4, "{}: q {} and k {} must be [B, T, heads, D]", op,
              q.shape.to_string(), k.shape.to_string());
   AttentionDims d{q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3]};
@@ -33,6 +40,21 @@ AttentionDims check_dims(const char* op, const TensorView& q, const TensorView& 
   check_shape(op, "lse", lse, Shape{d.B, d.H, d.T});
   return d;
 }
+
+// The CPU implementation's own checks (check_dims is device-agnostic).
+void check_cpu_operands(const char* op, const TensorView& q, const TensorView& k, const TensorView& v,
+                        const TensorView& lse) {
+  check_cpu_float(op, "q", q);
+  check_cpu_float(op, "k", k);
+  check_cpu_float(op, "v", v);
+  check_dtype(op, "lse", lse, DType::F32);
+}
+
+#ifndef FSDPQ_WITH_CUDA
+[[noreturn]] void no_cuda(const char* op) {
+  throw std::logic_error(std::string(op) + ": CUDA tensors, but this fsdpq was built without CUDA");
+}
+#endif
 
 // The math runs on contiguous fp32 [T, D] panels of one head; converting a whole panel at a time
 // keeps the dtype switch out of the inner loops.
@@ -84,8 +106,21 @@ inline void add_scaled(float* y, const float* x, float scale, int64_t n) {
 void attention_forward(TensorView out, TensorView lse, const TensorView& q, const TensorView& k, const TensorView& v) {
   constexpr const char* op = "attention_forward";
   const AttentionDims d = check_dims(op, q, k, v, lse);
-  check_cpu_float(op, "out", out);
+  check_float(op, "out", out);
   check_shape(op, "out", out, q.shape);
+  if (runs_on_cuda(op, {out, lse, q, k, v})) {
+#ifdef FSDPQ_WITH_CUDA
+    check_that(d.D >= 1 && d.D <= cuda::kAttentionMaxHeadDim, "{}: head dim {} is not in [1, {}] on CUDA", op, d.D,
+               cuda::kAttentionMaxHeadDim);
+    cuda::attention_forward(out.data, ktype(op, out), lse.as<float>(), q.data, ktype(op, q), k.data, ktype(op, k),
+                            v.data, ktype(op, v), d.B, d.T, d.H, d.KV, d.D, cuda::stream());
+    return;
+#else
+    no_cuda(op);
+#endif
+  }
+  check_cpu_operands(op, q, k, v, lse);
+  check_cpu_float(op, "out", out);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.D));
   float* lse_out = lse.as<float>();
 
@@ -128,16 +163,37 @@ void attention_backward(TensorView dq, TensorView dk, TensorView dv, const Tenso
                         const TensorView& k, const TensorView& v, const TensorView& out, const TensorView& lse) {
   constexpr const char* op = "attention_backward";
   const AttentionDims d = check_dims(op, q, k, v, lse);
-  check_cpu_float(op, "out", out);
-  check_cpu_float(op, "dout", dout);
-  check_cpu_float(op, "dq", dq);
-  check_cpu_float(op, "dk", dk);
-  check_cpu_float(op, "dv", dv);
+  check_float(op, "out", out);
+  check_float(op, "dout", dout);
+  check_float(op, "dq", dq);
+  check_float(op, "dk", dk);
+  check_float(op, "dv", dv);
   check_shape(op, "out", out, q.shape);
   check_shape(op, "dout", dout, q.shape);
   check_shape(op, "dq", dq, q.shape);
   check_shape(op, "dk", dk, k.shape);
   check_shape(op, "dv", dv, v.shape);
+  if (runs_on_cuda(op, {dq, dk, dv, dout, q, k, v, out, lse})) {
+#ifdef FSDPQ_WITH_CUDA
+    check_that(d.D >= 1 && d.D <= cuda::kAttentionMaxHeadDim, "{}: head dim {} is not in [1, {}] on CUDA", op, d.D,
+               cuda::kAttentionMaxHeadDim);
+    // rowsum(dout * out) per query row, the one temporary (B * H * T floats).
+    Tensor drow = Tensor::empty(Shape{d.B, d.H, d.T}, DType::F32, Device::CUDA);
+    cuda::attention_backward(dq.data, ktype(op, dq), dk.data, ktype(op, dk), dv.data, ktype(op, dv), dout.data,
+                             ktype(op, dout), q.data, ktype(op, q), k.data, ktype(op, k), v.data, ktype(op, v),
+                             out.data, ktype(op, out), lse.as<const float>(), drow.data<float>(), d.B, d.T, d.H,
+                             d.KV, d.D, cuda::stream());
+    return;
+#else
+    no_cuda(op);
+#endif
+  }
+  check_cpu_operands(op, q, k, v, lse);
+  check_cpu_float(op, "out", out);
+  check_cpu_float(op, "dout", dout);
+  check_cpu_float(op, "dq", dq);
+  check_cpu_float(op, "dk", dk);
+  check_cpu_float(op, "dv", dv);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.D));
   const float* lse_in = lse.as<const float>();
 

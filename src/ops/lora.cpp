@@ -6,6 +6,11 @@
 #include "ops/storage.h"
 #include "util/error.h"
 
+#ifdef FSDPQ_WITH_CUDA
+#include "kernels/lora_dropout.cuh"
+#include "ops/cuda_dispatch.h"
+#endif
+
 #include <cmath>
 
 namespace fsdpq {
@@ -36,6 +41,13 @@ void apply_dropout(TensorView dst, const TensorView& x, const LoraParams& params
   const uint32_t threshold = drop_threshold(params.dropout);
   const float keep_scale = 1.0f / (1.0f - params.dropout);
   const int64_t n = x.numel();
+  if (runs_on_cuda("lora_dropout", {dst, x})) {
+#ifdef FSDPQ_WITH_CUDA
+    cuda::lora_dropout_apply(ktype("lora_dropout", x), dst.data, x.data, n, mixed_key, threshold, keep_scale,
+                             cuda::stream());
+#endif
+    return;
+  }
   with_storage(x.dtype, "lora_dropout", [&](auto tag) {
     using S = decltype(tag);
     const S* in = x.as<const S>();
@@ -59,7 +71,7 @@ AdapterInput adapter_input(const TensorView& x, const LoraParams& params) {
     input.view = x;
     return input;
   }
-  input.storage = Tensor::empty(x.shape, x.dtype);
+  input.storage = Tensor::empty(x.shape, x.dtype, x.device);
   input.view = input.storage.view();
   apply_dropout(input.view, x, params);
   return input;
@@ -71,10 +83,11 @@ struct LoraDims {
 
 LoraDims check_lora(const char* op, const TensorView& x, const TensorView& xa, const TensorView& A,
                     const TensorView& B, const LoraParams& params) {
-  check_cpu_float(op, "x", x);
-  check_cpu_float(op, "xa", xa);
-  check_cpu_float(op, "A", A);
-  check_cpu_float(op, "B", B);
+  check_float(op, "x", x);
+  check_float(op, "xa", xa);
+  check_float(op, "A", A);
+  check_float(op, "B", B);
+  runs_on_cuda(op, {x, xa, A, B});  // all on one device (the linear ops do the work)
   check_that(A.shape.rank == 2 && B.shape.rank == 2 && x.shape.rank >= 1,
              "{}: A {} and B {} must be matrices and x {} at least a vector", op, A.shape.to_string(),
              B.shape.to_string(), x.shape.to_string());
@@ -100,7 +113,7 @@ void lora_forward(TensorView y, TensorView xa, const TensorView& x, const Tensor
                   const LoraParams& params) {
   constexpr const char* op = "lora_forward";
   const LoraDims d = check_lora(op, x, xa, A, B, params);
-  check_cpu_float(op, "y", y);
+  check_float(op, "y", y);
   check_that(y.shape.rows() == d.rows && y.shape.last() == d.out, "{}: y {} does not match x {} and B {}", op,
              y.shape.to_string(), x.shape.to_string(), B.shape.to_string());
   const AdapterInput input = adapter_input(x, params);
@@ -112,7 +125,7 @@ void lora_backward(TensorView dx, TensorView dA, TensorView dB, const TensorView
                    const TensorView& xa, const TensorView& A, const TensorView& B, const LoraParams& params) {
   constexpr const char* op = "lora_backward";
   const LoraDims d = check_lora(op, x, xa, A, B, params);
-  check_cpu_float(op, "dy", dy);
+  check_float(op, "dy", dy);
   check_dtype(op, "dA", dA, DType::F32);
   check_dtype(op, "dB", dB, DType::F32);
   check_shape(op, "dA", dA, A.shape);
@@ -124,7 +137,7 @@ void lora_backward(TensorView dx, TensorView dA, TensorView dB, const TensorView
   // dB += scaling · dyᵀ · xa
   linear_backward_weight(dB, dy, xa, /*accumulate=*/true, scaling);
   // d(xa) = scaling · dy · B, kept in fp32
-  Tensor dxa = Tensor::empty(Shape{d.rows, d.rank}, DType::F32);
+  Tensor dxa = Tensor::empty(Shape{d.rows, d.rank}, DType::F32, x.device);
   linear_backward_input(dxa, dy, B, /*accumulate=*/false, scaling);
   // dA += d(xa)ᵀ · dropout(x): the mask is regenerated from the key
   {
@@ -132,7 +145,7 @@ void lora_backward(TensorView dx, TensorView dA, TensorView dB, const TensorView
     linear_backward_weight(dA, dxa, input.view, /*accumulate=*/true);
   }
   if (dx.data == nullptr) return;
-  check_cpu_float(op, "dx", dx);
+  check_float(op, "dx", dx);
   check_that(dx.shape.rows() == d.rows && dx.shape.last() == d.in, "{}: dx {} does not match x {}", op,
              dx.shape.to_string(), x.shape.to_string());
   if (!dropout_active(params)) {
@@ -140,13 +153,20 @@ void lora_backward(TensorView dx, TensorView dA, TensorView dB, const TensorView
     return;
   }
   // dx += mask / (1 - p) ⊙ (d(xa) · A)
-  Tensor dx_dropped = Tensor::empty(Shape{d.rows, d.in}, DType::F32);
+  Tensor dx_dropped = Tensor::empty(Shape{d.rows, d.in}, DType::F32, x.device);
   linear_backward_input(dx_dropped, dxa, A);
   const uint64_t mixed_key = mix64(params.dropout_key);
   const uint32_t threshold = drop_threshold(params.dropout);
   const float keep_scale = 1.0f / (1.0f - params.dropout);
   const float* g = dx_dropped.data<float>();
   const int64_t n = dx.numel();
+  if (runs_on_cuda(op, {dx, dx_dropped})) {
+#ifdef FSDPQ_WITH_CUDA
+    cuda::lora_dropout_accumulate(ktype(op, dx), dx.data, dx_dropped.data<float>(), n, mixed_key, threshold,
+                                  keep_scale, cuda::stream());
+#endif
+    return;
+  }
   with_storage(dx.dtype, op, [&](auto tag) {
     using S = decltype(tag);
     S* out = dx.as<S>();

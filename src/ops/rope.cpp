@@ -7,6 +7,13 @@
 
 #include <cmath>
 #include <numbers>
+#include <stdexcept>
+#include <string>
+
+#ifdef FSDPQ_WITH_CUDA
+#include "kernels/rope.cuh"
+#include "ops/cuda_dispatch.h"
+#endif
 
 namespace fsdpq {
 
@@ -79,6 +86,27 @@ void rotate_pairs(TensorView x, const RopeTable& table, int64_t position_offset,
 }
 
 void rope_apply(TensorView x, const RopeTable& table, int64_t position_offset, float sign, const char* op) {
+  check_float(op, "x", x);
+  check_that(x.shape.rank == 4, "{}: x must be [B, T, heads, D], got {}", op, x.shape.to_string());
+  check_that(x.shape[3] == table.head_dim, "{}: x {} has head_dim {} but the table was built for {}", op,
+             x.shape.to_string(), x.shape[3], table.head_dim);
+  check_that(position_offset >= 0 && position_offset + x.shape[1] <= table.max_positions,
+             "{}: positions [{}, {}) exceed the table's {} positions", op, position_offset,
+             position_offset + x.shape[1], table.max_positions);
+  if (runs_on_cuda(op, {x})) {
+#ifdef FSDPQ_WITH_CUDA
+    if (x.numel() == 0) return;
+    if (!table.cos_device.defined()) {
+      table.cos_device = copy_to(table.cos, Device::CUDA);
+      table.sin_device = copy_to(table.sin, Device::CUDA);
+    }
+    cuda::rope_rotate(x.data, ktype(op, x), table.cos_device.data<float>(), table.sin_device.data<float>(), x.shape[0],
+                      x.shape[1], x.shape[2], x.shape[3], position_offset, sign, cuda::stream());
+    return;
+#else
+    throw std::logic_error(std::string(op) + ": a CUDA tensor, but fsdpq was built without CUDA");
+#endif
+  }
   check_cpu_float(op, "x", x);
   check_that(x.shape.rank == 4, "{}: x must be [B, T, heads, D], got {}", op, x.shape.to_string());
   check_that(x.shape[3] == table.head_dim, "{}: x {} has head_dim {} but the table was built for {}", op,

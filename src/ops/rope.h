@@ -24,6 +24,11 @@ struct RopeTable {
   std::vector<float> inv_freq;  // [D/2], fp32 as transformers computes it
   Tensor cos;                   // F32 [max_positions, D]: cos(p * inv_freq[i mod D/2])
   Tensor sin;                   // F32 [max_positions, D]
+  // Device copies of cos/sin for the CUDA backend: made by the first rope call on CUDA tensors
+  // (copy_to, which waits for the copy) and kept for the table's lifetime; empty until then.
+  // Not thread-safe: the ops of one rank run on one thread.
+  mutable Tensor cos_device;
+  mutable Tensor sin_device;
 };
 
 // inv_freq[i] = 1 / theta^(2i/D) in fp32 (transformers' _compute_default_rope_parameters), then

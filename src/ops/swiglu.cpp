@@ -5,16 +5,41 @@
 #include "ops/storage.h"
 
 #include <cmath>
+#include <stdexcept>
+#include <string>
+
+#ifdef FSDPQ_WITH_CUDA
+#include "kernels/swiglu.cuh"
+#include "ops/cuda_dispatch.h"
+#endif
 
 namespace fsdpq {
 
 namespace {
+// A CUDA operand in a build without the CUDA backend.
+[[maybe_unused]] [[noreturn]] void no_cuda(const char* op) {
+  throw std::logic_error(std::string(op) + ": a CUDA tensor, but fsdpq was built without CUDA");
+}
 inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 inline float silu(float x) { return x / (1.0f + std::exp(-x)); }  // PyTorch's formula
 }  // namespace
 
 void swiglu_forward(TensorView h, const TensorView& gate, const TensorView& up) {
   constexpr const char* op = "swiglu_forward";
+  check_float(op, "gate", gate);
+  check_float(op, "up", up);
+  check_float(op, "h", h);
+  check_shape(op, "up", up, gate.shape);
+  check_shape(op, "h", h, gate.shape);
+  if (runs_on_cuda(op, {h, gate, up})) {
+#ifdef FSDPQ_WITH_CUDA
+    cuda::swiglu_forward(h.data, ktype(op, h), gate.data, ktype(op, gate), up.data, ktype(op, up), gate.numel(),
+                         cuda::stream());
+    return;
+#else
+    no_cuda(op);
+#endif
+  }
   check_cpu_float(op, "gate", gate);
   check_cpu_float(op, "up", up);
   check_cpu_float(op, "h", h);
@@ -43,6 +68,28 @@ void swiglu_forward(TensorView h, const TensorView& gate, const TensorView& up) 
 void swiglu_backward(TensorView dgate, TensorView dup, const TensorView& dh, const TensorView& gate,
                      const TensorView& up) {
   constexpr const char* op = "swiglu_backward";
+  check_float(op, "gate", gate);
+  check_float(op, "up", up);
+  check_float(op, "dh", dh);
+  check_float(op, "dgate", dgate);
+  check_float(op, "dup", dup);
+  check_shape(op, "up", up, gate.shape);
+  check_shape(op, "dh", dh, gate.shape);
+  check_shape(op, "dgate", dgate, gate.shape);
+  check_shape(op, "dup", dup, gate.shape);
+  check_that(dgate.dtype == dh.dtype && dup.dtype == dh.dtype, "{}: dh, dgate and dup must share a dtype, got {}, {}, {}",
+             op, dtype_name(dh.dtype), dtype_name(dgate.dtype), dtype_name(dup.dtype));
+  check_that(gate.dtype == up.dtype, "{}: gate and up must share a dtype, got {} and {}", op,
+             dtype_name(gate.dtype), dtype_name(up.dtype));
+  if (runs_on_cuda(op, {dgate, dup, dh, gate, up})) {
+#ifdef FSDPQ_WITH_CUDA
+    cuda::swiglu_backward(dgate.data, dup.data, dh.data, ktype(op, dh), gate.data, up.data, ktype(op, gate),
+                          gate.numel(), cuda::stream());
+    return;
+#else
+    no_cuda(op);
+#endif
+  }
   check_cpu_float(op, "gate", gate);
   check_cpu_float(op, "up", up);
   check_cpu_float(op, "dh", dh);

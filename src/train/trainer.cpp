@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "backend/cuda_backend.h"
 #include "dist/fsdp_engine.h"
 #include "dist/process_groups.h"
 #include "io/model_files.h"
@@ -117,7 +118,13 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
   ProcessGroups groups = make_process_groups(world, strategy, hybrid ? c.ranks_per_node : 0);
   const ModelOptions options = model_options_from(c);
   const OptimizerConfig optimizer = optimizer_config(c.optimizer, c.lr, c.wd);
-  FsdpEngine engine(groups, {activation_dtype(options.precision), optimizer},
+  // A rank with a GPU computes there (CUDA_VISIBLE_DEVICES= keeps it on the CPU backend).
+  const Device device = gpu.has_gpu() ? Device::CUDA : Device::CPU;
+  if (device == Device::CUDA) run_on_all_ranks(world, [&] { cuda_init(gpu.device); });
+  // use_cpu_offload keeps the shards' masters, gradients and optimizer state in host memory and
+  // steps them on the CPU; otherwise they live (and are stepped) where the model computes.
+  const Device state_device = c.use_cpu_offload ? Device::CPU : device;
+  FsdpEngine engine(groups, {activation_dtype(options.precision), device, state_device, optimizer},
                     static_cast<int>(plan.model.config.num_hidden_layers) + 1);
   auto load_start = Clock::now();
   std::optional<LlamaModel> model_slot;
@@ -126,6 +133,10 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
   });
   LlamaModel& model = *model_slot;
   engine.attach(model);
+  if (device == Device::CUDA) {
+    run_on_all_ranks(world, [&] { model.place_on(device); });
+    log::info("GPU {} ({}): {}", gpu.device, gpu.name, format_memory_stats(cuda_memory_stats()));
+  }
   const ShardBytes held = engine.shard_bytes();
   const HostMemory memory = host_memory();
   const double peak_host = groups.world->all_reduce_max(static_cast<double>(memory.peak_resident));
@@ -306,6 +317,7 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
   }
   if (c.save_model) {
     engine.gather_masters_into_model();
+    model.place_on(Device::CPU);  // the savers read host tensors; training is over
     if (world.is_root()) {
       std::string where = save_trained_model(model, resolved, plan);
       log::info("saved {}", where);
@@ -314,13 +326,21 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
   }
   outcome.seconds = seconds_since(start);
   const double peak = all.all_reduce_max(static_cast<double>(host_memory().peak_resident));
-  metrics.write({{"type", "summary"},
-                 {"steps", step},
-                 {"first_loss", outcome.first_loss},
-                 {"last_loss", outcome.last_loss},
-                 {"seconds", outcome.seconds},
-                 {"world_size", world.size},
-                 {"peak_host_memory_bytes", peak}});
+  nlohmann::json summary = {{"type", "summary"},
+                            {"steps", step},
+                            {"first_loss", outcome.first_loss},
+                            {"last_loss", outcome.last_loss},
+                            {"seconds", outcome.seconds},
+                            {"world_size", world.size},
+                            {"peak_host_memory_bytes", peak}};
+  if (device == Device::CUDA) {
+    // The largest rank's, as fsdp_qlora reports torch.cuda.max_memory_allocated / reserved.
+    const MemoryStats gpu_memory = cuda_memory_stats();
+    summary["peak_device_allocated_bytes"] = all.all_reduce_max(static_cast<double>(gpu_memory.peak_allocated));
+    summary["peak_device_reserved_bytes"] = all.all_reduce_max(static_cast<double>(gpu_memory.peak_reserved));
+    log::info("GPU memory (this rank): {}", format_memory_stats(gpu_memory));
+  }
+  metrics.write(summary);
   log::info("trained {} steps in {}: loss {:.4f} → {:.4f}; metrics in {}", step, format_duration(outcome.seconds),
             outcome.first_loss, outcome.last_loss, metrics.path().string());
   return outcome;

@@ -1,0 +1,209 @@
+#include "kernels/elementwise.cuh"
+
+#include <stdexcept>
+#include <string>
+
+namespace fsdpq::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kUnroll = 4;
+
+// Grid-stride map: each thread loads kUnroll elements (a stride apart, so every load is
+// coalesced) before it stores any, which keeps several requests in flight even though the
+// compiler must assume outputs alias inputs. Element i's value depends only on element i of the
+// inputs, so loading ahead is safe under aliasing.
+template <class Op>
+__global__ void map_kernel(int64_t n, Op op) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; i + (kUnroll - 1) * stride < n; i += kUnroll * stride) {
+    float v[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) v[k] = op.load(i + k * stride);
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) op.store(i + k * stride, v[k]);
+  }
+  for (; i < n; i += stride) op.store(i, op.load(i));
+}
+
+template <class Op>
+void launch_map(int64_t n, const Op& op, cudaStream_t stream, const char* name) {
+  if (n <= 0) return;
+  map_kernel<<<blocks_for((n + kUnroll - 1) / kUnroll, kThreads), kThreads, 0, stream>>>(n, op);
+  check_launch(name);
+}
+
+template <class Y, class A, class B>
+struct ResidualAdd {
+  Y* out;
+  const A* a;
+  const B* b;
+  __device__ float load(int64_t i) const { return __fadd_rn(to_float(a[i]), to_float(b[i])); }
+  __device__ void store(int64_t i, float v) const { out[i] = from_float<Y>(v); }
+};
+
+template <class T>
+struct Scale {
+  T* x;
+  float factor;
+  __device__ float load(int64_t i) const { return __fmul_rn(to_float(x[i]), factor); }
+  __device__ void store(int64_t i, float v) const { x[i] = from_float<T>(v); }
+};
+
+template <class S>
+struct Accumulate {
+  float* dst;
+  const S* src;
+  __device__ float load(int64_t i) const { return __fadd_rn(dst[i], to_float(src[i])); }
+  __device__ void store(int64_t i, float v) const { dst[i] = v; }
+};
+
+template <class Y, class X>
+struct AddScaled {
+  Y* y;
+  const X* x;
+  float factor;
+  __device__ float load(int64_t i) const { return __fadd_rn(to_float(y[i]), __fmul_rn(factor, to_float(x[i]))); }
+  __device__ void store(int64_t i, float v) const { y[i] = from_float<Y>(v); }
+};
+
+template <class Y, class X>
+struct Convert {
+  Y* dst;
+  const X* src;
+  __device__ float load(int64_t i) const { return to_float(src[i]); }
+  __device__ void store(int64_t i, float v) const { dst[i] = from_float<Y>(v); }
+};
+
+// Block-wide sum of one double per thread, in a fixed tree order (deterministic).
+__device__ double block_sum(double v, double* shared /* [32] */) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_down_sync(0xffffffffu, v, offset);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < warps ? shared[lane] : 0.0;
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_down_sync(0xffffffffu, v, offset);
+  }
+  return v;  // valid in thread 0
+}
+
+// One block per chunk: partial[chunk] = Σ over the chunk of double(x)², each thread summing
+// its strided elements in order, then the block tree.
+template <class T>
+__global__ void sum_of_squares_chunks_kernel(const T* x, int64_t n, double* partial) {
+  __shared__ double shared[32];
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * kSumOfSquaresChunk;
+  const int64_t end = begin + kSumOfSquaresChunk < n ? begin + kSumOfSquaresChunk : n;
+  double sum = 0.0;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const double d = to_float(x[i]);
+    sum += d * d;
+  }
+  sum = block_sum(sum, shared);
+  if (threadIdx.x == 0) partial[blockIdx.x] = sum;
+}
+
+// One block: thread t sums partials t, t + blockDim, ... in order, then the block tree.
+__global__ void sum_partials_kernel(const double* partial, int64_t count, double* result) {
+  __shared__ double shared[32];
+  double sum = 0.0;
+  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) sum += partial[i];
+  sum = block_sum(sum, shared);
+  if (threadIdx.x == 0) *result = sum;
+}
+
+}  // namespace
+
+void residual_add(void* out, KType out_type, const void* a, KType a_type, const void* b, KType b_type, int64_t n,
+                  cudaStream_t stream) {
+  with_ktype(out_type, [&](auto y_tag) {
+    with_ktype(a_type, [&](auto a_tag) {
+      with_ktype(b_type, [&](auto b_tag) {
+        using Y = decltype(y_tag);
+        using A = decltype(a_tag);
+        using B = decltype(b_tag);
+        launch_map(n, ResidualAdd<Y, A, B>{static_cast<Y*>(out), static_cast<const A*>(a), static_cast<const B*>(b)},
+                   stream, "residual_add");
+      });
+    });
+  });
+}
+
+void scale_in_place(void* x, KType type, float factor, int64_t n, cudaStream_t stream) {
+  with_ktype(type, [&](auto tag) {
+    using T = decltype(tag);
+    launch_map(n, Scale<T>{static_cast<T*>(x), factor}, stream, "scale_in_place");
+  });
+}
+
+void accumulate(float* dst, const void* src, KType src_type, int64_t n, cudaStream_t stream) {
+  with_ktype(src_type, [&](auto tag) {
+    using S = decltype(tag);
+    launch_map(n, Accumulate<S>{dst, static_cast<const S*>(src)}, stream, "accumulate");
+  });
+}
+
+void add_scaled(void* y, KType y_type, const void* x, KType x_type, float factor, int64_t n, cudaStream_t stream) {
+  with_ktype(y_type, [&](auto y_tag) {
+    with_ktype(x_type, [&](auto x_tag) {
+      using Y = decltype(y_tag);
+      using X = decltype(x_tag);
+      launch_map(n, AddScaled<Y, X>{static_cast<Y*>(y), static_cast<const X*>(x), factor}, stream, "add_scaled");
+    });
+  });
+}
+
+void copy_convert(void* dst, KType dst_type, const void* src, KType src_type, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  if (dst_type == src_type) {  // a plain copy: the conversion would be the identity
+    const size_t bytes = static_cast<size_t>(n) * (dst_type == KType::F32 ? 4 : 2);
+    if (dst != src) {
+      const cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream);
+      if (err != cudaSuccess) {
+        cudaGetLastError();
+        throw std::runtime_error(std::string("CUDA copy_convert: ") + cudaGetErrorString(err));
+      }
+    }
+    return;
+  }
+  with_ktype(dst_type, [&](auto y_tag) {
+    with_ktype(src_type, [&](auto x_tag) {
+      using Y = decltype(y_tag);
+      using X = decltype(x_tag);
+      launch_map(n, Convert<Y, X>{static_cast<Y*>(dst), static_cast<const X*>(src)}, stream, "copy_convert");
+    });
+  });
+}
+
+void fill_zero(void* x, size_t bytes, cudaStream_t stream) {
+  if (bytes == 0) return;
+  const cudaError_t err = cudaMemsetAsync(x, 0, bytes, stream);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    throw std::runtime_error(std::string("CUDA fill_zero: ") + cudaGetErrorString(err));
+  }
+}
+
+int64_t sum_of_squares_workspace(int64_t n) {
+  const int64_t chunks = (n + kSumOfSquaresChunk - 1) / kSumOfSquaresChunk;
+  return 1 + chunks;  // [0] the result, [1, 1 + chunks) the partials
+}
+
+void sum_of_squares(const void* x, KType type, int64_t n, double* workspace, cudaStream_t stream) {
+  const int64_t chunks = (n + kSumOfSquaresChunk - 1) / kSumOfSquaresChunk;
+  if (chunks > 0x7fffffff) throw std::logic_error("sum_of_squares: too many elements for one grid");
+  if (chunks > 0) {
+    with_ktype(type, [&](auto tag) {
+      using T = decltype(tag);
+      sum_of_squares_chunks_kernel<T><<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(
+          static_cast<const T*>(x), n, workspace + 1);
+    });
+    check_launch("sum_of_squares_chunks");
+  }
+  sum_partials_kernel<<<1, 1024, 0, stream>>>(workspace + 1, chunks, workspace);
+  check_launch("sum_of_squares_partials");
+}
+
+}  // namespace fsdpq::cuda

@@ -1,0 +1,35 @@
+// The small elementwise ops of src/ops/elementwise.h on the GPU. Each output is rounded once on
+// store; outputs may alias inputs element for element (every element is read before it is
+// written). Arithmetic that the CPU does as separate multiply and add is done with _rn
+// intrinsics here (no FMA contraction), so these results are bit-identical to the CPU's.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/kernel_types.cuh"
+
+namespace fsdpq::cuda {
+
+// out = a + b.
+void residual_add(void* out, KType out_type, const void* a, KType a_type, const void* b, KType b_type, int64_t n,
+                  cudaStream_t stream);
+// x = x * factor.
+void scale_in_place(void* x, KType type, float factor, int64_t n, cudaStream_t stream);
+// dst (fp32) += src.
+void accumulate(float* dst, const void* src, KType src_type, int64_t n, cudaStream_t stream);
+// y = y + factor * x.
+void add_scaled(void* y, KType y_type, const void* x, KType x_type, float factor, int64_t n, cudaStream_t stream);
+// dst = src converted to dst's type.
+void copy_convert(void* dst, KType dst_type, const void* src, KType src_type, int64_t n, cudaStream_t stream);
+// bytes zero bytes at x (queued on the stream).
+void fill_zero(void* x, size_t bytes, cudaStream_t stream);
+
+// sum of x² in double, deterministic: chunks of kSumOfSquaresChunk elements are reduced to fp64
+// partials (a fixed tree per chunk), then one block sums the partials in a fixed order.
+// workspace: device doubles, sum_of_squares_workspace(n) of them; the result is left in
+// workspace[0] (the caller copies it to the host).
+constexpr int64_t kSumOfSquaresChunk = 4096;
+int64_t sum_of_squares_workspace(int64_t n);
+void sum_of_squares(const void* x, KType type, int64_t n, double* workspace, cudaStream_t stream);
+
+}  // namespace fsdpq::cuda

@@ -1,0 +1,15 @@
+// LoRA dropout on the GPU: the same mask as the CPU's (ops/lora.cpp) — element i survives when
+// mix64(mixed_key + (i + 1)·golden) >> 40 ≥ threshold — so both devices drop the same elements.
+#pragma once
+#include "kernels/kernel_types.cuh"
+
+namespace fsdpq::cuda {
+
+// out[i] = keep(i) ? in[i] * keep_scale : 0, both of storage `type`.
+void lora_dropout_apply(KType type, void* out, const void* in, int64_t n, uint64_t mixed_key, uint32_t threshold,
+                        float keep_scale, cudaStream_t stream);
+// dx[i] = keep(i) ? dx[i] + keep_scale * g[i] : dx[i]; dx of storage `type`, g fp32.
+void lora_dropout_accumulate(KType type, void* dx, const float* g, int64_t n, uint64_t mixed_key,
+                             uint32_t threshold, float keep_scale, cudaStream_t stream);
+
+}  // namespace fsdpq::cuda

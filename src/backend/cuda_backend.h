@@ -1,0 +1,66 @@
+// The CUDA backend's process-wide state: the GPU this rank drives, its compute stream, the cuBLAS
+// handle, and the caching allocator behind every CUDA Tensor. Every op on CUDA tensors runs on
+// the one compute stream, so ops are ordered without events and a freed block can be reused by
+// the next op at once (PyTorch's rule for a single stream). Copies to the host wait for the
+// stream; nothing else synchronises.
+//
+// The functions without a cuda:: prefix exist in every build: without CUDA (or without a GPU)
+// cuda_device_count() is 0 and cuda_init() throws a UserError saying why.
+#pragma once
+#include <cstddef>
+
+#include "backend/caching_allocator.h"
+#include "backend/tensor.h"
+
+namespace fsdpq {
+
+// GPUs this process can use: 0 when built without CUDA, without a driver, or without a device.
+int cuda_device_count();
+// Makes `device` current, creates the stream, the cuBLAS handle and the allocator, and installs
+// Tensor's CUDA memory hooks. Calling it again with the same device does nothing.
+void cuda_init(int device);
+bool cuda_initialized();
+// Waits for everything queued on the compute stream; throws if a kernel failed.
+void cuda_synchronize();
+MemoryStats cuda_memory_stats();
+void cuda_reset_peak_memory();
+void cuda_empty_cache();
+
+// dst = src byte for byte (the same dtype and element count), between any two devices. A copy
+// into host memory returns when the bytes are there; other copies are queued on the stream.
+void copy_tensor(TensorView dst, const TensorView& src);
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
+// A copy of src on `device` (the same dtype and shape).
+Tensor copy_to(const TensorView& src, Device device);
+
+}  // namespace fsdpq
+
+#ifdef FSDPQ_WITH_CUDA
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+namespace fsdpq::cuda {
+
+cudaStream_t stream();  // the compute stream (cuda_init must have run)
+cublasHandle_t cublas();
+
+// cuBLAS is opened by cuda_init (dlopen), not linked: loading it costs ~200 MiB of resident
+// memory per process, which CPU ranks and the tools that never touch a GPU should not pay.
+struct CublasApi {
+  decltype(&cublasCreate_v2) create = nullptr;
+  decltype(&cublasSetStream_v2) set_stream = nullptr;
+  // cublasGemmEx's C signature (C++ also sees a deprecated overload, so no decltype).
+  using GemmEx = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
+                                    const void*, cudaDataType, int, const void*, cudaDataType, int, const void*,
+                                    void*, cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+  GemmEx gemm_ex = nullptr;
+  decltype(&cublasGetStatusString) status_string = nullptr;
+};
+const CublasApi& cublas_api();
+int device();
+// Throw std::runtime_error("CUDA <what>: <error>") on failure.
+void check(cudaError_t err, const char* what);
+void check_cublas(cublasStatus_t status, const char* what);
+
+}  // namespace fsdpq::cuda
+#endif

@@ -1,0 +1,77 @@
+#include "ops/cublas_gemm.h"
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+
+#ifdef FSDPQ_WITH_CUDA
+#include "backend/cuda_backend.h"
+#endif
+
+namespace fsdpq {
+
+#ifdef FSDPQ_WITH_CUDA
+namespace {
+
+cudaDataType_t cuda_type(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return CUDA_R_32F;
+    case DType::BF16: return CUDA_R_16BF;
+    case DType::F16: return CUDA_R_16F;
+    default: break;
+  }
+  throw std::logic_error(fmt::format("cublas_gemm: no cuBLAS type for {}", dtype_name(dtype)));
+}
+
+// cuBLAS is column-major. A row-major C [M, N] is a column-major Cᵀ [N, M], and Cᵀ = Bᵀ·Aᵀ. A
+// row-major operand with unit column stride is, read column-major, its own transpose (ld = row
+// stride); one with unit row stride is itself column-major (ld = column stride). `want_t` says
+// the column-major product needs this operand's transpose (Bᵀ for B, Aᵀ for A).
+struct ColumnMajor {
+  cublasOperation_t op;
+  int64_t ld;
+};
+ColumnMajor column_major(const MatrixOperand& m, const char* name) {
+  if (m.col_stride == 1 && (m.row_stride >= m.cols || m.rows <= 1))
+    return {CUBLAS_OP_N, std::max<int64_t>(m.row_stride, std::max<int64_t>(m.cols, 1))};
+  if (m.row_stride == 1 && (m.col_stride >= m.rows || m.cols <= 1))
+    return {CUBLAS_OP_T, std::max<int64_t>(m.col_stride, std::max<int64_t>(m.rows, 1))};
+  throw std::logic_error(fmt::format("cublas_gemm: {} [{}, {}] with strides ({}, {}) has no unit stride", name,
+                                     m.rows, m.cols, m.row_stride, m.col_stride));
+}
+
+}  // namespace
+
+void cublas_gemm(const MatrixOutput& c, const MatrixOperand& a, const MatrixOperand& b, bool accumulate, float scale) {
+  const int64_t M = a.rows, K = a.cols, N = b.cols;
+  if (b.rows != K || c.rows != M || c.cols != N)
+    throw std::logic_error(fmt::format("cublas_gemm: C [{}, {}] = A [{}, {}] · B [{}, {}] does not fit", c.rows, c.cols,
+                                       a.rows, a.cols, b.rows, b.cols));
+  if (a.dtype != b.dtype || (a.dtype == DType::F32 && c.dtype != DType::F32) ||
+      (a.dtype != DType::F32 && c.dtype != DType::F32 && c.dtype != a.dtype))
+    throw std::logic_error(fmt::format("cublas_gemm: cuBLAS cannot multiply {} by {} into {}", dtype_name(a.dtype),
+                                       dtype_name(b.dtype), dtype_name(c.dtype)));
+  if (M == 0 || N == 0) return;
+  const float alpha = scale, beta = accumulate ? 1.0f : 0.0f;
+  if (K == 0) {
+    // An empty sum: C = beta·C. cuBLAS handles k = 0 that way too, but say it plainly.
+    if (!accumulate) cuda::check(cudaMemsetAsync(c.data, 0, static_cast<size_t>(M * N) * dtype_size(c.dtype), cuda::stream()), "memset");
+    return;
+  }
+  const ColumnMajor bt = column_major(b, "B"), at = column_major(a, "A");
+  cuda::check_cublas(cuda::cublas_api().gemm_ex(cuda::cublas(), bt.op, at.op, static_cast<int>(N), static_cast<int>(M),
+                                  static_cast<int>(K), &alpha, b.data, cuda_type(b.dtype), static_cast<int>(bt.ld),
+                                  a.data, cuda_type(a.dtype), static_cast<int>(at.ld), &beta, c.data,
+                                  cuda_type(c.dtype), static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                     "GemmEx");
+}
+
+#else
+
+void cublas_gemm(const MatrixOutput&, const MatrixOperand&, const MatrixOperand&, bool, float) {
+  throw std::logic_error("cublas_gemm: this fsdpq was built without CUDA");
+}
+
+#endif
+
+}  // namespace fsdpq

@@ -1,0 +1,109 @@
+// The linear ops and LoRA on cuBLAS against the CPU reference (tests/gpu/op_parity.h).
+#include <gtest/gtest.h>
+
+#include "gpu/op_parity.h"
+#include "ops/lora.h"
+#include "ops/matmul.h"
+
+namespace fsdpq {
+namespace {
+
+using test::expect_close;
+using test::on_gpu;
+using test::random_tensor;
+
+// Tolerances: fp32 operands with fp32 accumulation differ from the CPU only by summation order
+// (1e-5 relative at K ≤ 11008). Half operands: the products are exact in fp32 and the sums fp32,
+// so the difference is order plus one rounding of the output (bf16: 2^-8 ≈ 4e-3 relative per
+// element, well under 1e-2 normwise); an F32 operand meeting a half one is rounded to half on
+// the GPU (autocast), one more rounding (bf16 2e-2 normwise bound, f16 5e-3).
+double tolerance(DType out, DType p, DType q) {
+  if (out == DType::F32 && p == DType::F32 && q == DType::F32) return 1e-5;
+  const bool mixed = p != q;
+  const bool bf16 = out == DType::BF16 || p == DType::BF16 || q == DType::BF16;
+  if (bf16) return mixed ? 2e-2 : 1e-2;
+  return mixed ? 5e-3 : 2e-3;
+}
+
+struct Case {
+  int64_t M, N, K;
+  DType x, w, out;
+};
+
+std::string name(const Case& c) {
+  return fmt::format("M={} N={} K={} x={} W={} out={}", c.M, c.N, c.K, dtype_name(c.x), dtype_name(c.w),
+                     dtype_name(c.out));
+}
+
+TEST(GpuOpsMatmul, ForwardAndBothBackwardsMatchTheCpu) {
+  test::use_gpu();
+  const std::vector<Case> cases = {
+      {1, 1, 1, DType::F32, DType::F32, DType::F32},      {7, 13, 5, DType::F32, DType::F32, DType::F32},
+      {37, 65, 129, DType::BF16, DType::BF16, DType::BF16}, {37, 65, 129, DType::BF16, DType::BF16, DType::F32},
+      {64, 96, 80, DType::F16, DType::F16, DType::F16},    {200, 300, 96, DType::F32, DType::BF16, DType::F32},
+      {512, 4096, 4096, DType::BF16, DType::BF16, DType::BF16},
+  };
+  uint32_t seed = 1;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(name(c));
+    Tensor x = random_tensor(Shape{c.M, c.K}, c.x, seed++);
+    Tensor W = random_tensor(Shape{c.N, c.K}, c.w, seed++, -0.1f, 0.1f);
+    Tensor y0 = random_tensor(Shape{c.M, c.N}, c.out, seed++);
+    Tensor gx = on_gpu(x), gW = on_gpu(W);
+    for (bool accumulate : {false, true}) {
+      Tensor y = random_tensor(Shape{c.M, c.N}, c.out, 99), gy = on_gpu(y);
+      linear_forward(y, x, W, accumulate, 0.5f);
+      linear_forward(gy, gx, gW, accumulate, 0.5f);
+      expect_close(gy, y, tolerance(c.out, c.x, c.w), name(c) + " forward");
+    }
+    // dx = dy·W (dy in the output's dtype, dx in x's), dW = dyᵀ·x into F32.
+    Tensor dy = random_tensor(Shape{c.M, c.N}, c.out, seed++), gdy = on_gpu(dy);
+    Tensor dx = random_tensor(Shape{c.M, c.K}, c.x, 7), gdx = on_gpu(dx);
+    linear_backward_input(dx, dy, W, true, 1.0f);
+    linear_backward_input(gdx, gdy, gW, true, 1.0f);
+    expect_close(gdx, dx, tolerance(c.x, c.out, c.w), name(c) + " backward input");
+    Tensor dW = random_tensor(Shape{c.N, c.K}, DType::F32, 8), gdW = on_gpu(dW);
+    linear_backward_weight(dW, dy, x, true, 2.0f);
+    linear_backward_weight(gdW, gdy, gx, true, 2.0f);
+    expect_close(gdW, dW, tolerance(DType::F32, c.out, c.x), name(c) + " backward weight");
+  }
+  const Case big{4096, 4096, 4096, DType::BF16, DType::BF16, DType::BF16};
+  Tensor x = on_gpu(random_tensor(Shape{big.M, big.K}, DType::BF16, 1));
+  Tensor W = on_gpu(random_tensor(Shape{big.N, big.K}, DType::BF16, 2));
+  Tensor y = Tensor::empty(Shape{big.M, big.N}, DType::BF16, Device::CUDA);
+  test::report_perf("linear_forward bf16 4096x4096x4096", 0, 2.0 * 4096 * 4096 * 4096,
+                    [&] { linear_forward(y, x, W); });
+}
+
+TEST(GpuOpsLora, ForwardAndBackwardWithDropoutMatchTheCpu) {
+  test::use_gpu();
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    for (float dropout : {0.0f, 0.1f}) {
+      SCOPED_TRACE(fmt::format("{} dropout {}", dtype_name(dtype), dropout));
+      const int64_t M = 77, in = 96, out = 80, r = 8;
+      LoraParams params{16.0f, dropout, /*training=*/true, 0x1234abcdull};
+      Tensor x = random_tensor(Shape{M, in}, dtype, 1), A = random_tensor(Shape{r, in}, dtype, 2, -0.2f, 0.2f);
+      Tensor B = random_tensor(Shape{out, r}, dtype, 3, -0.2f, 0.2f);
+      Tensor y = random_tensor(Shape{M, out}, dtype, 4), xa = Tensor::empty(Shape{M, r}, dtype);
+      Tensor gx = on_gpu(x), gA = on_gpu(A), gB = on_gpu(B), gy = on_gpu(y);
+      Tensor gxa = Tensor::empty(Shape{M, r}, dtype, Device::CUDA);
+      lora_forward(y, xa, x, A, B, params);
+      lora_forward(gy, gxa, gx, gA, gB, params);
+      const double tol = dtype == DType::F32 ? 1e-5 : 2e-2;
+      expect_close(gxa, xa, tol, "xa");
+      expect_close(gy, y, tol, "y");
+
+      Tensor dy = random_tensor(Shape{M, out}, dtype, 5), dx = random_tensor(Shape{M, in}, DType::F32, 6);
+      Tensor dA = random_tensor(Shape{r, in}, DType::F32, 7), dB = random_tensor(Shape{out, r}, DType::F32, 8);
+      Tensor gdy = on_gpu(dy), gdx = on_gpu(dx), gdA = on_gpu(dA), gdB = on_gpu(dB);
+      lora_backward(dx, dA, dB, dy, x, xa, A, B, params);
+      lora_backward(gdx, gdA, gdB, gdy, gx, gxa, gA, gB, params);
+      expect_close(gdx, dx, tol, "dx");
+      expect_close(gdA, dA, tol, "dA");
+      expect_close(gdB, dB, tol, "dB");
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fsdpq
