@@ -185,6 +185,11 @@ TEST_P(Equivalence, SameLossesAndWeightsAtOneTwoAndFourRanks) {
         const double model_frozen = b.at("model_frozen"), model_trainable = b.at("model_trainable");
         EXPECT_NEAR(frozen, model_frozen / ranks, 0.01 * model_frozen / ranks + 64 * 3);
         EXPECT_NEAR(trainable, model_trainable / ranks, 0.01 * model_trainable / ranks + 64 * 3);
+        // Each rank read about its share of the model file (tests/mpi/shard_load_tests.h checks it closely).
+        const double file_bytes = static_cast<double>(fs::file_size(dir_ / "demo/model/model.safetensors"));
+        const auto& read = header.at("load_read_bytes_per_rank");
+        ASSERT_EQ(read.size(), static_cast<size_t>(ranks));
+        for (const auto& bytes : read) EXPECT_NEAR(bytes.get<double>(), file_bytes / ranks, 0.1 * file_bytes / ranks);
       }
     }
 }
@@ -222,6 +227,17 @@ TEST_F(DistTrain, PeakHostMemoryPerRankFallsWithTheRankCount) {
   EXPECT_LT(four, 0.5 * one) << "4 ranks: " << four << " MiB vs 1 rank: " << one << " MiB";
   EXPECT_LT(four, 479.0) << "no rank of 4 holds as much as the whole model";
   fs::remove_all(dir_ / "big");
+}
+
+// A failure while one rank reads its shard of a unit ends every rank with that rank's message
+// (each unit's reading is agreed before its collective), promptly, with no rank left waiting.
+TEST_F(DistTrain, AFailureOnOneRankWhileLoadingAUnitEndsEveryRankWithItsMessage) {
+  const auto start = std::chrono::steady_clock::now();
+  auto r = mpirun(2, args("qlora", 2, "load_fail"), "FSDPQ_INJECT_FAULT=1:load_unit_2");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("injected fault at load_unit_2"), std::string::npos) << r.output;
+  EXPECT_LT(seconds, 60.0);
 }
 
 // ---- Checkpoints and resume --------------------------------------------------------------------
