@@ -202,10 +202,10 @@ INSTANTIATE_TEST_SUITE_P(TrainTypes, Equivalence, ::testing::Values("lora", "qlo
                          });
 
 
-// Sharded loading: each rank keeps its shard of each layer as it is built and frees the rest,
-// and the mapped file pages leave its resident set, so the peak per rank falls with the rank
-// count. A 1.1B-parameter QLoRA model (measured 2026-12-03: peak resident per rank 637 MiB on 1
-// rank, 370 on 2, 245 on 4; whole NF4 model 479 MiB). The run stops right after loading.
+// Sharded loading: each rank reads and builds only its shard of each unit, and the mapped file
+// pages leave its resident set, so the peak per rank falls with the rank count. A 1.1B-parameter
+// QLoRA model (measured 2026-12-03: peak resident per rank 637 MiB on 1 rank, 363 on 2, 218 on 4;
+// whole NF4 model 479 MiB; docs/sharding.md). The run stops right after loading.
 TEST_F(DistTrain, PeakHostMemoryPerRankFallsWithTheRankCount) {
   auto r = run_command("cd '" + dir_.string() + "' && '" + FSDPQ_BINARY +
                        "' init-model --preset tinyllama-1.1b --vocab_size 260 --out big --overwrite");
