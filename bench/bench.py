@@ -114,6 +114,7 @@ def main(argv=None):
     p.add_argument("--ctx", default="512,2048")
     p.add_argument("--grad-ckpt", choices=("on", "off", "both"), default="on")
     p.add_argument("--max-bs", type=int, default=64)
+    p.add_argument("--bs", default="", help="comma list of batch sizes to run instead of 1, 2, 4 ... --max-bs")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--device", default="cuda")
@@ -158,13 +159,13 @@ def main(argv=None):
             for ctx in [int(c) for c in a.ctx.split(",")]:
                 for ckpt in ckpts:
                     for peer in peers:
-                        bs = 1
-                        while bs <= a.max_bs:
+                        sizes = [int(b) for b in a.bs.split(",")] if a.bs else \
+                            [1 << i for i in range(a.max_bs.bit_length()) if 1 << i <= a.max_bs]
+                        for bs in sizes:
                             k = (peer, shape, ctx, bs, ckpt)
                             rec = done.get(k) or run_one(a, peer, shape, ctx, bs, ckpt, start, results, logf)
                             if rec is None or rec.get("oom") or rec.get("error") or rec.get("timeout"):
                                 break  # a larger batch would fail the same way
-                            bs *= 2
     print(f"results in {a.results}; table: python3 bench/compare.py {a.results}", file=sys.stderr)
 
 

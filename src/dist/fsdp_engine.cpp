@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "backend/cuda_backend.h"
+#include "dist/frozen_layout.h"
 #include "model/llama_weights.h"
 #include "ops/elementwise.h"
 #include "optim/clip.h"
@@ -19,18 +20,7 @@
 namespace fsdpq {
 namespace {
 
-constexpr size_t kSegmentAlignment = 16;  // each flattened tensor starts aligned, as FSDP's flat params
-
 size_t round_up(size_t n, size_t multiple) { return (n + multiple - 1) / multiple * multiple; }
-size_t ceil_div(size_t n, size_t d) { return (n + d - 1) / d; }
-
-// One contiguous piece of a frozen base weight in the unit's flat byte buffer.
-enum class SegmentKind { Dense, Nf4Packed, Nf4Absmax, Nf4AbsmaxQ, Nf4AbsmaxScale };
-struct FrozenSegment {
-  size_t weight = 0;  // index into Unit::frozen
-  SegmentKind kind = SegmentKind::Dense;
-  size_t offset = 0, bytes = 0;
-};
 
 struct TrainableEntry {
   TrainableTensor* tensor = nullptr;
@@ -131,27 +121,6 @@ struct FsdpEngine::Unit {
 
 namespace {
 
-uint8_t* segment_data(BaseWeight& w, SegmentKind kind, DType dtype, size_t bytes, bool allocate) {
-  switch (kind) {
-    case SegmentKind::Dense:
-      if (allocate) w.frozen = Tensor::empty(w.shape, dtype);
-      return static_cast<uint8_t*>(w.frozen.view().data);
-    case SegmentKind::Nf4Packed:
-      if (allocate) w.nf4->packed.resize(bytes);
-      return w.nf4->packed.data();
-    case SegmentKind::Nf4Absmax:
-      if (allocate) w.nf4->absmax.resize(bytes / sizeof(float));
-      return reinterpret_cast<uint8_t*>(w.nf4->absmax.data());
-    case SegmentKind::Nf4AbsmaxQ:
-      if (allocate) w.nf4->absmax_q.resize(bytes);
-      return w.nf4->absmax_q.data();
-    case SegmentKind::Nf4AbsmaxScale:
-      if (allocate) w.nf4->absmax_scale.resize(bytes / sizeof(float));
-      return reinterpret_cast<uint8_t*>(w.nf4->absmax_scale.data());
-  }
-  return nullptr;
-}
-
 void evict_frozen(BaseWeight& w) {
   w.nf4_device = nullptr;
   if (w.nf4) {
@@ -194,50 +163,50 @@ FsdpEngine::Unit& FsdpEngine::unit(int index) {
   return *units_[static_cast<size_t>(index)];
 }
 
-void FsdpEngine::adopt_unit(int index, ParamUnit& contents) {
-  Unit& u = unit(index);
-  if (u.adopted) throw std::logic_error(fmt::format("FsdpEngine: unit {} adopted twice", index));
+void FsdpEngine::record_layout(Unit& u, ParamUnit& contents, const UnitLayout& layout,
+                               const std::vector<DType>& dense_dtypes) {
+  if (u.adopted) throw std::logic_error(fmt::format("FsdpEngine: unit {} adopted twice", u.index));
+  if (contents.frozen.size() != dense_dtypes.size() || contents.trainable.size() != layout.trainable_offset.size())
+    throw std::logic_error(fmt::format("FsdpEngine: unit {}'s layout does not match its tensors", u.index));
   u.adopted = true;
   u.name = contents.name;
-  const size_t S = static_cast<size_t>(groups_.shard->size());
-  const int s = groups_.shard->rank();
-
-  // Layout of the frozen bytes: each weight's storage, segment by segment, aligned.
-  size_t offset = 0;
-  auto add_segment = [&](size_t weight, SegmentKind kind, size_t bytes) {
-    if (bytes == 0) return;
-    offset = round_up(offset, kSegmentAlignment);
-    u.segments.push_back({weight, kind, offset, bytes});
-    offset += bytes;
-  };
-  for (BaseWeight* w : contents.frozen) {
-    const size_t k = u.frozen.size();
-    u.frozen.push_back(w);
-    u.frozen_dtype.push_back(w->frozen.defined() ? w->frozen.dtype() : DType::U8);
-    if (w->nf4) {
-      add_segment(k, SegmentKind::Nf4Packed, w->nf4->packed.size());
-      add_segment(k, SegmentKind::Nf4Absmax, w->nf4->absmax.size() * sizeof(float));
-      add_segment(k, SegmentKind::Nf4AbsmaxQ, w->nf4->absmax_q.size());
-      add_segment(k, SegmentKind::Nf4AbsmaxScale, w->nf4->absmax_scale.size() * sizeof(float));
-    } else {
-      add_segment(k, SegmentKind::Dense, w->frozen.nbytes());
-    }
+  u.frozen = contents.frozen;
+  u.frozen_dtype = dense_dtypes;
+  u.segments = layout.segments;
+  u.frozen_bytes = layout.frozen_bytes;
+  u.frozen_shard_bytes = layout.frozen_shard_bytes;
+  for (size_t k = 0; k < contents.trainable.size(); ++k) {
+    TrainableTensor* t = contents.trainable[k];
+    u.trainables.push_back({t, t->name, t->shape, layout.trainable_offset[k], t->shape.numel()});
   }
-  u.frozen_bytes = offset;
-  u.frozen_shard_bytes = round_up(ceil_div(u.frozen_bytes, S), Communicator::kAllGatherGranule);
-
-  for (TrainableTensor* t : contents.trainable) {
-    u.trainables.push_back({t, t->name, t->master.shape(), u.trainable_numel, t->master.numel()});
-    u.trainable_numel += t->master.numel();
-  }
-  u.shard_numel = static_cast<int64_t>(ceil_div(static_cast<size_t>(u.trainable_numel), S));
+  u.trainable_numel = layout.trainable_numel;
+  u.shard_numel = layout.shard_numel;
   u.compute_shard_bytes = round_up(static_cast<size_t>(u.shard_numel) * dtype_size(options_.compute_dtype),
                                    Communicator::kAllGatherGranule);
   u.chunk_bytes = u.frozen_shard_bytes + u.compute_shard_bytes;
+}
+
+void FsdpEngine::init_shard_state(Unit& u) {
+  if (options_.state_device == Device::CUDA) {
+    u.master_d = copy_to(TensorView{u.master.data(), DType::F32, Shape{u.shard_numel}, Device::CPU}, Device::CUDA);
+    u.grad_d = Tensor::zeros(Shape{u.shard_numel}, DType::F32, Device::CUDA);
+    u.device_optimizer = std::make_unique<DeviceShardOptimizer>(options_.optimizer, u.shard_numel);
+  } else {
+    u.grad.assign(static_cast<size_t>(u.shard_numel), 0.0f);
+    u.optimizer = std::make_unique<ShardOptimizer>(options_.optimizer, u.shard_numel);
+  }
+}
+
+void FsdpEngine::adopt_unit(int index, ParamUnit& contents) {
+  Unit& u = unit(index);
+  const int s = groups_.shard->rank();
+  const UnitLayout layout = unit_layout(contents, groups_.shard->size());
+  std::vector<DType> dense_dtypes;
+  for (BaseWeight* w : contents.frozen) dense_dtypes.push_back(w->frozen.defined() ? w->frozen.dtype() : DType::U8);
+  record_layout(u, contents, layout, dense_dtypes);
 
   // This rank's master shard (zeros past the end: padding that never changes).
   u.master.assign(static_cast<size_t>(u.shard_numel), 0.0f);
-  u.grad.assign(static_cast<size_t>(u.shard_numel), 0.0f);
   const int64_t begin = u.shard_offset(s), end = begin + u.shard_numel;
   for (const TrainableEntry& e : u.trainables) {
     const int64_t lo = std::max(begin, e.offset), hi = std::min(end, e.offset + e.numel);
@@ -245,14 +214,7 @@ void FsdpEngine::adopt_unit(int index, ParamUnit& contents) {
       std::memcpy(u.master.data() + (lo - begin), e.tensor->master.data<float>() + (lo - e.offset),
                   static_cast<size_t>(hi - lo) * sizeof(float));
   }
-  if (options_.state_device == Device::CUDA) {
-    u.master_d = copy_to(TensorView{u.master.data(), DType::F32, Shape{u.shard_numel}, Device::CPU}, Device::CUDA);
-    u.grad_d = Tensor::zeros(Shape{u.shard_numel}, DType::F32, Device::CUDA);
-    u.device_optimizer = std::make_unique<DeviceShardOptimizer>(options_.optimizer, u.shard_numel);
-    free_vector(u.grad);
-  } else {
-    u.optimizer = std::make_unique<ShardOptimizer>(options_.optimizer, u.shard_numel);
-  }
+  init_shard_state(u);
 
   if (resident()) {
     // The engine's master is the only fp32 copy the optimizer steps; the model keeps what it computes with.
@@ -266,14 +228,7 @@ void FsdpEngine::adopt_unit(int index, ParamUnit& contents) {
 
   // Keep this rank's slice of the frozen bytes and its compute shard; free the unit.
   u.send.assign(u.chunk_bytes, 0);
-  const size_t fbegin = u.frozen_shard_bytes * static_cast<size_t>(s), fend = fbegin + u.frozen_shard_bytes;
-  for (const FrozenSegment& seg : u.segments) {
-    const size_t lo = std::max(fbegin, seg.offset), hi = std::min(fend, seg.offset + seg.bytes);
-    if (lo >= hi) continue;
-    BaseWeight& w = *u.frozen[seg.weight];
-    const uint8_t* src = segment_data(w, seg.kind, u.frozen_dtype[seg.weight], seg.bytes, false);
-    std::memcpy(u.send.data() + (lo - fbegin), src + (lo - seg.offset), hi - lo);
-  }
+  copy_frozen_bytes(layout, contents, layout.frozen_begin(s), u.send.data(), u.frozen_shard_bytes);
   store_compute(options_.compute_dtype, u.master.data(), u.shard_numel, u.send.data() + u.frozen_shard_bytes);
   for (BaseWeight* w : u.frozen) evict_frozen(*w);
   for (const TrainableEntry& e : u.trainables) {
@@ -282,6 +237,34 @@ void FsdpEngine::adopt_unit(int index, ParamUnit& contents) {
     e.tensor->grad = Tensor();
   }
   u.gathered = false;
+}
+
+void FsdpEngine::adopt_unit_shard(int index, ParamUnit& skeleton, const UnitLayout& layout,
+                                  const std::vector<DType>& dense_dtypes, std::vector<uint8_t> frozen_shard,
+                                  std::vector<float> master_shard) {
+  if (resident()) throw std::logic_error("FsdpEngine: a shard group of one keeps whole units (adopt_unit)");
+  if (frozen_shard.size() != layout.frozen_shard_bytes || master_shard.size() != static_cast<size_t>(layout.shard_numel))
+    throw std::logic_error(fmt::format("FsdpEngine: unit {}'s shard does not match its layout", index));
+  Unit& u = unit(index);
+  record_layout(u, skeleton, layout, dense_dtypes);
+  u.master = std::move(master_shard);
+  init_shard_state(u);
+  u.send.assign(u.chunk_bytes, 0);
+  std::memcpy(u.send.data(), frozen_shard.data(), frozen_shard.size());
+  store_compute(options_.compute_dtype, u.master.data(), u.shard_numel, u.send.data() + u.frozen_shard_bytes);
+  u.gathered = false;
+}
+
+std::span<const uint8_t> FsdpEngine::frozen_shard(int index) {
+  Unit& u = unit(index);
+  if (resident()) return {};
+  return {u.send.data(), u.frozen_shard_bytes};
+}
+
+std::span<const float> FsdpEngine::master_shard(int index) {
+  Unit& u = unit(index);
+  u.master_to_host();
+  return {u.master.data(), u.master.size()};
 }
 
 void FsdpEngine::attach(LlamaModel& model) {
@@ -320,7 +303,7 @@ void FsdpEngine::ensure_gathered(Unit& u) {
   // Unpack into the model's tensors: frozen segments, then the trainables in the compute dtype.
   for (const FrozenSegment& seg : u.segments) {
     BaseWeight& w = *u.frozen[seg.weight];
-    uint8_t* dst = segment_data(w, seg.kind, u.frozen_dtype[seg.weight], seg.bytes, true);
+    uint8_t* dst = segment_storage(w, seg, u.frozen_dtype[seg.weight], true);
     copy_from_pieces(u.recv.data(), u.chunk_bytes, u.frozen_shard_bytes, seg.offset, dst, seg.bytes);
   }
   if (options_.device != Device::CPU)

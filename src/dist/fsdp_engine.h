@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "dist/frozen_layout.h"
 #include "dist/process_groups.h"
 #include "model/llama_model.h"
 #include "optim/loss_scaler.h"
@@ -73,6 +74,12 @@ class FsdpEngine final : public UnitHooks {
   // The model builder's UnitBuilt callback: records the unit's layout, keeps this rank's shard and
   // frees the rest (unless resident), so a rank never holds more than one whole unit.
   void adopt_unit(int unit, ParamUnit& contents);
+  // A unit this rank built only its shard of (dist/shard_loader.h): the skeleton's tensors are
+  // unallocated, `frozen_shard` is this rank's frozen_shard_bytes of the layout and `master_shard`
+  // its shard_numel fp32 masters; dense_dtypes[k] is frozen weight k's dtype when it is dense.
+  // Shard groups of more than one rank only.
+  void adopt_unit_shard(int unit, ParamUnit& skeleton, const UnitLayout& layout, const std::vector<DType>& dense_dtypes,
+                        std::vector<uint8_t> frozen_shard, std::vector<float> master_shard);
   // Once the model exists: binds to its tensors (the root's moved with the model) and installs the
   // hooks. Every unit must have been adopted.
   void attach(LlamaModel& model);
@@ -111,6 +118,9 @@ class FsdpEngine final : public UnitHooks {
   void masters_loaded(int64_t optimizer_steps);
 
   ShardBytes shard_bytes() const;
+  // This rank's frozen bytes (empty when resident) and fp32 masters of a unit, for tests.
+  std::span<const uint8_t> frozen_shard(int unit);
+  std::span<const float> master_shard(int unit);
   CommTimes take_times();
   const ProcessGroups& groups() const { return groups_; }
   bool resident() const;
@@ -119,12 +129,15 @@ class FsdpEngine final : public UnitHooks {
 
  private:
   Unit& unit(int index);
+  void record_layout(Unit& u, ParamUnit& contents, const UnitLayout& layout, const std::vector<DType>& dense_dtypes);
   void start_gather(Unit& u);
   void ensure_gathered(Unit& u);
   void release(Unit& u);
   void prefetch(int index);
   void reduce_gradients(Unit& u);
   void zero_grad_shard(Unit& u);
+  // The shard's gradient buffer and optimizer (on options_.state_device), once its master is set.
+  void init_shard_state(Unit& u);
   // After the masters changed: the compute copies (model tensors, or the shards gathers send).
   void refresh_compute_copies();
 

@@ -147,6 +147,17 @@ std::span<const std::byte> ModelWeights::bytes(std::string_view name) const {
   return files_[loc.file].bytes(*loc.info);
 }
 
+std::span<const std::byte> ModelWeights::bytes(std::string_view name, uint64_t offset, uint64_t length) const {
+  const Location& loc = locate(name);
+  return files_[loc.file].bytes(*loc.info, offset, length);
+}
+
+uint64_t ModelWeights::bytes_read() const {
+  uint64_t total = 0;
+  for (const SafetensorsFile& file : files_) total += file.bytes_read();
+  return total;
+}
+
 const SafetensorsFile& ModelWeights::file_of(std::string_view name) const { return files_[locate(name).file]; }
 
 // ---- Writing -------------------------------------------------------------------------------------

@@ -31,6 +31,10 @@ class ModelWeights {
   // The tensor's bytes (mapped, valid while this object lives); an error naming the directory
   // when the tensor is absent.
   std::span<const std::byte> bytes(std::string_view name) const;
+  // Bytes [offset, offset + length) of the tensor (a sharded loader's part of it).
+  std::span<const std::byte> bytes(std::string_view name, uint64_t offset, uint64_t length) const;
+  // What bytes() handed out so far, over every file (SafetensorsFile::bytes_read).
+  uint64_t bytes_read() const;
   // In storage order: shard by shard, by offset within each shard.
   std::vector<std::string> tensor_names() const { return names_; }
   // The file holding a tensor (an error when absent).

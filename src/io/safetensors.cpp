@@ -208,6 +208,7 @@ SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& other) noexcept {
     tensors_ = std::move(other.tensors_);
     index_ = std::move(other.index_);
     metadata_ = std::move(other.metadata_);
+    bytes_read_ = std::exchange(other.bytes_read_, 0);
   }
   return *this;
 }
@@ -225,11 +226,19 @@ const TensorInfo* SafetensorsFile::find(std::string_view name) const {
 }
 
 std::span<const std::byte> SafetensorsFile::bytes(const TensorInfo& tensor) const {
+  return bytes(tensor, 0, tensor.nbytes());
+}
+
+std::span<const std::byte> SafetensorsFile::bytes(const TensorInfo& tensor, uint64_t offset, uint64_t length) const {
   const uint64_t data_size = size_ - data_start_;
   const uint64_t n = tensor.nbytes();
   if (!map_ || tensor.offset > data_size || n > data_size - tensor.offset)
     fail("tensor '{}' lies outside safetensors file '{}'", tensor.name, path_.string());
-  return {map_ + data_start_ + tensor.offset, static_cast<size_t>(n)};
+  if (offset > n || length > n - offset)
+    fail("safetensors file '{}': bytes [{}, {}) asked of tensor '{}', which has {} bytes", path_.string(), offset,
+         offset + length, tensor.name, n);
+  bytes_read_ += length;
+  return {map_ + data_start_ + tensor.offset + offset, static_cast<size_t>(length)};
 }
 
 void SafetensorsFile::release_pages(std::span<const std::byte> bytes) const {

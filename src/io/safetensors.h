@@ -53,6 +53,12 @@ class SafetensorsFile {
   const TensorInfo* find(std::string_view name) const;
   // The tensor's bytes inside the mapping (valid while this object lives).
   std::span<const std::byte> bytes(const TensorInfo& tensor) const;
+  // Bytes [offset, offset + length) of the tensor: what a sharded loader reads of it. A range past
+  // the tensor's end is an error naming the file and the tensor.
+  std::span<const std::byte> bytes(const TensorInfo& tensor, uint64_t offset, uint64_t length) const;
+  // Bytes handed out by bytes() so far (what this process read of the file, as the callers read
+  // everything they ask for): the tests check that a rank reads only its shards.
+  uint64_t bytes_read() const { return bytes_read_; }
   // Done with these bytes for now: their pages leave this process's resident set (they stay in
   // the page cache, shared with the other ranks, and fault back in if read again).
   void release_pages(std::span<const std::byte> bytes) const;
@@ -71,6 +77,7 @@ class SafetensorsFile {
   std::vector<TensorInfo> tensors_;
   std::unordered_map<std::string, size_t> index_;
   std::map<std::string, std::string> metadata_;
+  mutable uint64_t bytes_read_ = 0;
 };
 
 // Streams one safetensors file: the header goes out at construction, then exactly the declared

@@ -383,6 +383,20 @@ LlamaModel LlamaModel::random(const LlamaConfig& config, uint64_t init_seed, con
   return LlamaModel(std::make_unique<Impl>(config, options, build_llama_weights(config, options, source, on_unit_built)));
 }
 
+LlamaModel LlamaModel::load(const LlamaConfig& config, const ModelWeights& weights, const ModelOptions& options,
+                            const UnitLoader& load_unit) {
+  validate_llama_config(config, weights.directory().string() + "/config.json");
+  return LlamaModel(std::make_unique<Impl>(
+      config, options, build_llama_weights_by_unit(config, options, file_weight_source(weights), load_unit)));
+}
+
+LlamaModel LlamaModel::random(const LlamaConfig& config, uint64_t init_seed, const ModelOptions& options,
+                              const UnitLoader& load_unit) {
+  validate_llama_config(config, "model config");
+  const WeightSource source = random_weight_source(init_seed, static_cast<float>(config.initializer_range));
+  return LlamaModel(std::make_unique<Impl>(config, options, build_llama_weights_by_unit(config, options, source, load_unit)));
+}
+
 std::vector<ParamUnit> LlamaModel::param_units() { return impl_->weights.units(); }
 int LlamaModel::num_units() const { return static_cast<int>(impl_->config.num_hidden_layers) + 1; }
 void LlamaModel::set_unit_hooks(UnitHooks* hooks) { impl_->hooks = hooks; }

@@ -84,6 +84,10 @@ class UnitHooks {
 };
 
 using UnitBuiltCallback = std::function<void(int unit, ParamUnit& contents)>;
+// A loader that builds units itself from a skeleton and a reader of any element range of their
+// tensors (model/llama_weights.h): a sharded loader reads only its shard of each unit.
+class UnitReader;
+using UnitLoader = std::function<void(int unit, ParamUnit& skeleton, const UnitReader& reader)>;
 
 class LlamaModel {
  public:
@@ -97,6 +101,12 @@ class LlamaModel {
   // would write (so a preset and its init-model directory train identically).
   static LlamaModel random(const LlamaConfig& config, uint64_t init_seed, const ModelOptions& options,
                            const UnitBuiltCallback& on_unit_built = {});
+  // The same models, each unit built by `load_unit` (which keeps what it builds: the model's
+  // tensors stay unallocated until its unit hooks fill them).
+  static LlamaModel load(const LlamaConfig& config, const ModelWeights& weights, const ModelOptions& options,
+                         const UnitLoader& load_unit);
+  static LlamaModel random(const LlamaConfig& config, uint64_t init_seed, const ModelOptions& options,
+                           const UnitLoader& load_unit);
 
   LlamaModel(LlamaModel&&) noexcept;
   LlamaModel& operator=(LlamaModel&&) noexcept;

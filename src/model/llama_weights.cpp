@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <set>
 #include <stdexcept>
 
 #include "backend/cuda_backend.h"
@@ -32,6 +33,7 @@ std::vector<int64_t> dims_of(const Shape& shape) {
 TrainableTensor make_trainable(std::string name, const Shape& shape, DType activation) {
   TrainableTensor t;
   t.name = std::move(name);
+  t.shape = shape;
   t.master = Tensor::zeros(shape, DType::F32);
   t.grad = Tensor::zeros(shape, DType::F32);
   if (activation != DType::F32) t.compute = Tensor::zeros(shape, activation);
@@ -104,6 +106,47 @@ void validate_options(const LlamaConfig& config, const ModelOptions& o) {
 
 bool is_linear(const std::string& name) {
   return ends_with(name, "_proj.weight");
+}
+
+// Values arrive in the activation dtype first, as fsdp_qlora loads the checkpoint in its compute
+// dtype before quantising or training it — except under fp16_autocast, where it loads fp32
+// (torch_dtype float32) and only the frozen dense weights are kept in half, the dtype autocast
+// would cast them to for every matmul.
+DType load_dtype(DType activation, const ModelOptions& options, const std::string& name) {
+  const bool load_fp32 = activation == DType::F16 && (options.train_base || (options.quantize_base && is_linear(name)));
+  return load_fp32 ? DType::F32 : activation;
+}
+
+// Where each HF tensor goes.
+std::map<std::string, BaseWeight*> weight_slots(LlamaWeights& w, const LlamaConfig& config) {
+  std::map<std::string, BaseWeight*> slots;
+  slots["model.embed_tokens.weight"] = &w.embedding;
+  slots["model.norm.weight"] = &w.final_norm;
+  if (!w.tied_head) slots["lm_head.weight"] = &w.lm_head;
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    LayerWeights& layer = w.layers[static_cast<size_t>(i)];
+    const std::string prefix = fmt::format("model.layers.{}.", i);
+    slots[prefix + "input_layernorm.weight"] = &layer.input_norm;
+    slots[prefix + "post_attention_layernorm.weight"] = &layer.post_norm;
+    for (int m = 0; m < kLinearModules; ++m)
+      slots[fmt::format("{}{}.{}.weight", prefix, linear_module_group(m), linear_module_name(m))] = &layer.linear[m];
+  }
+  return slots;
+}
+
+// The unit an HF tensor belongs to.
+int unit_of(const std::string& name) {
+  static const std::string prefix = "model.layers.";
+  if (name.rfind(prefix, 0) != 0) return kRootUnit;
+  return layer_unit(std::stoll(name.substr(prefix.size())));
+}
+
+LlamaWeights empty_weights(const LlamaConfig& config, const ModelOptions& options) {
+  LlamaWeights w;
+  w.activation = activation_dtype(options.precision);
+  w.tied_head = config.tie_word_embeddings;
+  w.layers.resize(static_cast<size_t>(config.num_hidden_layers));
+  return w;
 }
 
 }  // namespace
@@ -269,7 +312,7 @@ std::vector<LoraAdapter*> LlamaWeights::adapters() {
 }
 
 WeightSource file_weight_source(const ModelWeights& files) {
-  return [&files](const TensorSpec& spec, size_t, TensorView out) {
+  return [&files](const TensorSpec& spec, size_t, int64_t first, TensorView out) {
     const TensorInfo* info = files.find(spec.name);
     if (!info) {
       (void)files.bytes(spec.name);  // throws the directory's "not found, did you mean" error
@@ -281,7 +324,9 @@ WeightSource file_weight_source(const ModelWeights& files) {
     if (info->dtype != DType::BF16 && info->dtype != DType::F16 && info->dtype != DType::F32)
       fail("model '{}': tensor '{}' is stored as {}; fsdpq loads BF16, F16 or F32 checkpoints", files.directory().string(),
            spec.name, dtype_name(info->dtype));
-    const std::span<const std::byte> bytes = files.bytes(spec.name);
+    const uint64_t element = dtype_size(info->dtype);
+    const std::span<const std::byte> bytes =
+        files.bytes(spec.name, static_cast<uint64_t>(first) * element, static_cast<uint64_t>(out.numel()) * element);
     convert_file_values(bytes.data(), info->dtype, out);
     // A sharded loader keeps only its shard of this: the mapped file pages need not stay resident.
     files.file_of(spec.name).release_pages(bytes);
@@ -289,7 +334,7 @@ WeightSource file_weight_source(const ModelWeights& files) {
 }
 
 WeightSource random_weight_source(uint64_t seed, float stddev) {
-  return [seed, stddev](const TensorSpec& spec, size_t spec_index, TensorView out) {
+  return [seed, stddev](const TensorSpec& spec, size_t spec_index, int64_t first, TensorView out) {
     const int64_t n = out.numel();
     const bool norm = ends_with(spec.name, "norm.weight");  // as init_model: RMSNorm weights are exactly 1
     if (out.dtype == DType::BF16) {
@@ -297,11 +342,11 @@ WeightSource random_weight_source(uint64_t seed, float stddev) {
       if (norm)
         std::fill(values.begin(), values.end(), float_to_bf16(1.0f));
       else
-        fill_normal_bf16(seed, spec_index, 0, stddev, values);
+        fill_normal_bf16(seed, spec_index, static_cast<uint64_t>(first), stddev, values);
       return;
     }
     std::vector<uint16_t> values(static_cast<size_t>(n), float_to_bf16(1.0f));
-    if (!norm) fill_normal_bf16(seed, spec_index, 0, stddev, values);
+    if (!norm) fill_normal_bf16(seed, spec_index, static_cast<uint64_t>(first), stddev, values);
     convert_file_values(reinterpret_cast<const std::byte*>(values.data()), DType::BF16, out);  // F32 or F16
   };
 }
@@ -309,9 +354,10 @@ WeightSource random_weight_source(uint64_t seed, float stddev) {
 namespace {
 
 // PEFT LoRA on the targeted linears of one layer (A kaiming-uniform from the seed and the module's
-// name, so the values do not depend on the order layers are built in; B zero).
+// name, so the values do not depend on the order layers are built in; B zero). A skeleton's
+// adapters have names and shapes only.
 void add_adapters(LayerWeights& layer, const LlamaConfig& config, const ModelOptions& options, int64_t i,
-                  DType activation) {
+                  DType activation, bool skeleton = false) {
   for (int m = 0; m < kLinearModules; ++m) {
     const std::string module = linear_module_name(m);
     if (std::find(options.lora_targets.begin(), options.lora_targets.end(), module) == options.lora_targets.end())
@@ -319,6 +365,14 @@ void add_adapters(LayerWeights& layer, const LlamaConfig& config, const ModelOpt
     const auto [out, in] = linear_shape(config, module);
     auto adapter = std::make_unique<LoraAdapter>();
     adapter->prefix = fmt::format("base_model.model.model.layers.{}.{}.{}", i, linear_module_group(m), module);
+    if (skeleton) {
+      adapter->A.name = adapter->prefix + ".lora_A.weight";
+      adapter->A.shape = Shape{options.lora_rank, in};
+      adapter->B.name = adapter->prefix + ".lora_B.weight";
+      adapter->B.shape = Shape{out, options.lora_rank};
+      layer.lora[m] = std::move(adapter);
+      continue;
+    }
     adapter->A = make_trainable(adapter->prefix + ".lora_A.weight", Shape{options.lora_rank, in}, activation);
     adapter->B = make_trainable(adapter->prefix + ".lora_B.weight", Shape{out, options.lora_rank}, activation);
     lora_init_a(adapter->A.master.data<float>(), options.lora_rank, in, options.seed, adapter->prefix);
@@ -334,32 +388,10 @@ void add_adapters(LayerWeights& layer, const LlamaConfig& config, const ModelOpt
 LlamaWeights build_llama_weights(const LlamaConfig& config, const ModelOptions& options, const WeightSource& source,
                                  const UnitBuilt& on_unit_built) {
   validate_options(config, options);
-  LlamaWeights w;
-  w.activation = activation_dtype(options.precision);
-  w.tied_head = config.tie_word_embeddings;
-  w.layers.resize(static_cast<size_t>(config.num_hidden_layers));
-
-  // Where each HF tensor goes.
-  std::map<std::string, BaseWeight*> slots;
-  slots["model.embed_tokens.weight"] = &w.embedding;
-  slots["model.norm.weight"] = &w.final_norm;
-  if (!w.tied_head) slots["lm_head.weight"] = &w.lm_head;
-  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
-    LayerWeights& layer = w.layers[static_cast<size_t>(i)];
-    const std::string prefix = fmt::format("model.layers.{}.", i);
-    slots[prefix + "input_layernorm.weight"] = &layer.input_norm;
-    slots[prefix + "post_attention_layernorm.weight"] = &layer.post_norm;
-    for (int m = 0; m < kLinearModules; ++m)
-      slots[fmt::format("{}{}.{}.weight", prefix, linear_module_group(m), linear_module_name(m))] = &layer.linear[m];
-  }
-
+  LlamaWeights w = empty_weights(config, options);
+  const std::map<std::string, BaseWeight*> slots = weight_slots(w, config);
   const std::vector<TensorSpec> specs = hf_tensor_specs(config);
-  // The unit each tensor belongs to, and the last tensor of each unit (when it is complete).
-  auto unit_of = [](const std::string& name) -> int {
-    static const std::string prefix = "model.layers.";
-    if (name.rfind(prefix, 0) != 0) return kRootUnit;
-    return layer_unit(std::stoll(name.substr(prefix.size())));
-  };
+  // The last tensor of each unit (when it is complete).
   std::vector<size_t> last_spec(static_cast<size_t>(config.num_hidden_layers) + 1, 0);
   for (size_t index = 0; index < specs.size(); ++index) last_spec[static_cast<size_t>(unit_of(specs[index].name))] = index;
 
@@ -368,18 +400,13 @@ LlamaWeights build_llama_weights(const LlamaConfig& config, const ModelOptions& 
     BaseWeight& slot = *slots.at(spec.name);
     slot.name = spec.name;
     slot.shape = shape_of(spec.shape);
-    // Values arrive in the activation dtype first, as fsdp_qlora loads the checkpoint in its
-    // compute dtype before quantising or training it — except under fp16_autocast, where it loads
-    // fp32 (torch_dtype float32) and only the frozen dense weights are kept in half, the dtype
-    // autocast would cast them to for every matmul.
-    const bool load_fp32 =
-        w.activation == DType::F16 && (options.train_base || (options.quantize_base && is_linear(spec.name)));
-    Tensor loaded = Tensor::empty(slot.shape, load_fp32 ? DType::F32 : w.activation);
-    source(spec, index, loaded.view());
+    Tensor loaded = Tensor::empty(slot.shape, load_dtype(w.activation, options, spec.name));
+    source(spec, index, 0, loaded.view());
     if (options.train_base) {
       slot.trainable = std::make_unique<TrainableTensor>();
       TrainableTensor& t = *slot.trainable;
       t.name = spec.name;
+      t.shape = slot.shape;
       t.master = Tensor::empty(slot.shape, DType::F32);
       copy_convert(t.master.view(), loaded.view());
       t.grad = Tensor::zeros(slot.shape, DType::F32);
@@ -410,6 +437,118 @@ LlamaWeights build_llama_weights(const LlamaConfig& config, const ModelOptions& 
     ParamUnit root = w.unit(kRootUnit);
     on_unit_built(kRootUnit, root);
   }
+  return w;
+}
+
+namespace {
+
+// The values build_llama_weights would give each tensor, for any element range.
+class SourceUnitReader final : public UnitReader {
+ public:
+  SourceUnitReader(const LlamaConfig& config, const ModelOptions& options, DType activation, const WeightSource& source)
+      : options_(options), activation_(activation), source_(source), specs_(hf_tensor_specs(config)) {}
+
+  void add_weight(const BaseWeight& w, size_t spec_index) {
+    base_[&w] = spec_index;
+    if (w.trainable) base_trainable_[w.trainable.get()] = spec_index;
+  }
+  void add_adapter(const LoraAdapter& a) {
+    adapter_a_[&a.A] = &a;
+    adapter_b_.insert(&a.B);
+  }
+
+  DType frozen_dtype(const BaseWeight& w) const override { return load_dtype(activation_, options_, w.name); }
+
+  void read_frozen(const BaseWeight& w, int64_t first, int64_t count, void* out) const override {
+    check_range(w.name, w.shape, first, count);
+    const size_t index = base_.at(&w);
+    source_(specs_[index], index, first, TensorView{out, frozen_dtype(w), Shape{count}});
+  }
+
+  void read_master(const TrainableTensor& t, int64_t first, int64_t count, float* out) const override {
+    check_range(t.name, t.shape, first, count);
+    if (auto it = base_trainable_.find(&t); it != base_trainable_.end()) {
+      // As build_llama_weights: loaded in the load dtype, then made fp32 exactly.
+      const DType dtype = load_dtype(activation_, options_, t.name);
+      if (dtype == DType::F32) {
+        source_(specs_[it->second], it->second, first, TensorView{out, DType::F32, Shape{count}});
+        return;
+      }
+      Tensor loaded = Tensor::empty(Shape{count}, dtype);
+      source_(specs_[it->second], it->second, first, loaded.view());
+      copy_convert(TensorView{out, DType::F32, Shape{count}}, loaded.view());
+      return;
+    }
+    if (auto it = adapter_a_.find(&t); it != adapter_a_.end()) {
+      // A is drawn whole (r x in values, small) and cut.
+      std::vector<float> a(static_cast<size_t>(t.shape.numel()));
+      lora_init_a(a.data(), t.shape.dims[0], t.shape.dims[1], options_.seed, it->second->prefix);
+      std::copy_n(a.begin() + first, count, out);
+      return;
+    }
+    if (adapter_b_.count(&t)) {
+      std::vector<float> b(static_cast<size_t>(count));
+      lora_init_b(b.data(), count);
+      std::copy(b.begin(), b.end(), out);
+      return;
+    }
+    throw std::logic_error("UnitReader: '" + t.name + "' is not a tensor of this model");
+  }
+
+ private:
+  static void check_range(const std::string& name, const Shape& shape, int64_t first, int64_t count) {
+    if (first < 0 || count < 0 || first + count > shape.numel())
+      throw std::logic_error(fmt::format("UnitReader: elements [{}, {}) of '{}', which has {}", first, first + count,
+                                         name, shape.numel()));
+  }
+
+  const ModelOptions& options_;
+  DType activation_;
+  const WeightSource& source_;
+  std::vector<TensorSpec> specs_;
+  std::map<const BaseWeight*, size_t> base_;
+  std::map<const TrainableTensor*, size_t> base_trainable_;
+  std::map<const TrainableTensor*, const LoraAdapter*> adapter_a_;
+  std::set<const TrainableTensor*> adapter_b_;
+};
+
+}  // namespace
+
+LlamaWeights build_llama_weights_by_unit(const LlamaConfig& config, const ModelOptions& options,
+                                         const WeightSource& source, const UnitLoader& load_unit) {
+  validate_options(config, options);
+  LlamaWeights w = empty_weights(config, options);
+  const std::map<std::string, BaseWeight*> slots = weight_slots(w, config);
+  const std::vector<TensorSpec> specs = hf_tensor_specs(config);
+  SourceUnitReader reader(config, options, w.activation, source);
+  for (size_t index = 0; index < specs.size(); ++index) {
+    const TensorSpec& spec = specs[index];
+    BaseWeight& slot = *slots.at(spec.name);
+    slot.name = spec.name;
+    slot.shape = shape_of(spec.shape);
+    if (options.train_base) {
+      slot.trainable = std::make_unique<TrainableTensor>();
+      slot.trainable->name = spec.name;
+      slot.trainable->shape = slot.shape;
+    } else if (options.quantize_base && is_linear(spec.name)) {
+      slot.nf4 = std::make_unique<Nf4Tensor>();
+      slot.nf4->numel = slot.shape.numel();
+      slot.nf4->shape = spec.shape;
+      slot.nf4->double_quant = true;
+    }
+    reader.add_weight(slot, index);
+  }
+  for (int64_t i = 0; i < config.num_hidden_layers && !options.train_base; ++i)
+    add_adapters(w.layers[static_cast<size_t>(i)], config, options, i, w.activation, /*skeleton=*/true);
+  for (LoraAdapter* adapter : w.adapters()) reader.add_adapter(*adapter);
+
+  // The order build_llama_weights hands units over in: the layers, then the root.
+  for (int unit = 1; unit <= static_cast<int>(config.num_hidden_layers); ++unit) {
+    ParamUnit contents = w.unit(unit);
+    load_unit(unit, contents, reader);
+  }
+  ParamUnit root = w.unit(kRootUnit);
+  load_unit(kRootUnit, root, reader);
   return w;
 }
 

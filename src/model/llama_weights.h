@@ -28,6 +28,7 @@ const char* linear_module_group(int module);  // "self_attn" or "mlp"
 // An fp32 master the optimizer steps, its fp32 gradient, and the copy the ops compute with.
 struct TrainableTensor {
   std::string name;  // HF or PEFT name
+  Shape shape;       // also known when the tensors are not allocated (a unit built by shards)
   Tensor master;     // F32
   Tensor grad;       // F32, same shape
   Tensor compute;    // activation dtype; left undefined when that is F32 (the master is used)
@@ -105,9 +106,11 @@ struct LlamaWeights {
   void place_on(Device device);
 };
 
-// Fills `out` (F32 or BF16, the spec's shape) with the values of HF tensor `spec`, which is entry
-// `spec_index` of hf_tensor_specs(config).
-using WeightSource = std::function<void(const TensorSpec& spec, size_t spec_index, TensorView out)>;
+// Fills `out` (F32, BF16 or F16) with elements [first, first + out.numel()) of HF tensor `spec`
+// (flat, row-major), which is entry `spec_index` of hf_tensor_specs(config). A whole tensor is
+// first = 0 with `out` of the spec's shape; a sharded loader asks for its part only.
+using WeightSource =
+    std::function<void(const TensorSpec& spec, size_t spec_index, int64_t first, TensorView out)>;
 // Reads the tensor from an HF directory (BF16, F16 or F32 files), checking its shape.
 WeightSource file_weight_source(const ModelWeights& files);
 // The values `fsdpq init-model --seed seed` writes: Normal(0, stddev) per tensor stream, norms 1.
@@ -121,5 +124,27 @@ using UnitBuilt = std::function<void(int unit, ParamUnit& contents)>;
 // Validates the options (fails with the option's name) and builds every weight and adapter.
 LlamaWeights build_llama_weights(const LlamaConfig& config, const ModelOptions& options, const WeightSource& source,
                                  const UnitBuilt& on_unit_built = {});
+
+// For a loader that builds each unit itself, and only part of it (a rank of a shard group reads
+// and quantises only its shard): the values of any element range of a unit's tensors, exactly
+// as build_llama_weights would compute them.
+class UnitReader {
+ public:
+  virtual ~UnitReader() = default;
+  // The dtype a frozen weight's values come in: what is quantised to NF4, or what a dense weight
+  // is stored as.
+  virtual DType frozen_dtype(const BaseWeight& weight) const = 0;
+  // Elements [first, first + count) of a frozen weight in frozen_dtype(weight).
+  virtual void read_frozen(const BaseWeight& weight, int64_t first, int64_t count, void* out) const = 0;
+  // Elements [first, first + count) of a trainable tensor's initial fp32 master.
+  virtual void read_master(const TrainableTensor& tensor, int64_t first, int64_t count, float* out) const = 0;
+};
+
+// Builds the weights as skeletons — every name and shape, NF4 weights with numel, shape and
+// double_quant but no data or offset, trainables and adapters without tensors — and hands each
+// unit to `load_unit` (the layers in order, then the root, as build_llama_weights), which fills
+// what it keeps.
+LlamaWeights build_llama_weights_by_unit(const LlamaConfig& config, const ModelOptions& options,
+                                         const WeightSource& source, const UnitLoader& load_unit);
 
 }  // namespace fsdpq

@@ -8,6 +8,7 @@
 #include "backend/cuda_backend.h"
 #include "dist/fsdp_engine.h"
 #include "dist/process_groups.h"
+#include "dist/shard_loader.h"
 #include "io/model_files.h"
 #include "optim/clip.h"
 #include "optim/lr_schedule.h"
@@ -83,10 +84,29 @@ ModelOptions model_options_from(const TrainConfig& c) {
   return o;
 }
 
-LlamaModel build_model(const RunPlan& plan, const ModelOptions& options, const UnitBuiltCallback& on_unit_built) {
-  if (plan.model.is_preset()) return LlamaModel::random(plan.model.config, 0, options, on_unit_built);
+namespace {
+
+template <class Receiver>
+LlamaModel build_model_with(const RunPlan& plan, const ModelOptions& options, const Receiver& receiver,
+                            uint64_t* bytes_read) {
+  if (bytes_read) *bytes_read = 0;
+  if (plan.model.is_preset()) return LlamaModel::random(plan.model.config, 0, options, receiver);
   ModelWeights weights = ModelWeights::open(plan.model.directory);
-  return LlamaModel::load(plan.model.config, weights, options, on_unit_built);
+  LlamaModel model = LlamaModel::load(plan.model.config, weights, options, receiver);
+  if (bytes_read) *bytes_read = weights.bytes_read();
+  return model;
+}
+
+}  // namespace
+
+LlamaModel build_model(const RunPlan& plan, const ModelOptions& options, const UnitBuiltCallback& on_unit_built,
+                       uint64_t* bytes_read) {
+  return build_model_with(plan, options, on_unit_built, bytes_read);
+}
+
+LlamaModel build_model(const RunPlan& plan, const ModelOptions& options, const UnitLoader& load_unit,
+                       uint64_t* bytes_read) {
+  return build_model_with(plan, options, load_unit, bytes_read);
 }
 
 double evaluate_loss(LlamaModel& model, const std::vector<data::Example>& examples, int64_t batch_size,
@@ -124,12 +144,22 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
   // use_cpu_offload keeps the shards' masters, gradients and optimizer state in host memory and
   // steps them on the CPU; otherwise they live (and are stepped) where the model computes.
   const Device state_device = c.use_cpu_offload ? Device::CPU : device;
-  FsdpEngine engine(groups, {activation_dtype(options.precision), device, state_device, optimizer},
+  FsdpEngine engine(groups,
+                    {.compute_dtype = activation_dtype(options.precision),
+                     .device = device,
+                     .state_device = state_device,
+                     .optimizer = optimizer},
                     static_cast<int>(plan.model.config.num_hidden_layers) + 1);
   auto load_start = Clock::now();
   std::optional<LlamaModel> model_slot;
+  uint64_t read_bytes = 0;
   run_on_all_ranks(world, [&] {
-    model_slot.emplace(build_model(plan, options, [&](int unit, ParamUnit& contents) { engine.adopt_unit(unit, contents); }));
+    // One rank keeps whole units; a rank of a larger shard group reads and builds only its shards.
+    if (engine.resident())
+      model_slot.emplace(build_model(
+          plan, options, [&](int unit, ParamUnit& contents) { engine.adopt_unit(unit, contents); }, &read_bytes));
+    else
+      model_slot.emplace(build_model(plan, options, shard_loader(world, engine), &read_bytes));
   });
   LlamaModel& model = *model_slot;
   engine.attach(model);
@@ -141,12 +171,16 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
   const HostMemory memory = host_memory();
   const double peak_host = groups.world->all_reduce_max(static_cast<double>(memory.peak_resident));
   const double private_host = groups.world->all_reduce_max(static_cast<double>(memory.private_now));
+  std::vector<int64_t> read_per_rank(static_cast<size_t>(world.size), 0);
+  read_per_rank[static_cast<size_t>(world.rank)] = static_cast<int64_t>(read_bytes);
+  groups.world->all_reduce(read_per_rank.data(), read_per_rank.size(), CommType::I64, ReduceOp::Sum).wait();
   log::info("model ready in {:.1f} s ({} on {} rank{}): this rank holds {} of {} frozen and {} of {} trainable; host "
-            "memory per rank (largest): {} private now, peak resident {} (incl. mapped model files)",
+            "memory per rank (largest): {} private now, peak resident {} (incl. mapped model files); read {} of the "
+            "model files on this rank",
             seconds_since(load_start), sharding_strategy_name(groups.strategy), world.size, world.size == 1 ? "" : "s",
             human_bytes(static_cast<double>(held.frozen)), human_bytes(static_cast<double>(held.model_frozen)),
             human_bytes(static_cast<double>(held.trainable)), human_bytes(static_cast<double>(held.model_trainable)),
-            human_bytes(private_host), human_bytes(peak_host));
+            human_bytes(private_host), human_bytes(peak_host), human_bytes(static_cast<double>(read_bytes)));
 
   maybe_inject_fault(world, "after_load");
   const BatchPlan& bp = plan.batches;
@@ -186,6 +220,7 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
                            {"model_frozen", held.model_frozen}, {"model_trainable", held.model_trainable}};
   header["peak_host_memory_after_load_bytes"] = peak_host;
   header["private_host_memory_after_load_bytes"] = private_host;
+  header["load_read_bytes_per_rank"] = read_per_rank;  // of the model files (none for a preset)
   if (appending) header["resumed_from"] = {{"checkpoint", resume_from->string()}, {"step", position.step}};
   metrics.write(header);
   Progress progress = world.is_root() ? Progress(c.log_to, c.output_dir) : Progress();

@@ -26,8 +26,13 @@ struct TrainingOutcome {
 ModelOptions model_options_from(const TrainConfig& config);
 // The model of a plan: a preset's random weights (init-model's seed 0, so `preset:X` and the
 // directory `fsdpq init-model --preset X` writes train identically) or an HF directory's.
-// With `on_unit_built`, each unit is handed over as soon as it is built (sharded loading).
-LlamaModel build_model(const RunPlan& plan, const ModelOptions& options, const UnitBuiltCallback& on_unit_built = {});
+// With `on_unit_built`, each unit is handed over as soon as it is built. `bytes_read`, when given,
+// receives what was read of the model files (0 for a preset, which reads none).
+LlamaModel build_model(const RunPlan& plan, const ModelOptions& options, const UnitBuiltCallback& on_unit_built = {},
+                       uint64_t* bytes_read = nullptr);
+// The same model, each unit built by `load_unit` (dist/shard_loader.h: a rank reads only its shards).
+LlamaModel build_model(const RunPlan& plan, const ModelOptions& options, const UnitLoader& load_unit,
+                       uint64_t* bytes_read = nullptr);
 
 TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPlan& plan, const GpuInfo& gpu);
 

@@ -185,6 +185,11 @@ TEST_P(Equivalence, SameLossesAndWeightsAtOneTwoAndFourRanks) {
         const double model_frozen = b.at("model_frozen"), model_trainable = b.at("model_trainable");
         EXPECT_NEAR(frozen, model_frozen / ranks, 0.01 * model_frozen / ranks + 64 * 3);
         EXPECT_NEAR(trainable, model_trainable / ranks, 0.01 * model_trainable / ranks + 64 * 3);
+        // Each rank read about its share of the model file (tests/mpi/shard_load_tests.h checks it closely).
+        const double file_bytes = static_cast<double>(fs::file_size(dir_ / "demo/model/model.safetensors"));
+        const auto& read = header.at("load_read_bytes_per_rank");
+        ASSERT_EQ(read.size(), static_cast<size_t>(ranks));
+        for (const auto& bytes : read) EXPECT_NEAR(bytes.get<double>(), file_bytes / ranks, 0.1 * file_bytes / ranks);
       }
     }
 }
@@ -197,10 +202,10 @@ INSTANTIATE_TEST_SUITE_P(TrainTypes, Equivalence, ::testing::Values("lora", "qlo
                          });
 
 
-// Sharded loading: each rank keeps its shard of each layer as it is built and frees the rest,
-// and the mapped file pages leave its resident set, so the peak per rank falls with the rank
-// count. A 1.1B-parameter QLoRA model (measured 2026-12-03: peak resident per rank 637 MiB on 1
-// rank, 370 on 2, 245 on 4; whole NF4 model 479 MiB). The run stops right after loading.
+// Sharded loading: each rank reads and builds only its shard of each unit, and the mapped file
+// pages leave its resident set, so the peak per rank falls with the rank count. A 1.1B-parameter
+// QLoRA model (measured 2026-12-03: peak resident per rank 637 MiB on 1 rank, 363 on 2, 218 on 4;
+// whole NF4 model 479 MiB; docs/sharding.md). The run stops right after loading.
 TEST_F(DistTrain, PeakHostMemoryPerRankFallsWithTheRankCount) {
   auto r = run_command("cd '" + dir_.string() + "' && '" + FSDPQ_BINARY +
                        "' init-model --preset tinyllama-1.1b --vocab_size 260 --out big --overwrite");
@@ -222,6 +227,17 @@ TEST_F(DistTrain, PeakHostMemoryPerRankFallsWithTheRankCount) {
   EXPECT_LT(four, 0.5 * one) << "4 ranks: " << four << " MiB vs 1 rank: " << one << " MiB";
   EXPECT_LT(four, 479.0) << "no rank of 4 holds as much as the whole model";
   fs::remove_all(dir_ / "big");
+}
+
+// A failure while one rank reads its shard of a unit ends every rank with that rank's message
+// (each unit's reading is agreed before its collective), promptly, with no rank left waiting.
+TEST_F(DistTrain, AFailureOnOneRankWhileLoadingAUnitEndsEveryRankWithItsMessage) {
+  const auto start = std::chrono::steady_clock::now();
+  auto r = mpirun(2, args("qlora", 2, "load_fail"), "FSDPQ_INJECT_FAULT=1:load_unit_2");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("injected fault at load_unit_2"), std::string::npos) << r.output;
+  EXPECT_LT(seconds, 60.0);
 }
 
 // ---- Checkpoints and resume --------------------------------------------------------------------

@@ -82,6 +82,30 @@ TEST(SafetensorsRoundTrip, EveryDtypeWithMetadata) {
   }());
 }
 
+// A sharded loader reads byte ranges of a tensor; the counter says how much was handed out.
+TEST(SafetensorsRead, ByteRangesOfATensorAndTheBytesReadCounter) {
+  auto dir = make_temp_dir("st_range");
+  std::mt19937_64 rng(7);
+  const auto a = random_bytes(40, rng), b = random_bytes(24, rng);
+  write_safetensors(dir / "r.safetensors", {{{"a", DType::F32, {10}}, a}, {{"b", DType::BF16, {3, 4}}, b}});
+  SafetensorsFile file = SafetensorsFile::open(dir / "r.safetensors");
+  EXPECT_EQ(file.bytes_read(), 0u);
+  const TensorInfo& tb = *file.find("b");
+  EXPECT_EQ(bytes_of(file.bytes(tb, 6, 10)), std::vector<std::byte>(b.begin() + 6, b.begin() + 16));
+  EXPECT_EQ(file.bytes_read(), 10u);
+  EXPECT_EQ(file.bytes(tb, 24, 0).size(), 0u);
+  EXPECT_EQ(bytes_of(file.bytes(*file.find("a"))), a);
+  EXPECT_EQ(file.bytes_read(), 50u);
+  EXPECT_NE(error_of([&] { (void)file.bytes(tb, 20, 8); }).find("bytes [20, 28) asked of tensor 'b', which has 24 bytes"),
+            std::string::npos);
+  EXPECT_EQ(file.bytes_read(), 50u) << "a refused range is not counted";
+
+  fs::rename(dir / "r.safetensors", dir / kSingleWeightsFile);
+  ModelWeights weights = ModelWeights::open(dir);
+  EXPECT_EQ(bytes_of(weights.bytes("a", 4, 8)), std::vector<std::byte>(a.begin() + 4, a.begin() + 12));
+  EXPECT_EQ(weights.bytes_read(), 8u);
+}
+
 TEST(SafetensorsRoundTrip, ChunkedWritesAcrossTensorBoundaries) {
   const fs::path dir = make_temp_dir("st_chunks");
   std::mt19937_64 rng(12);
