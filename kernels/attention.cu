@@ -1,7 +1,8 @@
 // Tiled causal attention. Every kernel uses 256 threads as a 16 x 16 grid (tx, ty) and square
 // tiles of BT query rows x BT key rows; thread (tx, ty) owns score entries (ty + 16i, tx + 16j)
-// and output entries (row ty + 16i, column tx + 16j), so shared-memory reads are broadcasts or
-// conflict-free (panel rows are padded to an odd stride). BT = 64 for D ≤ 128, 32 above, which
+// and output entries (row ty + 16i, column tx + 16j). Panels hold D rounded up to 4 columns (the
+// extra ones zero) so the dot products read float4s; their row stride is an odd number of float4s,
+// which makes those reads broadcasts or conflict-free. BT = 64 for D ≤ 128, 32 above, which
 // keeps the shared memory of the backward below 227 KB at D = 256.
 #include <cmath>
 #include <stdexcept>
@@ -32,24 +33,32 @@ __device__ __forceinline__ void store_any(void* p, KType t, int64_t i, float v) 
   }
 }
 
+// a . b over four lanes, in lane order (the pad lanes are zero).
+__device__ __forceinline__ float dot4(float4 a, float4 b) {
+  return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+}
+
 struct Dims {
   int B, T, H, KV, D;
-  int ld;       // padded row stride of a [BT, D] panel in shared memory (odd)
+  int dp;       // D rounded up to a multiple of 4 (columns D.. are zero in the panels)
+  int ld;       // row stride of a [BT, dp] panel in shared memory: an odd number of float4s
   float scale;  // 1 / sqrt(D), as the CPU computes it
 };
 
-int odd_stride(int D) { return D % 2 == 0 ? D + 1 : D + 2; }
+int padded_dim(int D) { return (D + 3) / 4 * 4; }
+int panel_stride(int dp) { return (dp / 4) % 2 == 1 ? dp : dp + 4; }
 
 // Rows [t0, t0 + BT) of head `head` of a [B, T, heads, D] tensor into a [BT, ld] panel (zeros
-// past T).
+// past T and in columns D..dp).
 template <int BT>
 __device__ __forceinline__ void load_panel(float* panel, const void* x, KType type, const Dims& d, int b, int t0,
                                            int heads, int head) {
-  for (int idx = threadIdx.x; idx < BT * d.D; idx += kThreads) {
-    const int r = idx / d.D, c = idx - r * d.D;
+  for (int idx = threadIdx.x; idx < BT * d.dp; idx += kThreads) {
+    const int r = idx / d.dp, c = idx - r * d.dp;
     const int t = t0 + r;
-    panel[r * d.ld + c] =
-        t < d.T ? load_any(x, type, ((static_cast<int64_t>(b) * d.T + t) * heads + head) * d.D + c) : 0.0f;
+    panel[r * d.ld + c] = t < d.T && c < d.D
+                              ? load_any(x, type, ((static_cast<int64_t>(b) * d.T + t) * heads + head) * d.D + c)
+                              : 0.0f;
   }
 }
 
@@ -60,7 +69,8 @@ __global__ void __launch_bounds__(kThreads)
                              KType k_type, const void* v, KType v_type, Dims d) {
   constexpr int RI = BT / 16;         // score rows / cols per thread
   constexpr int TPR = kThreads / BT;  // threads per row in the softmax update
-  extern __shared__ float smem[];
+  extern __shared__ float4 smem4[];  // float4: 16-byte aligned
+  float* smem = reinterpret_cast<float*>(smem4);
   float* q_s = smem;                   // [BT, ld]
   float* kv_s = q_s + BT * d.ld;       // [BT, ld]: the K tile, then the V tile
   float* s_s = kv_s + BT * d.ld;       // [BT, BT + 1]: scores, then probabilities
@@ -89,16 +99,16 @@ __global__ void __launch_bounds__(kThreads)
     load_panel<BT>(kv_s, k, k_type, d, b, k0, d.KV, kvh);
     __syncthreads();
     float s[RI][RI] = {};
-    for (int c = 0; c < d.D; ++c) {
-      float qv[RI], kv[RI];
+    for (int c = 0; c < d.dp; c += 4) {
+      float4 qv[RI], kv[RI];
 #pragma unroll
-      for (int i = 0; i < RI; ++i) qv[i] = q_s[(ty + 16 * i) * d.ld + c];
+      for (int i = 0; i < RI; ++i) qv[i] = *reinterpret_cast<const float4*>(q_s + (ty + 16 * i) * d.ld + c);
 #pragma unroll
-      for (int j = 0; j < RI; ++j) kv[j] = kv_s[(tx + 16 * j) * d.ld + c];
+      for (int j = 0; j < RI; ++j) kv[j] = *reinterpret_cast<const float4*>(kv_s + (tx + 16 * j) * d.ld + c);
 #pragma unroll
       for (int i = 0; i < RI; ++i)
 #pragma unroll
-        for (int j = 0; j < RI; ++j) s[i][j] += qv[i] * kv[j];
+        for (int j = 0; j < RI; ++j) s[i][j] += dot4(qv[i], kv[j]);
     }
 #pragma unroll
     for (int i = 0; i < RI; ++i)
@@ -201,7 +211,8 @@ __global__ void __launch_bounds__(kThreads)
                         const void* k, KType k_type, const void* v, KType v_type, const float* lse,
                         const float* drow, Dims d) {
   constexpr int RI = BT / 16;
-  extern __shared__ float smem[];
+  extern __shared__ float4 smem4[];  // float4: 16-byte aligned
+  float* smem = reinterpret_cast<float*>(smem4);
   float* q_s = smem;
   float* do_s = q_s + BT * d.ld;
   float* k_s = do_s + BT * d.ld;
@@ -235,24 +246,24 @@ __global__ void __launch_bounds__(kThreads)
     load_panel<BT>(v_s, v, v_type, d, b, k0, d.KV, kvh);
     __syncthreads();
     float s[RI][RI] = {}, dp[RI][RI] = {};
-    for (int c = 0; c < d.D; ++c) {
-      float qv[RI], dov[RI], kv[RI], vv[RI];
+    for (int c = 0; c < d.dp; c += 4) {
+      float4 qv[RI], dov[RI], kv[RI], vv[RI];
 #pragma unroll
       for (int i = 0; i < RI; ++i) {
-        qv[i] = q_s[(ty + 16 * i) * d.ld + c];
-        dov[i] = do_s[(ty + 16 * i) * d.ld + c];
+        qv[i] = *reinterpret_cast<const float4*>(q_s + (ty + 16 * i) * d.ld + c);
+        dov[i] = *reinterpret_cast<const float4*>(do_s + (ty + 16 * i) * d.ld + c);
       }
 #pragma unroll
       for (int j = 0; j < RI; ++j) {
-        kv[j] = k_s[(tx + 16 * j) * d.ld + c];
-        vv[j] = v_s[(tx + 16 * j) * d.ld + c];
+        kv[j] = *reinterpret_cast<const float4*>(k_s + (tx + 16 * j) * d.ld + c);
+        vv[j] = *reinterpret_cast<const float4*>(v_s + (tx + 16 * j) * d.ld + c);
       }
 #pragma unroll
       for (int i = 0; i < RI; ++i)
 #pragma unroll
         for (int j = 0; j < RI; ++j) {
-          s[i][j] += qv[i] * kv[j];
-          dp[i][j] += dov[i] * vv[j];
+          s[i][j] += dot4(qv[i], kv[j]);
+          dp[i][j] += dot4(dov[i], vv[j]);
         }
     }
 #pragma unroll
@@ -301,7 +312,8 @@ __global__ void __launch_bounds__(kThreads)
                           const void* q, KType q_type, const void* k, KType k_type, const void* v, KType v_type,
                           const float* lse, const float* drow, Dims d) {
   constexpr int RI = BT / 16;
-  extern __shared__ float smem[];
+  extern __shared__ float4 smem4[];  // float4: 16-byte aligned
+  float* smem = reinterpret_cast<float*>(smem4);
   float* k_s = smem;
   float* v_s = k_s + BT * d.ld;
   float* q_s = v_s + BT * d.ld;
@@ -338,24 +350,24 @@ __global__ void __launch_bounds__(kThreads)
       }
       __syncthreads();
       float s[RI][RI] = {}, dp[RI][RI] = {};  // [key ty + 16i][query tx + 16j]
-      for (int c = 0; c < d.D; ++c) {
-        float kv[RI], vv[RI], qv[RI], dov[RI];
+      for (int c = 0; c < d.dp; c += 4) {
+        float4 kv[RI], vv[RI], qv[RI], dov[RI];
 #pragma unroll
         for (int i = 0; i < RI; ++i) {
-          kv[i] = k_s[(ty + 16 * i) * d.ld + c];
-          vv[i] = v_s[(ty + 16 * i) * d.ld + c];
+          kv[i] = *reinterpret_cast<const float4*>(k_s + (ty + 16 * i) * d.ld + c);
+          vv[i] = *reinterpret_cast<const float4*>(v_s + (ty + 16 * i) * d.ld + c);
         }
 #pragma unroll
         for (int j = 0; j < RI; ++j) {
-          qv[j] = q_s[(tx + 16 * j) * d.ld + c];
-          dov[j] = do_s[(tx + 16 * j) * d.ld + c];
+          qv[j] = *reinterpret_cast<const float4*>(q_s + (tx + 16 * j) * d.ld + c);
+          dov[j] = *reinterpret_cast<const float4*>(do_s + (tx + 16 * j) * d.ld + c);
         }
 #pragma unroll
         for (int i = 0; i < RI; ++i)
 #pragma unroll
           for (int j = 0; j < RI; ++j) {
-            s[i][j] += qv[j] * kv[i];
-            dp[i][j] += dov[j] * vv[i];
+            s[i][j] += dot4(qv[j], kv[i]);
+            dp[i][j] += dot4(dov[j], vv[i]);
           }
       }
 #pragma unroll
@@ -424,8 +436,9 @@ Dims make_dims(const char* what, int64_t B, int64_t T, int64_t H, int64_t KV, in
   if (B < 0 || T < 0 || H < 0 || KV <= 0 || H % KV != 0 || D < 1 || D > kAttentionMaxHeadDim || T > (1 << 30) ||
       B > 65535 || H > 65535)
     throw std::logic_error(std::string(what) + ": unsupported sizes (need KV > 0, H % KV == 0, 1 <= D <= 256)");
+  const int dp = padded_dim(static_cast<int>(D));
   Dims d{static_cast<int>(B), static_cast<int>(T), static_cast<int>(H), static_cast<int>(KV), static_cast<int>(D),
-         odd_stride(static_cast<int>(D)), 1.0f / std::sqrt(static_cast<float>(D))};
+         dp, panel_stride(dp), 1.0f / std::sqrt(static_cast<float>(D))};
   return d;
 }
 

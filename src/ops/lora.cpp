@@ -126,8 +126,9 @@ void lora_backward(TensorView dx, TensorView dA, TensorView dB, const TensorView
   constexpr const char* op = "lora_backward";
   const LoraDims d = check_lora(op, x, xa, A, B, params);
   check_float(op, "dy", dy);
-  check_dtype(op, "dA", dA, DType::F32);
-  check_dtype(op, "dB", dB, DType::F32);
+  check_that(dA.dtype == DType::F32 && dB.dtype == DType::F32, "{}: dA {} and dB {} must be F32", op, dA.describe(),
+             dB.describe());
+  runs_on_cuda(op, {dx, dA, dB, dy, x});  // every operand on one device
   check_shape(op, "dA", dA, A.shape);
   check_shape(op, "dB", dB, B.shape);
   check_that(dy.shape.rows() == d.rows && dy.shape.last() == d.out, "{}: dy {} does not match x {} and B {}", op,
