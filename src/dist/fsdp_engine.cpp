@@ -376,9 +376,12 @@ void FsdpEngine::reduce_gradients(Unit& u) {
   } else {
     const size_t S = static_cast<size_t>(groups_.shard->size());
     std::vector<float> packed(static_cast<size_t>(u.shard_numel) * S, 0.0f);
+    const auto copies = std::chrono::steady_clock::now();
     for (const TrainableEntry& e : u.trainables)
       copy_bytes(packed.data() + e.offset, Device::CPU, e.tensor->grad.view().data, e.tensor->grad.device(),
                  static_cast<size_t>(e.numel) * sizeof(float));
+    if (options_.device != Device::CPU)
+      times_.offload_copies += std::chrono::duration<double>(std::chrono::steady_clock::now() - copies).count();
     std::vector<float> mine(static_cast<size_t>(u.shard_numel));
     groups_.shard->reduce_scatter(packed.data(), mine.data(), mine.size(), CommType::F32, ReduceOp::Sum).wait();
     groups_.replicate->all_reduce(mine.data(), mine.size(), CommType::F32, ReduceOp::Sum).wait();
@@ -474,6 +477,8 @@ void FsdpEngine::masters_loaded(int64_t optimizer_steps) {
 }
 
 void FsdpEngine::refresh_compute_copies() {
+  const auto start = std::chrono::steady_clock::now();
+  const bool copies = options_.device != Device::CPU && options_.state_device == Device::CPU;
   for (auto& up : units_) {
     Unit& u = *up;
     if (resident()) {
@@ -495,6 +500,7 @@ void FsdpEngine::refresh_compute_copies() {
       store_compute(options_.compute_dtype, u.master.data(), u.shard_numel, u.send.data() + u.frozen_shard_bytes);
     }
   }
+  if (copies) times_.offload_copies += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 void FsdpEngine::gather_masters_into_model() {

@@ -58,10 +58,12 @@ struct ShardBytes {
 };
 
 // Seconds this rank spent blocked on communication since the last take_times(): waiting for
-// parameter all-gathers (what prefetching did not hide) and reducing gradients.
+// parameter all-gathers (what prefetching did not hide) and reducing gradients; and copying
+// between host and GPU when the shards' state lives on the host.
 struct CommTimes {
   double gather_wait = 0;
   double reduce = 0;
+  double offload_copies = 0;  // host⇄device copies of gradients and compute copies (state on the host)
 };
 
 class FsdpEngine final : public UnitHooks {

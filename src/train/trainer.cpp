@@ -68,6 +68,24 @@ nlohmann::json run_header(const ResolvedConfig& resolved, const RunPlan& plan, c
   };
 }
 
+// fsdp_qlora's memory checkpoints: host memory, and on a GPU the allocator's numbers (this rank's).
+nlohmann::json memory_record(const char* at, int64_t step, Device device) {
+  const HostMemory host = host_memory();
+  nlohmann::json r = {{"type", "memory"},
+                      {"at", at},
+                      {"step", step},
+                      {"host_private_bytes", host.private_now},
+                      {"host_peak_resident_bytes", host.peak_resident}};
+  if (device == Device::CUDA) {
+    const MemoryStats m = cuda_memory_stats();
+    r["allocated_bytes"] = m.allocated;
+    r["reserved_bytes"] = m.reserved;
+    r["peak_allocated_bytes"] = m.peak_allocated;
+    r["peak_reserved_bytes"] = m.peak_reserved;
+  }
+  return r;
+}
+
 }  // namespace
 
 ModelOptions model_options_from(const TrainConfig& c) {
@@ -223,6 +241,7 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
   header["load_read_bytes_per_rank"] = read_per_rank;  // of the model files (none for a preset)
   if (appending) header["resumed_from"] = {{"checkpoint", resume_from->string()}, {"step", position.step}};
   metrics.write(header);
+  metrics.write(memory_record("after_load", position.step, device));
   Progress progress = world.is_root() ? Progress(c.log_to, c.output_dir) : Progress();
   const int32_t pad_id = plan.tokenizer->pad_id();
   data::DistributedSampler sampler(static_cast<int64_t>(plan.dataset.train.size()), world.size, world.rank,
@@ -242,6 +261,7 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
     // Per step, summed over ranks: loss × batch size, samples, tokens, target tokens.
     double sums[4] = {0, 0, 0, 0};
     auto step_start = Clock::now();
+    double forward_backward_seconds = 0;
     for (int64_t i = 0; i < usable && step < total_steps; ++i) {
       data::Batch batch = batches.batch(i);
       const bool last_of_step = (i + 1) % gas == 0;
@@ -249,7 +269,12 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
       // fsdp_qlora: loss = output.loss / gradient_accumulation_steps, output.loss the micro-batch mean.
       const double normalizer = static_cast<double>(std::max<int64_t>(batch.target_tokens, 1)) * static_cast<double>(gas);
       const float loss_scale = scaler ? scaler->scale() : 1.0f;
+      const auto fb_start = Clock::now();
       LossSum l = model.forward_backward(batch, normalizer, loss_scale, static_cast<uint64_t>(step * gas + i % gas));
+      if (device == Device::CUDA) cuda_synchronize();  // the phase's time is the GPU's, not the queueing's
+      forward_backward_seconds += seconds_since(fb_start);
+      if (step == 0 && i == 0)
+        metrics.write(memory_record("after_first_forward_backward", step, device));
       sums[0] += l.mean() * static_cast<double>(batch.batch_size);
       sums[1] += static_cast<double>(batch.batch_size);
       sums[2] += static_cast<double>(batch.batch_size * batch.seq_len);
@@ -257,6 +282,7 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
       if (!last_of_step) continue;
 
       // Optimizer step: global grad norm (always measured; clipping when enabled), update, schedule.
+      const auto optimizer_start = Clock::now();
       all.all_reduce(sums, 4, CommType::F64, ReduceOp::Sum).wait();
       const double loss = sums[0] / sums[1];
       // fp16: unscale, and skip the step when any gradient overflowed (the scale backs off).
@@ -276,8 +302,11 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
         engine.skip_step();
       else
         engine.optimizer_step(lr);
+      if (device == Device::CUDA) cuda_synchronize();
+      const double optimizer_seconds = seconds_since(optimizer_start);
       ++step;
       position.samples_in_epoch += static_cast<int64_t>(c.batch_size * gas) * world.size;
+      if (step == 1) metrics.write(memory_record("after_first_step", step, device));
 
       const double seconds = seconds_since(step_start);
       if (step == 1) outcome.first_loss = position.first_loss = loss;
@@ -298,6 +327,15 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
       const CommTimes comm = engine.take_times();  // this rank's (rank 0 writes the metrics)
       record["gather_wait_seconds"] = comm.gather_wait;
       record["reduce_seconds"] = comm.reduce;
+      // Where the step went (seconds, this rank): forward_backward includes the gathers' waits and
+      // the reductions it triggered (also given on their own); optimizer is the all-reduce of the
+      // loss, unscaling, the norm, clipping and the update; offload_copies the host⇄device copies
+      // of gradients and compute copies when the optimizer state lives on the host.
+      record["phase_seconds"] = {{"forward_backward", forward_backward_seconds},
+                                 {"gather_wait", comm.gather_wait},
+                                 {"reduce", comm.reduce},
+                                 {"optimizer", optimizer_seconds},
+                                 {"offload_copies", comm.offload_copies}};
       if (scaler) {
         record["loss_scale"] = loss_scale;  // the scale this step's backward used
         record["skipped"] = skipped;
@@ -337,6 +375,7 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
         return outcome;
       }
       sums[0] = sums[1] = sums[2] = sums[3] = 0;
+      forward_backward_seconds = 0;
       step_start = Clock::now();
     }
   }
@@ -375,6 +414,7 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
     summary["peak_device_reserved_bytes"] = all.all_reduce_max(static_cast<double>(gpu_memory.peak_reserved));
     log::info("GPU memory (this rank): {}", format_memory_stats(gpu_memory));
   }
+  metrics.write(memory_record("end", step, device));
   metrics.write(summary);
   log::info("trained {} steps in {}: loss {:.4f} → {:.4f}; metrics in {}", step, format_duration(outcome.seconds),
             outcome.first_loss, outcome.last_loss, metrics.path().string());

@@ -63,6 +63,21 @@ TEST_F(Train, DemoLossFallsAndAdaptersAreSaved) {
   EXPECT_TRUE(fs::exists(dir_ / "demo" / "output" / "adapter_model.safetensors"));
   EXPECT_TRUE(fs::exists(dir_ / "demo" / "output" / "adapter_config.json"));
   EXPECT_EQ(of_type(lines, "summary").size(), 1u);
+  // What analysis/ reads: memory at fsdp_qlora's checkpoints, and each step split into phases.
+  std::vector<std::string> memory_at;
+  for (const auto& m : of_type(lines, "memory")) {
+    memory_at.push_back(m.at("at"));
+    EXPECT_GT(m.at("host_peak_resident_bytes").get<double>(), 0) << m.dump();
+  }
+  EXPECT_EQ(memory_at, (std::vector<std::string>{"after_load", "after_first_forward_backward", "after_first_step", "end"}));
+  for (const auto& step : steps) {
+    const auto& phases = step.at("phase_seconds");
+    const double fb = phases.at("forward_backward"), opt = phases.at("optimizer");
+    EXPECT_GT(fb, 0) << step.dump();
+    EXPECT_GE(opt, 0) << step.dump();
+    EXPECT_EQ(phases.at("offload_copies").get<double>(), 0) << "no GPU, nothing copied: " << step.dump();
+    EXPECT_LE(fb + opt, step.at("step_seconds").get<double>() + 1e-6) << step.dump();
+  }
 }
 
 TEST_F(Train, LearningRateFollowsTheSchedule) {
