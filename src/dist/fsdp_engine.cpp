@@ -465,9 +465,7 @@ int64_t FsdpEngine::optimizer_steps() const { return units_.empty() ? 0 : units_
 
 void FsdpEngine::masters_loaded(int64_t optimizer_steps) {
   for (auto& u : units_) {
-    const nlohmann::json state = {{"optimizer", std::string(optimizer_kind_name(options_.optimizer.kind))},
-                                  {"step", optimizer_steps},
-                                  {"numel", u->shard_numel}};
+    const nlohmann::json state = optimizer_state_json(options_.optimizer.kind, optimizer_steps, u->shard_numel);
     if (u->state_on_device())
       u->device_optimizer->load_state_json(state);
     else

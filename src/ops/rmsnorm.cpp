@@ -44,20 +44,8 @@ struct RowLayout {
   int64_t rows, channels;
 };
 
+// The checks made before the op picks its device (runs_on_cuda then ensures one device for all).
 RowLayout check_common(const char* op, const TensorView& x, const TensorView& weight, const TensorView& rstd) {
-  check_cpu_float(op, "x", x);
-  check_cpu_float(op, "weight", weight);
-  check_dtype(op, "rstd", rstd, DType::F32);
-  check_that(weight.shape.rank == 1 && x.shape.rank >= 1 && x.shape.last() == weight.shape[0],
-             "{}: weight {} does not match the last dimension of x {}", op, weight.shape.to_string(),
-             x.shape.to_string());
-  RowLayout layout{x.shape.rows(), weight.shape[0]};
-  check_numel(op, "rstd", rstd, layout.rows);
-  return layout;
-}
-
-// check_common without the CPU requirement: the checks made before the op picks its device.
-RowLayout check_common_any_device(const char* op, const TensorView& x, const TensorView& weight, const TensorView& rstd) {
   check_float(op, "x", x);
   check_float(op, "weight", weight);
   check_that(rstd.dtype == DType::F32, "{}: rstd is {}; expected F32", op, rstd.describe());
@@ -73,23 +61,18 @@ RowLayout check_common_any_device(const char* op, const TensorView& x, const Ten
 
 void rmsnorm_forward(TensorView y, TensorView rstd, const TensorView& x, const TensorView& weight, float eps) {
   constexpr const char* op = "rmsnorm_forward";
-  {
-    [[maybe_unused]] const RowLayout any = check_common_any_device(op, x, weight, rstd);
-    check_float(op, "y", y);
-    check_shape(op, "y", y, x.shape);
-    if (runs_on_cuda(op, {y, rstd, x, weight})) {
-#ifdef FSDPQ_WITH_CUDA
-      cuda::rmsnorm_forward(y.data, ktype(op, y), rstd.as<float>(), x.data, ktype(op, x), weight.data, ktype(op, weight),
-                            any.rows, any.channels, eps, cuda::stream());
-      return;
-#else
-      no_cuda(op);
-#endif
-    }
-  }
   const RowLayout layout = check_common(op, x, weight, rstd);
-  check_cpu_float(op, "y", y);
+  check_float(op, "y", y);
   check_shape(op, "y", y, x.shape);
+  if (runs_on_cuda(op, {y, rstd, x, weight})) {
+#ifdef FSDPQ_WITH_CUDA
+    cuda::rmsnorm_forward(y.data, ktype(op, y), rstd.as<float>(), x.data, ktype(op, x), weight.data, ktype(op, weight),
+                          layout.rows, layout.channels, eps, cuda::stream());
+    return;
+#else
+    no_cuda(op);
+#endif
+  }
   float* rstd_out = rstd.as<float>();
 
   with_storage(x.dtype, op, [&](auto x_tag) {
@@ -122,35 +105,26 @@ void rmsnorm_forward(TensorView y, TensorView rstd, const TensorView& x, const T
 void rmsnorm_backward(TensorView dx, TensorView dweight, const TensorView& dy, const TensorView& x,
                       const TensorView& weight, const TensorView& rstd) {
   constexpr const char* op = "rmsnorm_backward";
-  {
-    [[maybe_unused]] const RowLayout any = check_common_any_device(op, x, weight, rstd);
-    check_float(op, "dy", dy);
-    check_float(op, "dx", dx);
-    check_shape(op, "dy", dy, x.shape);
-    check_shape(op, "dx", dx, x.shape);
-    check_that(dweight.dtype == DType::F32, "{}: dweight is {}; expected F32", op, dweight.describe());
-    check_shape(op, "dweight", dweight, weight.shape);
-    if (runs_on_cuda(op, {dx, dweight, dy, x, weight, rstd})) {
-#ifdef FSDPQ_WITH_CUDA
-      // Per-row-chunk dweight partials (deterministic: summed in chunk order by a second kernel).
-      Tensor workspace = Tensor::empty(Shape{cuda::rmsnorm_backward_workspace(any.rows, any.channels)}, DType::F32,
-                                       Device::CUDA);
-      cuda::rmsnorm_backward(dx.data, ktype(op, dx), dweight.as<float>(), dy.data, ktype(op, dy), x.data, ktype(op, x),
-                             weight.data, ktype(op, weight), rstd.as<const float>(), any.rows, any.channels,
-                             workspace.data<float>(), cuda::stream());
-      return;
-#else
-      no_cuda(op);
-#endif
-    }
-  }
   const RowLayout layout = check_common(op, x, weight, rstd);
-  check_cpu_float(op, "dy", dy);
-  check_cpu_float(op, "dx", dx);
+  check_float(op, "dy", dy);
+  check_float(op, "dx", dx);
   check_shape(op, "dy", dy, x.shape);
   check_shape(op, "dx", dx, x.shape);
-  check_dtype(op, "dweight", dweight, DType::F32);
+  check_that(dweight.dtype == DType::F32, "{}: dweight is {}; expected F32", op, dweight.describe());
   check_shape(op, "dweight", dweight, weight.shape);
+  if (runs_on_cuda(op, {dx, dweight, dy, x, weight, rstd})) {
+#ifdef FSDPQ_WITH_CUDA
+    // Per-row-chunk dweight partials (deterministic: summed in chunk order by a second kernel).
+    Tensor workspace = Tensor::empty(Shape{cuda::rmsnorm_backward_workspace(layout.rows, layout.channels)}, DType::F32,
+                                     Device::CUDA);
+    cuda::rmsnorm_backward(dx.data, ktype(op, dx), dweight.as<float>(), dy.data, ktype(op, dy), x.data, ktype(op, x),
+                           weight.data, ktype(op, weight), rstd.as<const float>(), layout.rows, layout.channels,
+                           workspace.data<float>(), cuda::stream());
+    return;
+#else
+    no_cuda(op);
+#endif
+  }
   const float* inv_rms = rstd.as<const float>();
   float* dw = dweight.as<float>();
 

@@ -107,13 +107,6 @@ void rope_apply(TensorView x, const RopeTable& table, int64_t position_offset, f
     throw std::logic_error(std::string(op) + ": a CUDA tensor, but fsdpq was built without CUDA");
 #endif
   }
-  check_cpu_float(op, "x", x);
-  check_that(x.shape.rank == 4, "{}: x must be [B, T, heads, D], got {}", op, x.shape.to_string());
-  check_that(x.shape[3] == table.head_dim, "{}: x {} has head_dim {} but the table was built for {}", op,
-             x.shape.to_string(), x.shape[3], table.head_dim);
-  check_that(position_offset >= 0 && position_offset + x.shape[1] <= table.max_positions,
-             "{}: positions [{}, {}) exceed the table's {} positions", op, position_offset,
-             position_offset + x.shape[1], table.max_positions);
   with_storage(x.dtype, op, [&](auto tag) { rotate_pairs<decltype(tag)>(x, table, position_offset, sign); });
 }
 

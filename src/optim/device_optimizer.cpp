@@ -84,24 +84,12 @@ std::vector<DeviceShardOptimizer::NamedBuffer> DeviceShardOptimizer::state_buffe
   return out;
 }
 
-// The same JSON and the same checks (and messages) as ShardOptimizer's.
 nlohmann::json DeviceShardOptimizer::state_json() const {
-  return {{"optimizer", std::string(optimizer_kind_name(config_.kind))},
-          {"step", step_count_},
-          {"numel", numel_}};
+  return optimizer_state_json(config_.kind, step_count_, numel_);
 }
 
 void DeviceShardOptimizer::load_state_json(const nlohmann::json& state) {
-  const std::string kind = state.at("optimizer").get<std::string>();
-  if (kind != optimizer_kind_name(config_.kind))
-    fail("checkpoint optimizer state is for '{}', but this run uses '{}'", kind,
-         optimizer_kind_name(config_.kind));
-  const int64_t numel = state.at("numel").get<int64_t>();
-  if (numel != numel_)
-    fail("checkpoint optimizer state has {} elements for this shard, expected {}", numel, numel_);
-  const int64_t step = state.at("step").get<int64_t>();
-  if (step < 0) fail("checkpoint optimizer state has a negative step count ({})", step);
-  step_count_ = step;
+  step_count_ = optimizer_step_from_json(config_.kind, numel_, state);
 }
 
 void DeviceShardOptimizer::check_range(const char* what, size_t buffer, int64_t offset, size_t count) const {

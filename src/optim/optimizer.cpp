@@ -175,23 +175,26 @@ std::vector<ShardOptimizer::NamedBuffer> ShardOptimizer::state_buffers() {
   return out;
 }
 
-nlohmann::json ShardOptimizer::state_json() const {
-  return {{"optimizer", std::string(optimizer_kind_name(config_.kind))},
-          {"step", step_count_},
-          {"numel", numel_}};
+nlohmann::json optimizer_state_json(OptimizerKind kind, int64_t step, int64_t numel) {
+  return {{"optimizer", std::string(optimizer_kind_name(kind))}, {"step", step}, {"numel", numel}};
 }
 
-void ShardOptimizer::load_state_json(const nlohmann::json& state) {
-  const std::string kind = state.at("optimizer").get<std::string>();
-  if (kind != optimizer_kind_name(config_.kind))
-    fail("checkpoint optimizer state is for '{}', but this run uses '{}'", kind,
-         optimizer_kind_name(config_.kind));
-  const int64_t numel = state.at("numel").get<int64_t>();
-  if (numel != numel_)
-    fail("checkpoint optimizer state has {} elements for this shard, expected {}", numel, numel_);
+int64_t optimizer_step_from_json(OptimizerKind kind, int64_t numel, const nlohmann::json& state) {
+  const std::string name = state.at("optimizer").get<std::string>();
+  if (name != optimizer_kind_name(kind))
+    fail("checkpoint optimizer state is for '{}', but this run uses '{}'", name, optimizer_kind_name(kind));
+  const int64_t saved_numel = state.at("numel").get<int64_t>();
+  if (saved_numel != numel)
+    fail("checkpoint optimizer state has {} elements for this shard, expected {}", saved_numel, numel);
   const int64_t step = state.at("step").get<int64_t>();
   if (step < 0) fail("checkpoint optimizer state has a negative step count ({})", step);
-  step_count_ = step;
+  return step;
+}
+
+nlohmann::json ShardOptimizer::state_json() const { return optimizer_state_json(config_.kind, step_count_, numel_); }
+
+void ShardOptimizer::load_state_json(const nlohmann::json& state) {
+  step_count_ = optimizer_step_from_json(config_.kind, numel_, state);
 }
 
 }  // namespace fsdpq

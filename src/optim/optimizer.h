@@ -42,6 +42,12 @@ std::vector<std::string> optimizer_state_names(OptimizerKind kind);
 void optimizer_step(const OptimizerConfig& config, double lr, int64_t step, float* param,
                     const float* grad, float* const* state, int64_t n);
 
+// A shard optimizer's scalar state as checkpoints store it ({"optimizer", "step", "numel"}), and
+// its reading: the step count, or a UserError when the state is of another optimizer or size.
+// Host (ShardOptimizer) and GPU (DeviceShardOptimizer) shards share these, so either loads the other's.
+nlohmann::json optimizer_state_json(OptimizerKind kind, int64_t step, int64_t numel);
+int64_t optimizer_step_from_json(OptimizerKind kind, int64_t numel, const nlohmann::json& state);
+
 // The state of one shard, owned: buffers plus the step count.
 class ShardOptimizer {
  public:
