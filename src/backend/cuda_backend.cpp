@@ -2,7 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -189,6 +192,42 @@ void copy_tensor(TensorView dst, const TensorView& src) {
     throw std::logic_error(fmt::format("copy_tensor: {} into {}", src.describe(), dst.describe()));
   copy_bytes(dst.data, dst.device, src.data, src.device, src.nbytes());
 }
+
+void* HostStaging::reserve(size_t bytes) {
+  if (bytes <= size_ && data_) return data_;
+  release();
+  const size_t size = std::max<size_t>(bytes, 64);
+#ifdef FSDPQ_WITH_CUDA
+  if (cuda_initialized() && cudaHostAlloc(&data_, size, cudaHostAllocDefault) == cudaSuccess) {
+    pinned_ = true;
+    size_ = size;
+    return data_;
+  }
+  cudaGetLastError();  // pinning can fail (locked-memory limits): ordinary memory still works
+#endif
+  data_ = std::malloc(size);
+  if (!data_) throw std::bad_alloc();
+  pinned_ = false;
+  size_ = size;
+  return data_;
+}
+
+void HostStaging::release() {
+  if (!data_) return;
+#ifdef FSDPQ_WITH_CUDA
+  if (pinned_) {
+    cudaFreeHost(data_);
+  } else {
+    std::free(data_);
+  }
+#else
+  std::free(data_);
+#endif
+  data_ = nullptr;
+  size_ = 0;
+}
+
+HostStaging::~HostStaging() { release(); }
 
 Tensor copy_to(const TensorView& src, Device device) {
   Tensor out = Tensor::empty(src.shape, src.dtype, device);

@@ -33,6 +33,26 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
 // A copy of src on `device` (the same dtype and shape).
 Tensor copy_to(const TensorView& src, Device device);
 
+// A reusable host buffer for host⇄GPU copies. Once the CUDA backend runs it is page-locked
+// (cudaHostAlloc): copies from pageable memory ran at ~1.8 GB/s in a 640 MB gradient copy on
+// the H200 machine, where pinned memory moves ~55 GB/s. Without CUDA it is ordinary memory. It
+// grows to the largest request and keeps that size.
+class HostStaging {
+ public:
+  HostStaging() = default;
+  ~HostStaging();
+  HostStaging(const HostStaging&) = delete;
+  HostStaging& operator=(const HostStaging&) = delete;
+  // At least `bytes` of memory (contents not kept when it grows).
+  void* reserve(size_t bytes);
+
+ private:
+  void release();
+  void* data_ = nullptr;
+  size_t size_ = 0;
+  bool pinned_ = false;
+};
+
 }  // namespace fsdpq
 
 #ifdef FSDPQ_WITH_CUDA

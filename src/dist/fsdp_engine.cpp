@@ -62,14 +62,14 @@ void store_compute(DType dtype, const float* src, int64_t n, uint8_t* dst) {
 // Writes a tensor's bytes with `write(host_bytes)`: in place on the CPU, through a host staging
 // buffer for a device tensor (the engine's shards and messages are host memory).
 template <class Write>
-void write_tensor_bytes(Tensor& t, Write&& write) {
+void write_tensor_bytes(Tensor& t, HostStaging& staging, Write&& write) {
   if (t.device() == Device::CPU) {
     write(static_cast<uint8_t*>(t.view().data));
     return;
   }
-  std::vector<uint8_t> staged(t.nbytes());
-  write(staged.data());
-  copy_bytes(t.view().data, t.device(), staged.data(), Device::CPU, staged.size());
+  auto* staged = static_cast<uint8_t*>(staging.reserve(t.nbytes()));
+  write(staged);
+  copy_bytes(t.view().data, t.device(), staged, Device::CPU, t.nbytes());
 }
 
 }  // namespace
@@ -313,7 +313,7 @@ void FsdpEngine::ensure_gathered(Unit& u) {
   for (const TrainableEntry& e : u.trainables) {
     Tensor& t = compute_tensor(*e.tensor, options_.compute_dtype);
     t = Tensor::empty(e.shape, options_.compute_dtype, options_.device);
-    write_tensor_bytes(t, [&](uint8_t* dst) {
+    write_tensor_bytes(t, write_staging_, [&](uint8_t* dst) {
       copy_from_pieces(u.recv.data() + u.frozen_shard_bytes, u.chunk_bytes, piece,
                        static_cast<size_t>(e.offset) * element, dst, static_cast<size_t>(e.numel) * element);
     });
@@ -375,21 +375,28 @@ void FsdpEngine::reduce_gradients(Unit& u) {
       add_scaled(u.grad_d.view().slice_rows(e.offset, e.numel), e.tensor->grad, inv_world);
   } else {
     const size_t S = static_cast<size_t>(groups_.shard->size());
-    std::vector<float> packed(static_cast<size_t>(u.shard_numel) * S, 0.0f);
+    const size_t total = static_cast<size_t>(u.shard_numel) * S;
+    auto* packed = static_cast<float*>(packed_staging_.reserve(total * sizeof(float)));
+    std::fill(packed + u.trainable_numel, packed + total, 0.0f);  // the padding the tensors do not cover
     const auto copies = std::chrono::steady_clock::now();
     for (const TrainableEntry& e : u.trainables)
-      copy_bytes(packed.data() + e.offset, Device::CPU, e.tensor->grad.view().data, e.tensor->grad.device(),
+      copy_bytes(packed + e.offset, Device::CPU, e.tensor->grad.view().data, e.tensor->grad.device(),
                  static_cast<size_t>(e.numel) * sizeof(float));
     if (options_.device != Device::CPU)
       times_.offload_copies += std::chrono::duration<double>(std::chrono::steady_clock::now() - copies).count();
-    std::vector<float> mine(static_cast<size_t>(u.shard_numel));
-    groups_.shard->reduce_scatter(packed.data(), mine.data(), mine.size(), CommType::F32, ReduceOp::Sum).wait();
-    groups_.replicate->all_reduce(mine.data(), mine.size(), CommType::F32, ReduceOp::Sum).wait();
+    // One rank: the packed gradients are its shard's sum already.
+    float* mine = packed;
+    if (groups_.world->size() > 1) {
+      mine = static_cast<float*>(reduced_staging_.reserve(static_cast<size_t>(u.shard_numel) * sizeof(float)));
+      groups_.shard->reduce_scatter(packed, mine, static_cast<size_t>(u.shard_numel), CommType::F32, ReduceOp::Sum)
+          .wait();
+      groups_.replicate->all_reduce(mine, static_cast<size_t>(u.shard_numel), CommType::F32, ReduceOp::Sum).wait();
+    }
     if (u.state_on_device()) {
-      const Tensor reduced = copy_to(TensorView{mine.data(), DType::F32, Shape{u.shard_numel}, Device::CPU}, Device::CUDA);
+      const Tensor reduced = copy_to(TensorView{mine, DType::F32, Shape{u.shard_numel}, Device::CPU}, Device::CUDA);
       add_scaled(u.grad_d, reduced, inv_world);
     } else {
-      for (size_t i = 0; i < mine.size(); ++i) u.grad[i] += mine[i] * inv_world;
+      for (int64_t i = 0; i < u.shard_numel; ++i) u.grad[static_cast<size_t>(i)] += mine[i] * inv_world;
     }
   }
   for (const TrainableEntry& e : u.trainables) e.tensor->grad = Tensor();
@@ -488,7 +495,7 @@ void FsdpEngine::refresh_compute_copies() {
           continue;
         }
         u.master_to_host();
-        write_tensor_bytes(t, [&](uint8_t* dst) {
+        write_tensor_bytes(t, write_staging_, [&](uint8_t* dst) {
           store_compute(options_.compute_dtype, u.master.data() + e.offset, e.numel, dst);
         });
       }
@@ -514,7 +521,7 @@ void FsdpEngine::gather_masters_into_model() {
     groups_.shard->all_gather(send.data(), recv.data(), chunk).wait();
     for (const TrainableEntry& e : u.trainables) {
       if (!e.tensor->master.defined()) e.tensor->master = Tensor::empty(e.shape, DType::F32);
-      write_tensor_bytes(e.tensor->master, [&](uint8_t* dst) {
+      write_tensor_bytes(e.tensor->master, write_staging_, [&](uint8_t* dst) {
         copy_from_pieces(recv.data(), chunk, piece, static_cast<size_t>(e.offset) * sizeof(float), dst,
                          static_cast<size_t>(e.numel) * sizeof(float));
       });

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "dist/frozen_layout.h"
+#include "backend/cuda_backend.h"
 #include "dist/process_groups.h"
 #include "model/llama_model.h"
 #include "optim/loss_scaler.h"
@@ -145,6 +146,8 @@ class FsdpEngine final : public UnitHooks {
 
   ProcessGroups& groups_;
   FsdpOptions options_;
+  // Host buffers of the gradient reduction and of host⇄GPU tensor writes (pinned on a GPU).
+  HostStaging packed_staging_, reduced_staging_, write_staging_;
   std::vector<std::unique_ptr<Unit>> units_;
   bool sync_gradients_ = true;
   CommTimes times_;
