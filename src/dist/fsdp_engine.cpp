@@ -12,6 +12,7 @@
 #include "dist/frozen_layout.h"
 #include "model/llama_weights.h"
 #include "ops/elementwise.h"
+#include "ops/parallel.h"
 #include "optim/clip.h"
 #include "optim/device_grads.h"
 #include "optim/device_optimizer.h"
@@ -50,9 +51,11 @@ void store_compute(DType dtype, const float* src, int64_t n, uint8_t* dst) {
     std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
   } else if (dtype == DType::BF16) {
     auto* out = reinterpret_cast<uint16_t*>(dst);
+#pragma omp parallel for if (worth_parallel(n)) schedule(static)
     for (int64_t i = 0; i < n; ++i) out[i] = float_to_bf16(src[i]);
   } else if (dtype == DType::F16) {
     auto* out = reinterpret_cast<uint16_t*>(dst);
+#pragma omp parallel for if (worth_parallel(n)) schedule(static)
     for (int64_t i = 0; i < n; ++i) out[i] = float_to_f16(src[i]);
   } else {
     throw std::logic_error("FsdpEngine: compute dtype must be F32, BF16 or F16");
@@ -396,7 +399,9 @@ void FsdpEngine::reduce_gradients(Unit& u) {
       const Tensor reduced = copy_to(TensorView{mine, DType::F32, Shape{u.shard_numel}, Device::CPU}, Device::CUDA);
       add_scaled(u.grad_d, reduced, inv_world);
     } else {
-      for (int64_t i = 0; i < u.shard_numel; ++i) u.grad[static_cast<size_t>(i)] += mine[i] * inv_world;
+      float* grad = u.grad.data();
+#pragma omp parallel for if (worth_parallel(u.shard_numel)) schedule(static)
+      for (int64_t i = 0; i < u.shard_numel; ++i) grad[i] += mine[i] * inv_world;
     }
   }
   for (const TrainableEntry& e : u.trainables) e.tensor->grad = Tensor();
