@@ -12,7 +12,10 @@
 #include <vector>
 
 #ifdef FSDPQ_WITH_CUDA
+#include <cstdlib>
+
 #include "kernels/attention.cuh"
+#include "kernels/attention_mma.cuh"
 #include "ops/cuda_dispatch.h"
 #endif
 
@@ -49,6 +52,18 @@ void check_cpu_operands(const char* op, const TensorView& q, const TensorView& k
   check_cpu_float(op, "v", v);
   check_dtype(op, "lse", lse, DType::F32);
 }
+
+#ifdef FSDPQ_WITH_CUDA
+// FSDPQ_ATTENTION=mma selects the experimental tensor-core kernels (kernels/attention_mma.cu)
+// where they apply; read once. Anything else keeps the SIMT kernels (kernels/attention.cu).
+bool mma_attention_requested() {
+  static const bool requested = [] {
+    const char* v = std::getenv("FSDPQ_ATTENTION");
+    return v != nullptr && std::string(v) == "mma";
+  }();
+  return requested;
+}
+#endif
 
 #ifndef FSDPQ_WITH_CUDA
 [[noreturn]] void no_cuda(const char* op) {
@@ -112,6 +127,14 @@ void attention_forward(TensorView out, TensorView lse, const TensorView& q, cons
 #ifdef FSDPQ_WITH_CUDA
     check_that(d.D >= 1 && d.D <= cuda::kAttentionMaxHeadDim, "{}: head dim {} is not in [1, {}] on CUDA", op, d.D,
                cuda::kAttentionMaxHeadDim);
+    if (mma_attention_requested() &&
+        cuda::attention_mma_supported(ktype(op, q), ktype(op, k), ktype(op, v), ktype(op, out), d.D) &&
+        cuda::attention_mma_aligned(q.data) && cuda::attention_mma_aligned(k.data) &&
+        cuda::attention_mma_aligned(v.data)) {
+      cuda::attention_mma_forward(out.data, ktype(op, out), lse.as<float>(), q.data, ktype(op, q), k.data,
+                                  ktype(op, k), v.data, ktype(op, v), d.B, d.T, d.H, d.KV, d.D, cuda::stream());
+      return;
+    }
     cuda::attention_forward(out.data, ktype(op, out), lse.as<float>(), q.data, ktype(op, q), k.data, ktype(op, k),
                             v.data, ktype(op, v), d.B, d.T, d.H, d.KV, d.D, cuda::stream());
     return;
@@ -179,6 +202,17 @@ void attention_backward(TensorView dq, TensorView dk, TensorView dv, const Tenso
                cuda::kAttentionMaxHeadDim);
     // rowsum(dout * out) per query row, the one temporary (B * H * T floats).
     Tensor drow = Tensor::empty(Shape{d.B, d.H, d.T}, DType::F32, Device::CUDA);
+    if (mma_attention_requested() &&
+        cuda::attention_mma_supported(ktype(op, q), ktype(op, k), ktype(op, v), ktype(op, out), d.D) &&
+        cuda::attention_mma_aligned(dout.data) && cuda::attention_mma_aligned(q.data) &&
+        cuda::attention_mma_aligned(k.data) && cuda::attention_mma_aligned(v.data)) {
+      // drow (B * H * T floats) is the mma backward's workspace too (attention_mma_workspace_floats).
+      cuda::attention_mma_backward(dq.data, ktype(op, dq), dk.data, ktype(op, dk), dv.data, ktype(op, dv),
+                                   dout.data, ktype(op, dout), q.data, ktype(op, q), k.data, ktype(op, k), v.data,
+                                   ktype(op, v), out.data, ktype(op, out), lse.as<const float>(),
+                                   drow.data<float>(), d.B, d.T, d.H, d.KV, d.D, cuda::stream());
+      return;
+    }
     cuda::attention_backward(dq.data, ktype(op, dq), dk.data, ktype(op, dk), dv.data, ktype(op, dv), dout.data,
                              ktype(op, dout), q.data, ktype(op, q), k.data, ktype(op, k), v.data, ktype(op, v),
                              out.data, ktype(op, out), lse.as<const float>(), drow.data<float>(), d.B, d.T, d.H,
