@@ -10,7 +10,7 @@ packages=(
   libsentencepiece-dev sentencepiece python3-sentencepiece
   nlohmann-json3-dev libfmt-dev
   libgtest-dev
-  python3
+  python3 python3-pytest python3-pandas python3-matplotlib  # analysis/ and its tests
   procps  # pkill, for the preemption test
 )
 
