@@ -16,7 +16,7 @@ from shapes import flops_per_token
 
 RUNS = os.path.join(FIXTURES, "runs")
 DAMAGED = os.path.join(FIXTURES, "damaged")
-GPU = os.path.join(FIXTURES, "gpu_edited")
+GPU = os.path.join(FIXTURES, "gpu_h200")
 RESUMED = os.path.join(FIXTURES, "resumed")
 
 
@@ -194,7 +194,7 @@ def test_run_killed_between_records_is_read_and_marked_incomplete():
 
 
 def test_gpu_fields_memory_mfu_and_offload_copies():
-    path = os.path.join(GPU, "h200_qlora_bs2", "metrics.jsonl")
+    path = os.path.join(GPU, "llama2-7b_qlora_offload_bs4", "metrics.jsonl")
     recs = records(path)
     header, summary = recs[0], recs[-1]
     steps = timed_steps(path)
@@ -202,7 +202,8 @@ def test_gpu_fields_memory_mfu_and_offload_copies():
     seq = sum(s["tokens"] for s in steps) / sum(s["samples"] for s in steps)
     flops = flops_per_token({k: header["model"][k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
                                                             "num_attention_heads", "num_key_value_heads",
-                                                            "vocab_size")}, seq, 8)
+                                                            "vocab_size")}, seq,
+                            int(header["config"]["lora_rank"]))
     out = tables(run_script("summarize.py", GPU).stdout)
     row = out["Throughput"][0]
     assert row["MFU"] == summarize.fmt_mfu(tps * flops / 989e12)  # H200: 989 TFLOP/s
