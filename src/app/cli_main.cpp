@@ -31,6 +31,7 @@ usage:
   fsdpq merge --model DIR --adapter DIR --out DIR     fold a LoRA adapter into its base model (HF layout)
   fsdpq generate --model DIR --prompt TEXT [...]      continue a prompt (base model + optional --adapter)
   fsdpq eval CONFIG.ini [--adapter DIR]               loss and perplexity on the eval (or training) data
+  fsdpq plan CONFIG.ini [--gpus N --gpu-mem GiB ...]  predict GPU / host memory; recommend a setting that fits
   fsdpq --help | --help-config | --version
 
 Run on several GPUs / ranks with `mpirun -np N fsdpq ...` or `srun fsdpq ...` (one rank per GPU).
@@ -139,9 +140,10 @@ int cli_main(int argc, char** argv) {
     if (command == "merge") return run_merge_command(world, rest);
     if (command == "generate") return run_generate_command(world, rest);
     if (command == "eval") return run_eval_command(world, rest);
+    if (command == "plan") return run_plan_command(world, rest);
     if (command == "train") return run_train(world, rest);
     if (!starts_with(command, "--") && !ends_with(command, ".ini") && !std::filesystem::exists(command)) {
-      std::string guess = closest_match(command, {"init-model", "init-tokenizer", "demo", "train", "merge", "generate", "eval"});
+      std::string guess = closest_match(command, {"init-model", "init-tokenizer", "demo", "train", "merge", "generate", "eval", "plan"});
       fail("'{}' is neither a command nor a config file{}", command,
            guess.empty() ? " (fsdpq --help lists the commands)" : fmt::format(" (did you mean '{}'?)", guess));
     }

@@ -1,7 +1,10 @@
 #include "backend/tensor.h"
 
+#include "backend/host_tensor_bytes.h"
+
 #include <fmt/format.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -105,7 +108,19 @@ size_t cpu_allocation_bytes(size_t nbytes) {
   return rounded == 0 ? Tensor::kCpuAlignment : rounded;
 }
 
+std::atomic<int64_t> g_host_live{0}, g_host_peak{0};
+
+void host_bytes_added(size_t bytes) {
+  const int64_t now = g_host_live.fetch_add(static_cast<int64_t>(bytes)) + static_cast<int64_t>(bytes);
+  int64_t peak = g_host_peak.load();
+  while (now > peak && !g_host_peak.compare_exchange_weak(peak, now)) {
+  }
+}
+
 }  // namespace
+
+HostTensorBytes host_tensor_bytes() { return {g_host_live.load(), g_host_peak.load()}; }
+void reset_host_tensor_peak() { g_host_peak.store(g_host_live.load()); }
 
 void install_device_memory_hooks(Device device, const DeviceMemoryHooks& hooks) {
   if (device != Device::CUDA) throw std::logic_error("install_device_memory_hooks: only a device backend has hooks");
@@ -121,6 +136,7 @@ Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
   if (device == Device::CPU) {
     tensor.data_ = std::aligned_alloc(kCpuAlignment, cpu_allocation_bytes(bytes));
     if (tensor.data_ == nullptr) throw std::bad_alloc();
+    host_bytes_added(bytes);
   } else {
     tensor.data_ = hooks_for(device).allocate(bytes == 0 ? 1 : bytes);
   }
@@ -157,9 +173,10 @@ Tensor::~Tensor() { release(); }
 
 void Tensor::release() {
   if (data_ == nullptr) return;
-  if (device_ == Device::CPU)
+  if (device_ == Device::CPU) {
     std::free(data_);
-  else
+    g_host_live.fetch_sub(static_cast<int64_t>(nbytes()));
+  } else
     cuda_hooks().release(data_);
   data_ = nullptr;
 }

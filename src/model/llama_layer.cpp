@@ -66,7 +66,8 @@ void LayerActivations::allocate(const LayerDims& d, DType dtype, const std::arra
 int64_t LayerActivations::nbytes() const {
   size_t total = 0;
   for (const Tensor* t : {&n1, &rstd1, &q, &k, &v, &att, &lse, &x2, &n2, &rstd2, &gate, &up, &h}) total += t->nbytes();
-  for (const Tensor& t : xa) total += t.nbytes();
+  for (const Tensor& t : xa)
+    if (t.defined()) total += t.nbytes();  // an absent adapter's empty Tensor has rank 0, numel 1
   return static_cast<int64_t>(total);
 }
 

@@ -1,0 +1,400 @@
+#include "model/memory_plan.h"
+
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+
+#include "backend/caching_allocator.h"
+#include "config/train_config.h"
+#include "model/llama_model.h"
+#include "dist/frozen_layout.h"
+#include "model/footprint.h"
+#include "model/llama_lm_head.h"
+#include "quant/nf4.h"
+
+namespace fsdpq {
+namespace {
+
+constexpr int64_t kF32 = 4;
+
+// Sums tensor sizes as the device allocates them: the caching allocator's rounded sizes on the
+// GPU, the requested bytes on the host (what the host tensor counter reports).
+struct Bytes {
+  bool gpu = false;
+  int64_t sum = 0;
+  void add(int64_t bytes, int64_t count = 1) {
+    if (bytes <= 0 || count <= 0) return;
+    const int64_t one = gpu ? static_cast<int64_t>(CachingAllocator::rounded_size(static_cast<size_t>(bytes))) : bytes;
+    sum += one * count;
+  }
+};
+
+int64_t rounded(bool gpu, int64_t bytes) {
+  Bytes b{gpu};
+  b.add(bytes);
+  return b.sum;
+}
+
+struct Linear {
+  std::string name;
+  int64_t out = 0, in = 0, rank = 0;  // rank 0: no adapter
+};
+
+std::vector<Linear> linears(const PlanInput& p) {
+  std::vector<Linear> out;
+  for (const std::string& name : linear_module_names()) {
+    auto [o, i] = linear_shape(p.model, name);
+    const bool adapted = !p.train_base && std::find(p.lora_targets.begin(), p.lora_targets.end(), name) != p.lora_targets.end();
+    out.push_back({name, o, i, adapted ? p.lora_rank : 0});
+  }
+  return out;
+}
+
+// The tensors of one FSDP unit, by what they are.
+struct UnitShape {
+  std::vector<FrozenWeightShape> frozen;
+  std::vector<int64_t> trainable;  // numel of each trainable tensor
+};
+
+UnitShape root_unit(const PlanInput& p) {
+  const LlamaConfig& m = p.model;
+  UnitShape u;
+  std::vector<int64_t> dense = {m.vocab_size * m.hidden_size, m.hidden_size};
+  if (!m.tie_word_embeddings) dense.push_back(m.vocab_size * m.hidden_size);
+  for (int64_t n : dense) {
+    if (p.train_base)
+      u.trainable.push_back(n);
+    else
+      u.frozen.push_back({n, false, false, p.activation});
+  }
+  return u;
+}
+
+UnitShape layer_unit_shape(const PlanInput& p) {
+  UnitShape u;
+  const int64_t C = p.model.hidden_size;
+  for (int k = 0; k < 2; ++k) {  // input / post-attention norms
+    if (p.train_base)
+      u.trainable.push_back(C);
+    else
+      u.frozen.push_back({C, false, false, p.activation});
+  }
+  for (const Linear& l : linears(p)) {
+    if (p.train_base)
+      u.trainable.push_back(l.out * l.in);
+    else
+      u.frozen.push_back({l.out * l.in, p.quantized, true, p.activation});
+  }
+  for (const Linear& l : linears(p))
+    if (l.rank > 0) {
+      u.trainable.push_back(l.rank * l.in);   // lora_A [r, in]
+      u.trainable.push_back(l.out * l.rank);  // lora_B [out, r]
+    }
+  return u;
+}
+
+// A frozen weight's separate allocations: NF4 codes, absmax codes, absmax group scales; or dense.
+std::vector<int64_t> frozen_allocations(const FrozenWeightShape& w) {
+  if (!w.nf4) return {w.numel * static_cast<int64_t>(dtype_size(w.dense_dtype))};
+  const int64_t blocks = (w.numel + kNf4BlockSize - 1) / kNf4BlockSize;
+  return {(w.numel + 1) / 2, blocks, (blocks + kNf4AbsmaxBlockSize - 1) / kNf4AbsmaxBlockSize * kF32};
+}
+
+struct UnitBytes {
+  int64_t nf4 = 0, dense = 0;  // frozen, whole, as allocated on the device the sum is for
+  int64_t nf4_host = 0;        // the NF4 host copy (never rounded)
+  int64_t compute = 0;         // trainable tensors in the compute dtype (or fp32 masters under fp32)
+  int64_t grads = 0;           // fp32 gradients of every trainable tensor, whole
+  int64_t trainable_numel = 0;
+  UnitLayout layout;           // flat shards over the shard group
+};
+
+UnitBytes unit_bytes(const PlanInput& p, const UnitShape& u, int shard_size, bool gpu) {
+  UnitBytes b;
+  Bytes nf4{gpu}, dense{gpu}, compute{gpu}, grads{gpu};
+  for (const FrozenWeightShape& w : u.frozen) {
+    for (int64_t a : frozen_allocations(w)) (w.nf4 ? nf4 : dense).add(a);
+    if (w.nf4) b.nf4_host += static_cast<int64_t>(nf4_tensor_bytes(w.numel, true)) - 4;  // the offset is a member, not a buffer
+  }
+  for (int64_t n : u.trainable) {
+    compute.add(n * static_cast<int64_t>(dtype_size(p.activation)));
+    grads.add(n * kF32);
+    b.trainable_numel += n;
+  }
+  b.nf4 = nf4.sum;
+  b.dense = dense.sum;
+  b.compute = compute.sum;
+  b.grads = grads.sum;
+  b.layout = unit_layout(u.frozen, u.trainable, shard_size);
+  return b;
+}
+
+int64_t state_buffers(OptimizerKind kind) { return static_cast<int64_t>(optimizer_state_names(kind).size()); }
+
+}  // namespace
+
+int shard_group_size(ShardingStrategy strategy, int world, int ranks_per_node) {
+  if (world < 1) throw std::logic_error("shard_group_size: world < 1");
+  switch (strategy) {
+    case ShardingStrategy::Ddp: return 1;
+    case ShardingStrategy::FullShard:
+    case ShardingStrategy::ShardGradOp: return world;
+    case ShardingStrategy::HybridFullShard:
+    case ShardingStrategy::HybridShardGradOp: return ranks_per_node > 0 ? std::min(ranks_per_node, world) : world;
+  }
+  throw std::logic_error("shard_group_size: unknown strategy");
+}
+
+PlanInput plan_input_from(const TrainConfig& c, const LlamaConfig& model, int world_size) {
+  PlanInput p;
+  p.model = model;
+  p.quantized = c.quantized_base();
+  p.train_base = !c.is_lora();
+  p.lora_rank = c.lora_rank;
+  if (c.is_lora()) p.lora_targets = c.lora_target_modules;
+  p.lora_dropout = c.lora_dropout;
+  p.activation = activation_dtype(parse_precision(c.precision));
+  p.optimizer = optimizer_config(c.optimizer, c.lr, c.wd).kind;
+  p.context_length = c.context_length;
+  p.world_size = world_size;
+  p.ranks_per_node = static_cast<int>(c.ranks_per_node);
+  p.setting.strategy = parse_sharding_strategy(c.sharding_strategy);
+  p.setting.gradient_checkpointing = c.use_gradient_checkpointing;
+  p.setting.cpu_offload = c.use_cpu_offload;
+  p.setting.activation_offload = c.use_activation_cpu_offload;
+  p.setting.batch_size = c.batch_size;
+  return p;
+}
+
+ActivationBytes activation_bytes(const PlanInput& p) {
+  const LlamaConfig& m = p.model;
+  const bool gpu = p.on_gpu;
+  const int64_t B = p.setting.batch_size, T = p.context_length, N = B * T, L = m.num_hidden_layers;
+  const int64_t C = m.hidden_size, H = m.num_attention_heads, KV = m.num_key_value_heads, D = m.head_dim;
+  const int64_t I = m.intermediate_size, V = m.vocab_size;
+  const int64_t a = static_cast<int64_t>(dtype_size(p.activation));
+  const bool half = p.activation != DType::F32;  // GEMMs on the GPU cast fp32 operands to it
+  const std::vector<Linear> lin = linears(p);
+  auto R = [&](int64_t bytes) { return rounded(gpu, bytes); };
+  ActivationBytes x;
+
+  // LayerActivations::allocate
+  Bytes layer{gpu};
+  layer.add(N * C * a);            // n1
+  layer.add(N * kF32);             // rstd1
+  layer.add(N * H * D * a);        // q
+  layer.add(N * KV * D * a, 2);    // k, v
+  layer.add(N * H * D * a);        // att
+  layer.add(B * H * T * kF32);     // lse
+  layer.add(N * C * a, 2);         // x2, n2
+  layer.add(N * kF32);             // rstd2
+  layer.add(N * I * a, 3);         // gate, up, h
+  for (const Linear& l : lin) layer.add(N * l.rank * a);  // xa
+  x.layer = layer.sum;
+  x.kept_layers = p.setting.gradient_checkpointing ? 1 : L;
+
+  // The residual stream of a training pass (L + 1 layer inputs) and the token ids.
+  const int64_t ids = R(N * 4), one_input = R(N * C * a);
+  x.stream = ids + (L + 1) * one_input;
+  x.stream_on_device = p.setting.activation_offload ? ids + 2 * one_input : x.stream;
+
+  if (p.quantized && !p.train_base)
+    for (const Linear& l : lin) x.dequantized += R(l.out * l.in * a);
+  x.rope = 2 * R(T * D * kF32);
+
+  // The head: normed + rstd, d_normed (fp32), one chunk of logits (+1 spare row) and its labels.
+  const int64_t chunk = lm_head_chunk_rows(V, N);
+  const int64_t normed = R(N * C * a), final_rstd = R(N * kF32), d_normed = R(N * C * kF32);
+  const int64_t logits = R((chunk + 1) * V * a) + R((chunk + 1) * 4);
+  const int64_t d_resid = R(N * C * kF32);
+  x.lm_head = normed + final_rstd + d_normed + logits;
+
+  // LayerGradScratch::allocate, d_resid, the recompute's output.
+  Bytes scratch{gpu};
+  scratch.add(N * C * kF32);                // d_norm
+  scratch.add(N * H * D * kF32, 2);         // d_att, dq
+  scratch.add(N * KV * D * kF32, 2);        // dk, dv
+  scratch.add(N * I * kF32, 3);             // dh, dgate, dup
+  scratch.add(C * kF32);                    // norm_weight_sink
+  const int64_t recompute = p.setting.gradient_checkpointing ? one_input : 0;
+  x.grad_scratch = scratch.sum + d_resid + recompute + final_rstd;
+
+  // What ops allocate for themselves (src/ops/lora.cpp, matmul.cpp): the LoRA dropout copy of the
+  // input in forward; in backward d(xa) (fp32) with the dropout copy or dx_dropped (fp32 [N, in]);
+  // on the GPU the fp32 activation gradients cast to the compute dtype for each GEMM.
+  const bool dropout = p.lora_dropout > 0;
+  int64_t forward_temp = 0, backward_temp = 0;
+  for (const Linear& l : lin) {
+    if (gpu && half) backward_temp = std::max(backward_temp, R(N * l.out * a));  // dy cast for the base GEMM
+    if (l.rank == 0) continue;
+    const int64_t dxa = R(N * l.rank * kF32), dxa_cast = gpu && half ? R(N * l.rank * a) : 0;
+    if (dropout) forward_temp = std::max(forward_temp, R(N * l.in * a));
+    int64_t t = dxa + (gpu && half ? R(N * l.out * a) : 0);
+    if (dropout) t = std::max({t, dxa + R(N * l.in * a) + dxa_cast, dxa + R(N * l.in * kF32) + dxa_cast});
+    else t = std::max(t, dxa + dxa_cast);
+    backward_temp = std::max(backward_temp, t);
+  }
+  x.op_temporary = std::max(forward_temp, backward_temp);
+
+  // Gradients the engine allocates per unit at its backward (fp32, whole): the layer's, and the
+  // root's (full fine-tuning: embedding, final norm, head) for the whole backward.
+  int64_t layer_grads = 0, root_grads = 0;
+  if (p.grads_per_unit) {
+    layer_grads = unit_bytes(p, layer_unit_shape(p), 1, gpu).grads;
+    root_grads = unit_bytes(p, root_unit(p), 1, gpu).grads;
+  }
+  x.unit_grads = layer_grads + root_grads;
+
+  const int64_t kept = x.stream_on_device + x.kept_layers * x.layer + x.dequantized + x.rope;
+  x.forward_peak = kept + forward_temp;
+  x.head_peak = kept + root_grads + normed + final_rstd + d_normed + std::max(logits, d_resid);
+  x.backward_peak = kept + root_grads + layer_grads + x.grad_scratch + std::max(forward_temp, backward_temp);
+  x.peak = std::max({x.forward_peak, x.head_peak, x.backward_peak});
+  x.transient_peak = x.peak - x.dequantized - x.rope;
+  return x;
+}
+
+MemoryPrediction predict_memory(const PlanInput& p) {
+  if (p.world_size < 1) throw std::logic_error("predict_memory: world_size < 1");
+  if (p.setting.batch_size < 1 || p.context_length < 1) throw std::logic_error("predict_memory: empty batch");
+  MemoryPrediction r;
+  const int S = shard_group_size(p.setting.strategy, p.world_size, p.ranks_per_node);
+  r.shard_size = S;
+  r.ranks_per_node = p.ranks_per_node > 0 ? std::min(p.ranks_per_node, p.world_size) : p.world_size;
+  const bool gpu = p.on_gpu, resident = S == 1;
+  const bool state_on_host = !gpu || p.setting.cpu_offload;
+  const int64_t L = p.model.num_hidden_layers, k = state_buffers(p.optimizer);
+  const UnitBytes root = unit_bytes(p, root_unit(p), S, gpu), layer = unit_bytes(p, layer_unit_shape(p), S, gpu);
+  const UnitBytes root_host = unit_bytes(p, root_unit(p), S, false), layer_host = unit_bytes(p, layer_unit_shape(p), S, false);
+  r.activations = activation_bytes(p);
+  const ActivationBytes& act = r.activations;
+
+  // Where the compute happens: the GPU, or the host for the CPU backend.
+  std::vector<MemoryItem> items;
+  auto add = [&](const std::string& what, int64_t compute_side, int64_t host_side) {
+    MemoryItem item{what, gpu ? compute_side : 0, host_side + (gpu ? 0 : compute_side)};
+    if (item.gpu || item.host) items.push_back(item);
+  };
+
+  // Optimizer state of this rank's shards: fp32 master, gradient, k buffers (one allocation each per unit).
+  auto shard_state = [&](const UnitBytes& u, bool on_gpu_now, int64_t buffers) {
+    return rounded(on_gpu_now, u.layout.shard_numel * kF32) * buffers;
+  };
+  const bool state_gpu = gpu && !p.setting.cpu_offload;
+  const int64_t state_dev = state_gpu ? shard_state(root, true, 2 + k) + L * shard_state(layer, true, 2 + k) : 0;
+  // The engine always keeps a host copy of its master shard (staging for gathers and checkpoints).
+  const int64_t master_host = shard_state(root_host, false, 1) + L * shard_state(layer_host, false, 1);
+  const int64_t state_host = state_on_host ? shard_state(root_host, false, 1 + k) + L * shard_state(layer_host, false, 1 + k) : 0;
+
+  int64_t persistent_compute = 0, gathered_compute = 0;
+  int64_t host_weights = 0, host_gather = 0, load_peak = 0;
+  if (resident) {
+    // The whole model stays where it computes; NF4 host copies stay too (BaseWeight::place_on).
+    const int64_t frozen_nf4 = L * layer.nf4, frozen_dense = root.dense + L * layer.dense;
+    const int64_t compute = root.compute + L * layer.compute;
+    add("frozen NF4 weights", frozen_nf4, gpu ? L * layer_host.nf4_host : 0);
+    add("frozen dense weights (embedding, head, norms" + std::string(p.quantized ? ")" : ", linears)"), frozen_dense, 0);
+    add(p.activation == DType::F32 ? "trainable fp32 weights (computed with)" : "trainable compute copies", compute, 0);
+    persistent_compute = frozen_nf4 + frozen_dense + compute;
+    host_weights = gpu ? L * layer_host.nf4_host : 0;
+    // Loading builds every unit on the host first, then places the model on the GPU.
+    const int64_t host_all = L * layer_host.nf4_host + root_host.dense + L * layer_host.dense +
+                             root_host.compute + L * layer_host.compute;
+    const int64_t building = std::max(root_host.grads + root_host.compute, layer_host.grads + layer_host.compute);
+    load_peak = host_all + building + master_host + state_host;
+  } else {
+    // Each rank keeps its shard ([frozen | compute] bytes a gather sends) in host memory; units
+    // are gathered for compute: the root always, the current unit and one prefetched
+    // (shard_grad_op: every unit from its forward until its backward).
+    const int64_t shards = static_cast<int64_t>(root_host.layout.frozen_shard_bytes + root_host.layout.shard_numel * dtype_size(p.activation)) +
+                           L * static_cast<int64_t>(layer_host.layout.frozen_shard_bytes + layer_host.layout.shard_numel * dtype_size(p.activation));
+    const bool keeps_gathered = !reshards_after_forward(p.setting.strategy);
+    const int64_t layers_in_flight = keeps_gathered ? L : std::min<int64_t>(2, L);
+    const int64_t one_root = root.nf4 + root.dense + root.compute, one_layer = layer.nf4 + layer.dense + layer.compute;
+    gathered_compute = one_root + layers_in_flight * one_layer;
+    add("gathered units (root + " + std::to_string(layers_in_flight) + " layer" + (layers_in_flight == 1 ? "" : "s") + ")",
+        gathered_compute, 0);
+    add("this rank's shards of the weights", 0, shards);
+    host_weights = shards;
+    // Host side of a gather: the all-gather's receive buffer (one unit × S), the gathered unit's
+    // NF4 host copy; a reduce-scatter packs a unit's full gradients.
+    const int64_t recv = static_cast<int64_t>((layer_host.layout.frozen_shard_bytes +
+                                               layer_host.layout.shard_numel * dtype_size(p.activation))) * S;
+    const int64_t nf4_copies = (keeps_gathered ? L : 1) * layer_host.nf4_host;
+    const int64_t packed = layer_host.layout.shard_numel * S * kF32 + layer_host.layout.shard_numel * kF32;
+    host_gather = recv + (gpu ? nf4_copies : 0) + packed;
+    add("gather / reduce buffers", 0, host_gather);
+    // The shard loader builds one unit's shard at a time (read in the load dtype).
+    load_peak = shards + master_host + state_host + static_cast<int64_t>(layer_host.layout.frozen_shard_bytes) * 2;
+  }
+  add("fp32 masters (engine's host copy)", 0, master_host);
+  if (state_gpu) add("fp32 masters + grads + optimizer state (" + std::to_string(k) + " buffers), shards", state_dev, 0);
+  if (state_on_host) add("fp32 grads + optimizer state (" + std::to_string(k) + " buffers), shards", 0, state_host);
+
+  add("activations: residual stream (layer inputs)", act.stream_on_device, 0);
+  if (p.setting.activation_offload) add("activations: offloaded layer inputs (pinned)", 0, act.stream - act.stream_on_device);
+  add("activations: " + std::to_string(act.kept_layers) + " layer" + (act.kept_layers == 1 ? "" : "s") + " kept for backward",
+      act.kept_layers * act.layer, 0);
+  add("dequantised NF4 layer + RoPE tables", act.dequantized + act.rope, 0);
+  add("peak pass workspace (head / grad scratch / op temporaries / unit grads)",
+      act.peak - act.stream_on_device - act.kept_layers * act.layer - act.dequantized - act.rope, 0);
+  r.items = items;
+
+  // Host-side activation copies for offload; the CPU backend holds everything there.
+  const int64_t offloaded = p.setting.activation_offload ? act.stream - act.stream_on_device : 0;
+  if (gpu) {
+    r.gpu_after_load = persistent_compute + state_dev;
+    r.gpu_peak = persistent_compute + state_dev + gathered_compute + act.peak;
+    r.gpu_required = static_cast<int64_t>(static_cast<double>(r.gpu_peak) * (1 + kAllocatorSlack)) + kCudaContextBytes;
+    const int64_t train_host = host_weights + host_gather + master_host + state_host + offloaded + act.rope / 2;
+    r.host_per_rank = kHostProcessBytes + std::max(load_peak, train_host);
+  } else {
+    const int64_t train_host = persistent_compute + gathered_compute + host_weights + host_gather + master_host +
+                               state_host + act.peak;
+    r.host_per_rank = kHostProcessBytes + std::max(load_peak, train_host);
+  }
+  r.host_per_node = r.host_per_rank * r.ranks_per_node;
+  return r;
+}
+
+GuideResult walk_guide(const PlanInput& base, int64_t gpu_bytes, int64_t host_bytes, int64_t max_batch) {
+  if (max_batch < 1) throw std::logic_error("walk_guide: max_batch < 1");
+  struct Step {
+    const char* name;
+    ShardingStrategy strategy;
+    bool checkpointing, cpu_offload, activation_offload;
+  };
+  const Step steps[] = {
+      {"DDP", ShardingStrategy::Ddp, false, false, false},
+      {"+ gradient checkpointing", ShardingStrategy::Ddp, true, false, false},
+      {"shard_grad_op", ShardingStrategy::ShardGradOp, true, false, false},
+      {"full_shard", ShardingStrategy::FullShard, true, false, false},
+      {"+ CPU offload", ShardingStrategy::FullShard, true, true, false},
+      {"+ activation offload", ShardingStrategy::FullShard, true, true, true},
+  };
+  GuideResult result;
+  for (const Step& s : steps) {
+    GuideStep g;
+    g.name = s.name;
+    PlanInput in = base;
+    in.setting = {s.strategy, s.checkpointing, s.cpu_offload, s.activation_offload, 1};
+    auto fits = [&](const MemoryPrediction& m) {
+      return m.gpu_required <= gpu_bytes && (host_bytes <= 0 || m.host_per_node <= host_bytes);
+    };
+    g.setting = in.setting;
+    g.prediction = predict_memory(in);
+    for (int64_t bs = 1; bs <= max_batch; bs *= 2) {
+      in.setting.batch_size = bs;
+      MemoryPrediction m = predict_memory(in);
+      if (!fits(m)) break;  // memory grows with the batch: larger ones do not fit either
+      g.fits = true;
+      g.setting = in.setting;
+      g.prediction = std::move(m);
+    }
+    if (g.fits && result.recommended < 0) result.recommended = static_cast<int>(result.steps.size());
+    result.steps.push_back(std::move(g));
+  }
+  return result;
+}
+
+}  // namespace fsdpq

@@ -1,0 +1,270 @@
+// The memory planner (model/memory_plan.h): hand-computed sizes, sharding and optimizer state,
+// the guide's order and recommendation, the activation bytes against what a real CPU training
+// pass allocates (exact), and the 7B GPU measurements of bench/RESULTS.md (within 10%).
+#include "model/memory_plan.h"
+
+#include <gtest/gtest.h>
+
+#include "backend/host_tensor_bytes.h"
+#include "model/llama_layer.h"
+#include "model/presets.h"
+#include "model_llama_test_support.h"
+#include "test_support.h"
+
+namespace fsdpq {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+PlanInput tiny_input(int64_t B, int64_t T, bool on_gpu) {
+  PlanInput p;
+  p.model = test::tiny_llama(300);
+  p.quantized = true;
+  p.lora_rank = 4;
+  p.lora_targets = {"q_proj", "v_proj"};
+  p.lora_dropout = 0;
+  p.activation = DType::BF16;
+  p.context_length = T;
+  p.on_gpu = on_gpu;
+  p.setting.batch_size = B;
+  return p;
+}
+
+TEST(MemoryPlan, LayerActivationsByHand) {
+  // tiny: C 64, H 4, KV 2, D 16, I 176; B 2, T 8 → N 16; bf16; LoRA r 4 on q and v.
+  // n1, q, att, x2, n2: 16·64·2 = 2048 each; k, v: 16·32·2 = 1024 each; rstd1/2: 64 each;
+  // lse: 2·4·8·4 = 256; gate, up, h: 16·176·2 = 5632 each; xa (q, v): 16·4·2 = 128 each.
+  const int64_t host = 5 * 2048 + 2 * 1024 + 2 * 64 + 256 + 3 * 5632 + 2 * 128;
+  EXPECT_EQ(activation_bytes(tiny_input(2, 8, false)).layer, host);
+  // On the GPU each allocation is rounded up to a multiple of 512 bytes: 64/128/256 → 512
+  // (2048, 1024 and 5632 = 11 · 512 already are).
+  const int64_t gpu = 5 * 2048 + 2 * 1024 + 2 * 512 + 512 + 3 * 5632 + 2 * 512;
+  EXPECT_EQ(activation_bytes(tiny_input(2, 8, true)).layer, gpu);
+
+  // The same as LayerActivations itself allocates.
+  LayerActivations a;
+  a.allocate(layer_dims(test::tiny_llama(300), 2, 8), DType::BF16, {4, 0, 4, 0, 0, 0, 0});
+  EXPECT_EQ(a.nbytes(), host);
+}
+
+TEST(MemoryPlan, CheckpointingKeepsOneLayer) {
+  PlanInput p = tiny_input(4, 64, false);
+  p.setting.gradient_checkpointing = false;
+  const ActivationBytes full = activation_bytes(p);
+  p.setting.gradient_checkpointing = true;
+  const ActivationBytes ckpt = activation_bytes(p);
+  EXPECT_EQ(full.kept_layers, p.model.num_hidden_layers);
+  EXPECT_EQ(ckpt.kept_layers, 1);
+  EXPECT_EQ(full.layer, ckpt.layer);
+  // Backward peaks: L layers kept vs one layer plus the recompute's output buffer.
+  const int64_t one_input = 4 * 64 * p.model.hidden_size * 2;
+  EXPECT_EQ(full.backward_peak - ckpt.backward_peak, (p.model.num_hidden_layers - 1) * full.layer - one_input);
+  // Residual stream: L + 1 inputs and the ids, either way.
+  EXPECT_EQ(ckpt.stream, (p.model.num_hidden_layers + 1) * one_input + 4 * 64 * 4);
+}
+
+TEST(MemoryPlan, ShardGroupSizes) {
+  EXPECT_EQ(shard_group_size(ShardingStrategy::Ddp, 8, 0), 1);
+  EXPECT_EQ(shard_group_size(ShardingStrategy::FullShard, 8, 0), 8);
+  EXPECT_EQ(shard_group_size(ShardingStrategy::ShardGradOp, 8, 4), 8);
+  EXPECT_EQ(shard_group_size(ShardingStrategy::HybridFullShard, 8, 4), 4);
+  EXPECT_EQ(shard_group_size(ShardingStrategy::HybridShardGradOp, 8, 0), 8);
+}
+
+PlanInput llama2_7b(bool quantized) {
+  PlanInput p;
+  p.model = preset_or_fail("llama2-7b");
+  p.quantized = quantized;
+  p.lora_rank = 64;
+  p.lora_targets = {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "down_proj"};
+  p.lora_dropout = 0.1;
+  p.context_length = 512;
+  p.setting = {ShardingStrategy::FullShard, true, false, false, 4};
+  return p;
+}
+
+TEST(MemoryPlan, OptimizerStateAndOffload) {
+  // 7B LoRA r 64 on six modules: 4,472,832 adapter weights per layer × 32 layers.
+  const int64_t lora = 4'472'832LL * 32;
+  PlanInput p = llama2_7b(true);
+  p.on_gpu = false;  // host bytes are not rounded: exact differences
+  const int64_t adamw = predict_memory(p).host_per_rank;
+  p.optimizer = OptimizerKind::sgd;
+  const int64_t sgd = predict_memory(p).host_per_rank;
+  EXPECT_EQ(adamw - sgd, 2 * 4 * lora);  // exp_avg + exp_avg_sq, fp32
+
+  // CPU offload moves the fp32 master, gradient and 2 state buffers of every shard off the GPU.
+  p = llama2_7b(true);
+  const MemoryPrediction on_gpu = predict_memory(p);
+  p.setting.cpu_offload = true;
+  const MemoryPrediction offloaded = predict_memory(p);
+  // Per layer unit 4,472,832 fp32 = 17.06 MiB per buffer, rounded by the allocator to 18 MiB.
+  EXPECT_EQ(on_gpu.gpu_after_load - offloaded.gpu_after_load, 4 * 32 * (int64_t{18} << 20));
+  EXPECT_GT(offloaded.host_per_rank, on_gpu.host_per_rank + 11 * lora);  // grad + 2 states (+ master copy)
+}
+
+TEST(MemoryPlan, FullShardDividesState) {
+  PlanInput p = llama2_7b(true);
+  p.world_size = 4;
+  const MemoryPrediction four = predict_memory(p);
+  EXPECT_EQ(four.shard_size, 4);
+  p.world_size = 1;
+  const MemoryPrediction one = predict_memory(p);
+  // Resident: every weight and all state; sharded: a quarter of the state (weights are gathered).
+  // A quarter of a layer's 4,472,832 adapter weights in fp32 is 4.27 MiB, allocated as 6 MiB (2 MiB
+  // granules), four buffers (master, grad, exp_avg, exp_avg_sq) per layer; the root trains nothing.
+  EXPECT_EQ(four.gpu_after_load, 32 * 4 * (int64_t{6} << 20));
+  EXPECT_GT(one.gpu_after_load, four.gpu_after_load + 3.0 * kGiB);  // the NF4 model stays on one GPU
+  // ddp on 4 GPUs keeps everything on each, like one GPU.
+  p.world_size = 4;
+  p.setting.strategy = ShardingStrategy::Ddp;
+  EXPECT_EQ(predict_memory(p).gpu_after_load, one.gpu_after_load);
+  // shard_grad_op keeps every layer gathered until its backward: more than full_shard's 2 in flight.
+  p.setting.strategy = ShardingStrategy::ShardGradOp;
+  EXPECT_GT(predict_memory(p).gpu_peak, four.gpu_peak + 2.5 * kGiB);
+}
+
+// bench/RESULTS.md, 2026-12-03, one H200, fsdpq itself: llama2-7b, LoRA r64 α16 dropout 0.1 on
+// q,k,v,gate,up,down, bs 4, ctx 512, checkpointing, bf16, adamw.
+TEST(MemoryPlan, MatchesTheMeasured7BRunsWithin10Percent) {
+  const MemoryPrediction qlora = predict_memory(llama2_7b(true));
+  EXPECT_NEAR(qlora.gpu_after_load / kGiB, 6.23, 0.623);
+  EXPECT_NEAR(qlora.gpu_peak / kGiB, 7.94, 0.794);
+  const MemoryPrediction lora = predict_memory(llama2_7b(false));
+  EXPECT_NEAR(lora.gpu_peak / kGiB, 16.5, 1.65);
+}
+
+TEST(MemoryPlan, GuideOrderAndRecommendation) {
+  PlanInput p = llama2_7b(true);
+  const GuideResult one = walk_guide(p, static_cast<int64_t>(80 * kGiB), 0, 64);
+  ASSERT_EQ(one.steps.size(), 6u);
+  const std::vector<std::string> names = {"DDP", "+ gradient checkpointing", "shard_grad_op", "full_shard",
+                                          "+ CPU offload", "+ activation offload"};
+  for (size_t i = 0; i < names.size(); ++i) EXPECT_EQ(one.steps[i].name, names[i]);
+  EXPECT_EQ(one.steps[0].setting.strategy, ShardingStrategy::Ddp);
+  EXPECT_FALSE(one.steps[0].setting.gradient_checkpointing);
+  EXPECT_TRUE(one.steps[5].setting.activation_offload && one.steps[5].setting.cpu_offload);
+  // 7B QLoRA fits one 80 GiB GPU with plain DDP; the batch is the largest power of two that fits.
+  EXPECT_EQ(one.recommended, 0);
+  const GuideStep& ddp = one.steps[0];
+  EXPECT_LE(ddp.prediction.gpu_required, static_cast<int64_t>(80 * kGiB));
+  p.setting = ddp.setting;
+  if (ddp.setting.batch_size < 64) {
+    p.setting.batch_size *= 2;
+    EXPECT_GT(predict_memory(p).gpu_required, static_cast<int64_t>(80 * kGiB));
+  }
+  // Checkpointing lets a larger batch fit than DDP without it.
+  EXPECT_GT(one.steps[1].setting.batch_size, ddp.setting.batch_size);
+
+  // 70B QLoRA on 2 × 24 GiB (fsdp_qlora's headline): only sharding with re-gathering fits.
+  PlanInput big = llama2_7b(true);
+  big.model = preset_or_fail("llama2-70b");
+  big.context_length = 2048;
+  big.world_size = 2;
+  const GuideResult two = walk_guide(big, static_cast<int64_t>(24 * kGiB), 0, 64);
+  EXPECT_FALSE(two.steps[0].fits);
+  EXPECT_FALSE(two.steps[1].fits);
+  EXPECT_FALSE(two.steps[2].fits);
+  EXPECT_EQ(two.recommended, 3);
+  // A host limit below what offload needs rules the offload steps out.
+  const GuideResult tight = walk_guide(big, static_cast<int64_t>(10 * kGiB), static_cast<int64_t>(4 * kGiB), 64);
+  EXPECT_EQ(tight.recommended, -1);
+  for (const GuideStep& g : tight.steps) EXPECT_FALSE(g.fits);
+}
+
+// The planner's activation bytes against the CPU tensors a real training pass allocates: the
+// first pass adds the persistent buffers (dequantised layer, RoPE tables), and the peak of a
+// pass above what was live before it is exactly the transient activations.
+struct PassCase {
+  const char* name;
+  bool quantize, train_base, checkpointing;
+  double dropout;
+  Precision precision;
+  int64_t B, T;
+};
+
+TEST(MemoryPlan, ActivationBytesEqualWhatACpuPassAllocates) {
+  const PassCase cases[] = {
+      {"qlora bf16 ckpt dropout", true, false, true, 0.1, Precision::BF16, 2, 24},
+      {"qlora bf16 no ckpt", true, false, false, 0.1, Precision::BF16, 3, 16},
+      {"lora fp32 ckpt no dropout", false, false, true, 0.0, Precision::FP32, 2, 20},
+      {"lora fp16 no ckpt", false, false, false, 0.05, Precision::FP16Autocast, 1, 40},
+      {"full bf16 ckpt", false, true, true, 0.0, Precision::BF16, 2, 16},
+  };
+  for (const PassCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const LlamaConfig config = test::tiny_llama(300);
+    ModelOptions o = c.train_base ? test::full_options(c.precision) : test::lora_options(c.precision, c.quantize, c.dropout);
+    o.gradient_checkpointing = c.checkpointing;
+    LlamaModel model = LlamaModel::random(config, 1, o);
+    const data::Batch batch = test::random_batch(c.B, c.T, config.vocab_size, 7);
+
+    PlanInput p;
+    p.model = config;
+    p.quantized = c.quantize;
+    p.train_base = c.train_base;
+    p.lora_rank = o.lora_rank;
+    p.lora_targets = o.lora_targets;
+    p.lora_dropout = c.dropout;
+    p.activation = activation_dtype(c.precision);
+    p.context_length = c.T;
+    p.on_gpu = false;
+    p.grads_per_unit = false;  // a bare model's gradients exist all the time
+    p.setting.batch_size = c.B;
+    p.setting.gradient_checkpointing = c.checkpointing;
+    const ActivationBytes predicted = activation_bytes(p);
+
+    const int64_t before_first = host_tensor_bytes().live;
+    reset_host_tensor_peak();
+    model.forward_backward(batch, 100.0, 1.0f, 1);
+    const HostTensorBytes after_first = host_tensor_bytes();
+    EXPECT_EQ(after_first.live - before_first, predicted.dequantized + predicted.rope);
+    EXPECT_EQ(after_first.peak - before_first, predicted.peak);
+
+    reset_host_tensor_peak();
+    model.forward_backward(batch, 100.0, 1.0f, 2);
+    const HostTensorBytes after_second = host_tensor_bytes();
+    EXPECT_EQ(after_second.live, after_first.live);
+    EXPECT_EQ(after_second.peak - after_first.live, predicted.transient_peak);
+    EXPECT_GT(predicted.transient_peak, predicted.kept_layers * predicted.layer);
+  }
+}
+
+test::CommandResult plan(const std::string& args) {
+  return test::run_command(std::string("cd '") + FSDPQ_SOURCE_DIR + "' && '" + FSDPQ_BINARY + "' plan " + args);
+}
+
+TEST(PlanCommand, PrintsTheGuideAndRecommends) {
+  const auto r = plan("inputs/dummy_7b.ini --gpus 1 --gpu-mem 80 --host-mem 256");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* part : {"fsdpq plan: preset:llama2-7b (32 layers, hidden 4096, vocab 32000), qlora r 64",
+                           "1 GPU of 80 GiB, 1 rank per node, host memory 256 GiB per node",
+                           "| # | step | setting | batch |", "| 1 | DDP | ddp |", "| 6 | + activation offload |",
+                           "Recommended: step 1 (DDP)"})
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+  // 70B QLoRA does not fit one 24 GiB GPU at all.
+  const auto none = plan("inputs/dummy_70b.ini --gpus 1 --gpu-mem 24");
+  ASSERT_EQ(none.exit_code, 0) << none.output;
+  EXPECT_NE(none.output.find("Nothing fits in 24 GiB per GPU"), std::string::npos) << none.output;
+}
+
+TEST(PlanCommand, BadFlagsAreClearErrors) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"inputs/dummy_7b.ini --gpus 0", "plan: --gpus '0': expected an integer from 1 to 1048576"},
+      {"inputs/dummy_7b.ini --gpus two", "plan: --gpus 'two': expected an integer from 1 to 1048576"},
+      {"inputs/dummy_7b.ini --gpu-mem abc", "plan: --gpu-mem 'abc': expected a number of GiB above 0"},
+      {"inputs/dummy_7b.ini --host-mem=-4", "plan: --host-mem '-4': expected a number of GiB above 0"},
+      {"inputs/dummy_7b.ini --gpu-mem", "plan: --gpu-mem needs a value"},
+      {"inputs/dummy_7b.ini --max-batch 0", "plan: --max-batch '0': expected an integer from 1 to 65536"},
+      {"inputs/dummy_7b.ini --ranks_per_node 8 --gpus 4", "plan: ranks_per_node = 8 is more than the 4 GPUs"},
+      {"inputs/nope.ini", "nope.ini"},
+  };
+  for (const auto& [args, message] : cases) {
+    const auto r = plan(args);
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << args << "\n" << r.output;
+  }
+}
+
+}  // namespace
+}  // namespace fsdpq
