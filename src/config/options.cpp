@@ -148,9 +148,11 @@ std::vector<OptionSpec> build_specs() {
        {{"wandb", "Weights & Biases needs the network; use tqdm, stdout or file and the metrics.jsonl"}}},
       {"verbose", "output", OptionType::Bool, &T::verbose, "false", "Print per-rank details."},
       {"profile", "output", OptionType::Bool, &T::profile, "false",
-       "Write a chrome-trace / Perfetto JSON of the step phases into output_dir."},
+       "Write a chrome-trace / Perfetto timeline of each step's phases, gathers and reductions: "
+       "output_dir/trace.rank<R>.json per rank."},
       {"profile_memory", "output", OptionType::Bool, &T::profile_memory, "false",
-       "Record memory at every phase boundary, not only at fsdp_qlora's checkpoints."},
+       "Also write a memory record to metrics.jsonl before and after every micro-batch's pass and after "
+       "every optimizer step, not only at fsdp_qlora's checkpoints."},
       {"dry_run", "output", OptionType::Bool, &T::dry_run, "false",
        "Load and check everything, print the plan (config, model, dataset, batches) and stop."},
   };

@@ -302,7 +302,9 @@ void FsdpEngine::ensure_gathered(Unit& u) {
   start_gather(u);
   const auto waited = std::chrono::steady_clock::now();
   u.pending.wait();
-  times_.gather_wait += std::chrono::duration<double>(std::chrono::steady_clock::now() - waited).count();
+  const auto waited_until = std::chrono::steady_clock::now();
+  times_.gather_wait += std::chrono::duration<double>(waited_until - waited).count();
+  if (event_sink_) event_sink_("gather wait", u.name, waited, waited_until);
   // Unpack into the model's tensors: frozen segments, then the trainables in the compute dtype.
   for (const FrozenSegment& seg : u.segments) {
     BaseWeight& w = *u.frozen[seg.weight];
@@ -406,7 +408,9 @@ void FsdpEngine::reduce_gradients(Unit& u) {
   }
   for (const TrainableEntry& e : u.trainables) e.tensor->grad = Tensor();
   u.grads_present = false;
-  times_.reduce += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const auto end = std::chrono::steady_clock::now();
+  times_.reduce += std::chrono::duration<double>(end - start).count();
+  if (event_sink_) event_sink_("reduce", u.name, start, end);
 }
 
 CommTimes FsdpEngine::take_times() {

@@ -14,6 +14,7 @@
 // A shard group of one rank (ddp, or a single process) keeps the model resident: nothing is
 // gathered or freed, and the optimizer's results are copied back into the model after each step.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -125,6 +126,12 @@ class FsdpEngine final : public UnitHooks {
   std::span<const uint8_t> frozen_shard(int unit);
   std::span<const float> master_shard(int unit);
   CommTimes take_times();
+  // Profiling (profile = true): called after each all-gather wait and gradient reduction with
+  // what it was ("gather wait", "reduce"), the unit's name ("layer 3") and when it ran.
+  using EventSink = std::function<void(const char* what, const std::string& unit,
+                                       std::chrono::steady_clock::time_point begin,
+                                       std::chrono::steady_clock::time_point end)>;
+  void set_event_sink(EventSink sink) { event_sink_ = std::move(sink); }
   const ProcessGroups& groups() const { return groups_; }
   bool resident() const;
 
@@ -148,6 +155,7 @@ class FsdpEngine final : public UnitHooks {
   FsdpOptions options_;
   // Host buffers of the gradient reduction and of host⇄GPU tensor writes (pinned on a GPU).
   HostStaging packed_staging_, reduced_staging_, write_staging_;
+  EventSink event_sink_;
   std::vector<std::unique_ptr<Unit>> units_;
   bool sync_gradients_ = true;
   CommTimes times_;

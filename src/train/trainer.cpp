@@ -23,6 +23,7 @@
 #include "train/metrics_log.h"
 #include "train/progress.h"
 #include "train/save_model.h"
+#include "train/trace_writer.h"
 #include "train/train_checkpoint.h"
 #include "util/error.h"
 #include "util/strings.h"
@@ -243,6 +244,20 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
   metrics.write(header);
   metrics.write(memory_record("after_load", position.step, device));
   Progress progress = world.is_root() ? Progress(c.log_to, c.output_dir) : Progress();
+  TraceWriter trace;
+  if (c.profile) {
+    std::filesystem::create_directories(c.output_dir);
+    trace = TraceWriter(std::filesystem::path(c.output_dir) / fmt::format("trace.rank{}.json", world.rank), world.rank);
+    engine.set_event_sink([&trace](const char* what, const std::string& unit, TraceWriter::Clock::time_point begin,
+                                   TraceWriter::Clock::time_point end) {
+      trace.span(fmt::format("{} ({})", what, unit), "comm", begin, end);
+    });
+  }
+  // profile_memory: a memory record around every micro-batch's pass and optimizer step, not only
+  // at fsdp_qlora's checkpoints (the records come from rank 0, as the metrics do).
+  auto memory_point = [&](const char* at, int64_t at_step) {
+    if (c.profile_memory) metrics.write(memory_record(at, at_step, device));
+  };
   const int32_t pad_id = plan.tokenizer->pad_id();
   data::DistributedSampler sampler(static_cast<int64_t>(plan.dataset.train.size()), world.size, world.rank,
                                    static_cast<uint64_t>(c.seed));
@@ -269,10 +284,13 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
       // fsdp_qlora: loss = output.loss / gradient_accumulation_steps, output.loss the micro-batch mean.
       const double normalizer = static_cast<double>(std::max<int64_t>(batch.target_tokens, 1)) * static_cast<double>(gas);
       const float loss_scale = scaler ? scaler->scale() : 1.0f;
+      memory_point("before_forward_backward", step);
       const auto fb_start = Clock::now();
       LossSum l = model.forward_backward(batch, normalizer, loss_scale, static_cast<uint64_t>(step * gas + i % gas));
       if (device == Device::CUDA) cuda_synchronize();  // the phase's time is the GPU's, not the queueing's
       forward_backward_seconds += seconds_since(fb_start);
+      trace.span("forward_backward", "compute", fb_start, Clock::now(), {{"step", step + 1}, {"micro_batch", i % gas}});
+      memory_point("after_forward_backward", step);
       if (step == 0 && i == 0)
         metrics.write(memory_record("after_first_forward_backward", step, device));
       sums[0] += l.mean() * static_cast<double>(batch.batch_size);
@@ -304,6 +322,10 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
         engine.optimizer_step(lr);
       if (device == Device::CUDA) cuda_synchronize();
       const double optimizer_seconds = seconds_since(optimizer_start);
+      trace.span(skipped ? "skipped step (fp16 overflow)" : "optimizer", "compute", optimizer_start, Clock::now(),
+                 {{"step", step + 1}});
+      trace.span(fmt::format("step {}", step + 1), "step", step_start, Clock::now(), {{"loss", loss}});
+      memory_point("after_optimizer", step + 1);
       ++step;
       position.samples_in_epoch += static_cast<int64_t>(c.batch_size * gas) * world.size;
       if (step == 1) metrics.write(memory_record("after_first_step", step, device));

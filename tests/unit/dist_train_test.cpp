@@ -460,5 +460,38 @@ TEST_F(Checkpoints, AFailureOnOneRankMidTrainingEndsEveryRankPromptly) {
   EXPECT_LT(seconds, 60.0);
 }
 
+// profile = true: each rank writes a chrome-trace timeline that parses as JSON and holds every
+// step, its passes and optimizer, and (two ranks: units are gathered) the gather waits and
+// reductions; profile_memory adds memory records around every pass and step.
+TEST_F(DistTrain, ProfileWritesAPerRankTraceAndMemoryRecords) {
+  auto r = mpirun(2, args("qlora", 2, "profiled", 3) + " --profile true --profile_memory true");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (int rank = 0; rank < 2; ++rank) {
+    const fs::path path = dir_ / "profiled" / ("trace.rank" + std::to_string(rank) + ".json");
+    std::ifstream in(path);
+    ASSERT_TRUE(in) << path;
+    const nlohmann::json events = nlohmann::json::parse(in);
+    std::map<std::string, int> count;
+    for (const auto& e : events) {
+      if (e.at("ph") != "X") continue;
+      EXPECT_EQ(e.at("pid").get<int>(), rank) << e.dump();
+      EXPECT_GE(e.at("dur").get<double>(), 0.0) << e.dump();
+      const std::string name = e.at("name");
+      count[name.substr(0, name.find(' '))]++;
+    }
+    EXPECT_EQ(count["step"], 3) << path;
+    EXPECT_EQ(count["forward_backward"], 3 * 2) << "gradient_accumulation_steps 2 at 2 ranks";
+    EXPECT_EQ(count["optimizer"], 3);
+    EXPECT_GT(count["gather"], 0) << "full_shard over 2 ranks gathers every layer";
+    EXPECT_GT(count["reduce"], 0);
+  }
+  std::map<std::string, int> memory_at;
+  for (const auto& m : read_jsonl(dir_ / "profiled" / "metrics.jsonl", "memory")) memory_at[m.at("at")]++;
+  EXPECT_EQ(memory_at["before_forward_backward"], 6);
+  EXPECT_EQ(memory_at["after_forward_backward"], 6);
+  EXPECT_EQ(memory_at["after_optimizer"], 3);
+  EXPECT_EQ(memory_at["after_load"], 1);
+}
+
 }  // namespace
 }  // namespace fsdpq
