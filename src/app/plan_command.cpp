@@ -158,8 +158,7 @@ std::string format_plan(const TrainConfig& c, const PlanInput& input, const Plan
                        guide.recommended + 1, g.name, setting_text(g.setting), gib(g.prediction.gpu_required),
                        gib(g.prediction.host_per_node), setting_flags(g.setting));
     if (g.setting.activation_offload)
-      out += "  (use_activation_cpu_offload is predicted as fsdp_qlora does it; fsdpq accepts the setting but does "
-             "not move activations yet)\n";
+      out += "  (with use_activation_cpu_offload the layer inputs wait in host memory; not yet measured on a GPU)\n";
   }
   return out;
 }

@@ -354,6 +354,8 @@ void FsdpEngine::forward_end(int index, bool backward_follows) {
 }
 
 void FsdpEngine::backward_begin(int index) {
+  // The root's backward begins with the loss: the forward of this pass is complete.
+  if (index == kRootUnit && forward_done_) forward_done_();
   Unit& u = unit(index);
   ensure_gathered(u);
   if (index > 1 && reshard_after_forward_) prefetch(index - 1);

@@ -132,6 +132,9 @@ class FsdpEngine final : public UnitHooks {
                                        std::chrono::steady_clock::time_point begin,
                                        std::chrono::steady_clock::time_point end)>;
   void set_event_sink(EventSink sink) { event_sink_ = std::move(sink); }
+  // Called when a training pass's forward is complete (its backward is about to begin): where
+  // fsdp_qlora takes its "after forward" memory reading.
+  void set_forward_done_callback(std::function<void()> callback) { forward_done_ = std::move(callback); }
   const ProcessGroups& groups() const { return groups_; }
   bool resident() const;
 
@@ -156,6 +159,7 @@ class FsdpEngine final : public UnitHooks {
   // Host buffers of the gradient reduction and of host⇄GPU tensor writes (pinned on a GPU).
   HostStaging packed_staging_, reduced_staging_, write_staging_;
   EventSink event_sink_;
+  std::function<void()> forward_done_;
   std::vector<std::unique_ptr<Unit>> units_;
   bool sync_gradients_ = true;
   CommTimes times_;

@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 #include <stdexcept>
+#include <utility>
 
 #include "backend/cuda_backend.h"
 #include "model/llama_cached_attention.h"
@@ -211,10 +212,18 @@ struct LlamaModel::Impl {
     auto activations_of = [&](int64_t i) -> LayerActivations& {
       return activations[static_cast<size_t>(keep_activations ? i : 0)];
     };
+    // Activation offload: a layer's input goes to host memory once the layer's forward is done and
+    // comes back just before its backward (the same bytes: the pass's results do not change).
+    const bool offload_inputs = train && !keep_activations && options.activation_offload;
+    std::vector<Tensor> offloaded(offload_inputs ? static_cast<size_t>(L) : 0);
     for (int64_t i = 0; i < L; ++i) {
       if (hooks) hooks->forward_begin(layer_unit(i));
       layer_forward(stream_at(i + 1), activations_of(i), stream_at(i), layer_compute(i, train, step_key), d, rope);
       if (hooks) hooks->forward_end(layer_unit(i), backward_follows);
+      if (offload_inputs) {
+        offloaded[static_cast<size_t>(i)] = copy_to(stream_at(i), Device::CPU);
+        stream_at(i) = Tensor();
+      }
     }
 
     Tensor normed = Tensor::empty(Shape{N, config.hidden_size}, act, device);
@@ -252,12 +261,14 @@ struct LlamaModel::Impl {
     scratch.allocate(d, device);
     Tensor recomputed_out = keep_activations ? Tensor() : Tensor::empty(Shape{N, config.hidden_size}, act, device);
     for (int64_t i = L - 1; i >= 0; --i) {
+      if (offload_inputs) stream_at(i) = copy_to(std::exchange(offloaded[static_cast<size_t>(i)], Tensor()), device);
       if (hooks) hooks->backward_begin(layer_unit(i));
       const LayerCompute w = layer_compute(i, true, step_key);
       // Checkpointing: rebuild this layer's activations (same dropout masks). The last layer's are
       // still in the shared buffer from the forward.
       if (!keep_activations && i != L - 1) layer_forward(recomputed_out, activations_of(i), stream_at(i), w, d, rope);
       layer_backward(d_resid, scratch, activations_of(i), stream_at(i), w, d, rope);
+      if (offload_inputs && i + 1 < L) stream_at(i + 1) = Tensor();  // its layer's backward is done
       if (hooks) hooks->backward_end(layer_unit(i));
     }
     if (weights.embedding.trainable) embedding_backward(weights.embedding.trainable->grad, ids, d_resid);

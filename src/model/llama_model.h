@@ -41,6 +41,9 @@ struct ModelOptions {
   std::vector<std::string> lora_targets;  // q_proj ... down_proj; empty: no adapters
   Precision precision = Precision::BF16;
   bool gradient_checkpointing = true;
+  // use_activation_cpu_offload (with checkpointing): each layer's input, kept for its backward,
+  // waits in host memory between the layer's forward and backward instead of on the device.
+  bool activation_offload = false;
   uint64_t seed = 42;  // LoRA A init and dropout masks
 };
 

@@ -99,6 +99,7 @@ ModelOptions model_options_from(const TrainConfig& c) {
   if (c.is_lora()) o.lora_targets = c.lora_target_modules;
   o.precision = parse_precision(c.precision);
   o.gradient_checkpointing = c.use_gradient_checkpointing;
+  o.activation_offload = c.use_activation_cpu_offload;
   o.seed = static_cast<uint64_t>(c.seed);
   return o;
 }
@@ -258,6 +259,12 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
   auto memory_point = [&](const char* at, int64_t at_step) {
     if (c.profile_memory) metrics.write(memory_record(at, at_step, device));
   };
+  bool first_pass = position.step == 0;  // fsdp_qlora's "after first forward" reading
+  engine.set_forward_done_callback([&] {
+    if (first_pass) metrics.write(memory_record("after_first_forward", 0, device));
+    first_pass = false;
+    memory_point("after_forward", position.step);
+  });
   const int32_t pad_id = plan.tokenizer->pad_id();
   data::DistributedSampler sampler(static_cast<int64_t>(plan.dataset.train.size()), world.size, world.rank,
                                    static_cast<uint64_t>(c.seed));

@@ -489,6 +489,8 @@ TEST_F(DistTrain, ProfileWritesAPerRankTraceAndMemoryRecords) {
   for (const auto& m : read_jsonl(dir_ / "profiled" / "metrics.jsonl", "memory")) memory_at[m.at("at")]++;
   EXPECT_EQ(memory_at["before_forward_backward"], 6);
   EXPECT_EQ(memory_at["after_forward_backward"], 6);
+  EXPECT_EQ(memory_at["after_forward"], 6);
+  EXPECT_EQ(memory_at["after_first_forward"], 1);
   EXPECT_EQ(memory_at["after_optimizer"], 3);
   EXPECT_EQ(memory_at["after_load"], 1);
 }

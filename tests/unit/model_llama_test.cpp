@@ -171,6 +171,19 @@ TEST(LlamaModel, CheckpointingGivesBitIdenticalGradients) {
   expect_bit_identical(run_step(config, full, true, batch, 7), run_step(config, full, false, batch, 7));
 }
 
+// use_activation_cpu_offload moves each layer's input out and back between its forward and its
+// backward: the same bytes come back, so the gradients are the same bits.
+TEST(LlamaModel, ActivationOffloadGivesBitIdenticalGradients) {
+  const LlamaConfig config = test::tiny_llama();
+  const data::Batch batch = test::random_batch(2, 16, config.vocab_size, 22);
+  for (bool full : {false, true}) {
+    ModelOptions options = full ? test::full_options(Precision::BF16) : test::lora_options(Precision::BF16, true, 0.1);
+    const GradSnapshot plain = run_step(config, options, true, batch, 5);
+    options.activation_offload = true;
+    expect_bit_identical(run_step(config, options, true, batch, 5), plain);
+  }
+}
+
 TEST(LlamaModel, DropoutDependsOnStepKeyAndOnlyInTraining) {
   const LlamaConfig config = test::tiny_llama();
   const data::Batch batch = test::random_batch(2, 16, config.vocab_size, 22);

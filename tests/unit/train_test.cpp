@@ -69,7 +69,8 @@ TEST_F(Train, DemoLossFallsAndAdaptersAreSaved) {
     memory_at.push_back(m.at("at"));
     EXPECT_GT(m.at("host_peak_resident_bytes").get<double>(), 0) << m.dump();
   }
-  EXPECT_EQ(memory_at, (std::vector<std::string>{"after_load", "after_first_forward_backward", "after_first_step", "end"}));
+  EXPECT_EQ(memory_at, (std::vector<std::string>{"after_load", "after_first_forward", "after_first_forward_backward",
+                                                 "after_first_step", "end"}));
   for (const auto& step : steps) {
     const auto& phases = step.at("phase_seconds");
     const double fb = phases.at("forward_backward"), opt = phases.at("optimizer");
