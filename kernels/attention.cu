@@ -15,23 +15,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Operands of mixed storage types are read through one uniform switch per element: it costs
-// little next to the O(T) work done per loaded element and avoids 3^8 instantiations.
-__device__ __forceinline__ float load_any(const void* p, KType t, int64_t i) {
-  switch (t) {
-    case KType::F32: return static_cast<const float*>(p)[i];
-    case KType::BF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    default: return __half2float(static_cast<const __half*>(p)[i]);
-  }
-}
-
-__device__ __forceinline__ void store_any(void* p, KType t, int64_t i, float v) {
-  switch (t) {
-    case KType::F32: static_cast<float*>(p)[i] = v; return;
-    case KType::BF16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16(v); return;
-    default: static_cast<__half*>(p)[i] = __float2half(v); return;
-  }
-}
 
 // a . b over four lanes, in lane order (the pad lanes are zero).
 __device__ __forceinline__ float dot4(float4 a, float4 b) {

@@ -32,21 +32,6 @@ struct MmaDims {
   float scale;  // 1 / sqrt(D), as the CPU computes it
 };
 
-__device__ __forceinline__ float load_any(const void* p, KType t, int64_t i) {
-  switch (t) {
-    case KType::F32: return static_cast<const float*>(p)[i];
-    case KType::BF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    default: return __half2float(static_cast<const __half*>(p)[i]);
-  }
-}
-
-__device__ __forceinline__ void store_any(void* p, KType t, int64_t i, float v) {
-  switch (t) {
-    case KType::F32: static_cast<float*>(p)[i] = v; return;
-    case KType::BF16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16(v); return;
-    default: static_cast<__half*>(p)[i] = __float2half(v); return;
-  }
-}
 
 // Two floats rounded (nearest even) to T, lo in the lower 16 bits.
 template <class T>

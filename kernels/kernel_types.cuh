@@ -49,6 +49,25 @@ __device__ __forceinline__ __half from_float<__half>(float v) { return __float2h
 template <class T>
 __device__ __forceinline__ float round_to(float v) { return to_float(from_float<T>(v)); }
 
+// Element i of an operand whose storage type is known only at run time: one uniform switch per
+// element, for kernels that load each element once and then do O(T) work with it (attention),
+// where instantiating every combination of operand types would cost more than it saves.
+__device__ __forceinline__ float load_any(const void* p, KType t, int64_t i) {
+  switch (t) {
+    case KType::F32: return static_cast<const float*>(p)[i];
+    case KType::BF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    default: return __half2float(static_cast<const __half*>(p)[i]);
+  }
+}
+
+__device__ __forceinline__ void store_any(void* p, KType t, int64_t i, float v) {
+  switch (t) {
+    case KType::F32: static_cast<float*>(p)[i] = v; return;
+    case KType::BF16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16(v); return;
+    default: static_cast<__half*>(p)[i] = __float2half(v); return;
+  }
+}
+
 // Calls fn(T{}) with the CUDA storage type of a KType (float, __nv_bfloat16, __half).
 template <class Fn>
 void with_ktype(KType type, Fn&& fn) {
