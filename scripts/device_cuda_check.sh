@@ -5,7 +5,7 @@
 #   make build && ./fsdpq demo --out .device/demo --dry_run
 #   ../shared/device/bundle-libs.sh build/fsdpq build/tests/fsdpq_gpu_tests .device/lib
 # Run there with carry [".device", "build/tests/fsdpq_gpu_tests", "build/fsdpq"]:
-#   bash scripts/device_cuda_check.sh          (GPU_FILTER / PERF_FILTER / SKIP=tests,perf,cli,7b narrow it)
+#   bash scripts/device_cuda_check.sh          (GPU_FILTER / PERF_FILTER / SKIP=tests,perf,cli,mma,7b narrow it)
 export LD_LIBRARY_PATH=$PWD/.device/lib:$LD_LIBRARY_PATH OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 B=$PWD/build/fsdpq; T=$PWD/build/tests/fsdpq_gpu_tests; D=$PWD/.device/demo; W=$(mktemp -d)
 skip() { [[ ",${SKIP:-}," == *",$1,"* ]]; }
@@ -34,6 +34,13 @@ for dev in ("gpu", "cpu"):
     print(dev, " ".join(f"{r['loss']:.4f}" for r in rows if r.get("type") == "step"))
 PY
   grep -E "GPU|error" $OUT/demo_gpu.log | head -5
+fi
+if ! skip mma; then
+  echo "== tensor-core attention (opt-in FSDPQ_ATTENTION=mma): parity, perf, whole model"
+  timeout 150 "$T" --gtest_filter='GpuOpsAttentionMma.*' > $OUT/mma_tests.log 2>&1; echo "rc=$?"
+  grep -E "^\[ +(OK|FAILED) +\]|Failure|normalized" $OUT/mma_tests.log | head -30
+  FSDPQ_GPU_PERF=1 timeout 120 "$T" --gtest_filter='GpuOpsAttentionMma.Perf:GpuOpsAttention.Perf' 2>&1 | grep PERF
+  FSDPQ_ATTENTION=mma timeout 60 "$T" --gtest_filter='GpuModel.*' 2>&1 | grep -E "loss cpu|OK|FAILED"
 fi
 if ! skip 7b; then
   echo "== preset:llama2-7b qlora, bs 4, ctx 512, 5 steps"
