@@ -5,7 +5,7 @@
 #   make build && ./fsdpq demo --out .device/demo --dry_run
 #   ../shared/device/bundle-libs.sh build/fsdpq build/tests/fsdpq_gpu_tests .device/lib
 # Run there with carry [".device", "build/tests/fsdpq_gpu_tests", "build/fsdpq"]:
-#   bash scripts/device_cuda_check.sh          (GPU_FILTER / PERF_FILTER / SKIP=tests,perf,cli,mma,7b narrow it)
+#   bash scripts/device_cuda_check.sh          (GPU_FILTER / PERF_FILTER / SKIP=tests,perf,cli,mma,hf,7b narrow it)
 export LD_LIBRARY_PATH=$PWD/.device/lib:$LD_LIBRARY_PATH OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 B=$PWD/build/fsdpq; T=$PWD/build/tests/fsdpq_gpu_tests; D=$PWD/.device/demo; W=$(mktemp -d)
 skip() { [[ ",${SKIP:-}," == *",$1,"* ]]; }
@@ -41,6 +41,15 @@ if ! skip mma; then
   grep -E "^\[ +(OK|FAILED) +\]|Failure|normalized" $OUT/mma_tests.log | head -30
   FSDPQ_GPU_PERF=1 timeout 120 "$T" --gtest_filter='GpuOpsAttentionMma.Perf:GpuOpsAttention.Perf' 2>&1 | grep PERF
   FSDPQ_ATTENTION=mma timeout 60 "$T" --gtest_filter='GpuModel.*' 2>&1 | grep -E "loss cpu|OK|FAILED"
+fi
+if ! skip hf; then
+  echo "== HF + PEFT (+ bitsandbytes) training parity of the GPU pass (tests/reference/hf_train_parity.py)"
+  python3 -m pip install -q --no-deps --target /tmp/bnb-site .device/wheels/bitsandbytes-*.whl > /dev/null 2>&1
+  for p in fp32 bf16; do
+    PYTHONPATH=/tmp/bnb-site timeout 150 python3 tests/reference/hf_train_parity.py --fsdpq $B --gpu-tests "$T" \
+      --dir $W/hf_$p --precision $p > $OUT/hf_parity_$p.log 2>&1; echo "$p rc=$?"
+    grep -E "loss hf|MISMATCH|Error" $OUT/hf_parity_$p.log | head -8
+  done
 fi
 if ! skip 7b; then
   echo "== preset:llama2-7b qlora, bs 4, ctx 512, 5 steps"
