@@ -1,15 +1,18 @@
 // `fsdpq eval CONFIG.ini [--adapter DIR] [--key value ...]`: one evaluation pass (loss and
 // perplexity) of the configured model — with trained adapters when given — over the eval data
-// (eval_data_path or eval_fraction), or over the training data when there is none.
+// (eval_data_path or eval_fraction), or over the training data when there is none; on the GPU
+// when the machine has one.
 #include <fmt/format.h>
 
 #include <cmath>
 
 #include "app/commands.h"
 #include "app/run_plan.h"
+#include "backend/cuda_backend.h"
 #include "io/peft_adapter.h"
 #include "runtime/agreed_errors.h"
 #include "runtime/exit_codes.h"
+#include "runtime/gpu.h"
 #include "runtime/log.h"
 #include "train/trainer.h"
 #include "util/error.h"
@@ -47,6 +50,12 @@ int run_eval_command(const World& world, const std::vector<std::string>& args) {
   }
   LlamaModel model = build_model(plan, options);
   if (!adapter_tensors.empty()) model.load_adapter_tensors(adapter_tensors);
+  // On a GPU when there is one, as training (CUDA_VISIBLE_DEVICES= keeps the CPU backend).
+  const GpuInfo gpu = select_gpu(world);
+  if (gpu.has_gpu()) {
+    cuda_init(gpu.device);
+    model.place_on(Device::CUDA);
+  }
   const bool has_eval = !plan.dataset.eval.empty();
   const auto& examples = has_eval ? plan.dataset.eval : plan.dataset.train;
   double loss = evaluate_loss(model, examples, c.batch_size, plan.tokenizer->pad_id(), c.context_length);
