@@ -18,6 +18,8 @@
 #include <string>
 #include <unordered_map>
 
+#include "util/error.h"
+
 namespace fsdpq {
 
 struct MemoryStats {
@@ -32,9 +34,10 @@ struct MemoryStats {
 // "allocated 1.20 GiB (peak 3.40 GiB), reserved 4.00 GiB (peak 4.00 GiB)", like fsdp_qlora's memory lines.
 std::string format_memory_stats(const MemoryStats& stats);
 
-class DeviceOutOfMemory : public std::runtime_error {
+// A user error (exit code 2, no "internal error"): the message says what to change.
+class DeviceOutOfMemory : public UserError {
  public:
-  using std::runtime_error::runtime_error;
+  using UserError::UserError;
 };
 
 class CachingAllocator {

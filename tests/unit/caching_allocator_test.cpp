@@ -87,7 +87,8 @@ TEST(CachingAllocator, ReleasesTheCacheAndRetriesBeforeGivingUp) {
   try {
     a.allocate(size_t{2} << 20);
     FAIL() << "expected DeviceOutOfMemory";
-  } catch (const DeviceOutOfMemory& e) {
+  } catch (const UserError& e) {  // DeviceOutOfMemory: reported as the user's to fix, exit code 2
+    EXPECT_NE(dynamic_cast<const DeviceOutOfMemory*>(&e), nullptr);
     const std::string what = e.what();
     EXPECT_NE(what.find("fake GPU out of memory allocating 2.00 MiB: allocated 8.00 MiB"), std::string::npos) << what;
   }
