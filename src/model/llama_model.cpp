@@ -128,6 +128,8 @@ struct LlamaModel::Impl {
   Tensor norm_sink;                                // rmsnorm_backward's dweight for the frozen final norm
   UnitHooks* hooks = nullptr;                      // sharding; null: weights always present
   Device device = Device::CPU;                     // where activations live and the ops run
+  // activation_offload: each layer input's host copy, kept (pinned on a GPU) from pass to pass.
+  std::vector<std::unique_ptr<HostStaging>> offloaded_inputs;
 
   Impl(const LlamaConfig& c, const ModelOptions& o, LlamaWeights w)
       : config(c), options(o), weights(std::move(w)), act(weights.activation) {
@@ -215,13 +217,16 @@ struct LlamaModel::Impl {
     // Activation offload: a layer's input goes to host memory once the layer's forward is done and
     // comes back just before its backward (the same bytes: the pass's results do not change).
     const bool offload_inputs = train && !keep_activations && options.activation_offload;
-    std::vector<Tensor> offloaded(offload_inputs ? static_cast<size_t>(L) : 0);
+    const size_t input_bytes = stream_at(0).nbytes();
+    while (offload_inputs && offloaded_inputs.size() < static_cast<size_t>(L))
+      offloaded_inputs.push_back(std::make_unique<HostStaging>());
     for (int64_t i = 0; i < L; ++i) {
       if (hooks) hooks->forward_begin(layer_unit(i));
       layer_forward(stream_at(i + 1), activations_of(i), stream_at(i), layer_compute(i, train, step_key), d, rope);
       if (hooks) hooks->forward_end(layer_unit(i), backward_follows);
       if (offload_inputs) {
-        offloaded[static_cast<size_t>(i)] = copy_to(stream_at(i), Device::CPU);
+        void* host = offloaded_inputs[static_cast<size_t>(i)]->reserve(input_bytes);
+        copy_bytes(host, Device::CPU, stream_at(i).view().data, device, input_bytes);
         stream_at(i) = Tensor();
       }
     }
@@ -261,7 +266,11 @@ struct LlamaModel::Impl {
     scratch.allocate(d, device);
     Tensor recomputed_out = keep_activations ? Tensor() : Tensor::empty(Shape{N, config.hidden_size}, act, device);
     for (int64_t i = L - 1; i >= 0; --i) {
-      if (offload_inputs) stream_at(i) = copy_to(std::exchange(offloaded[static_cast<size_t>(i)], Tensor()), device);
+      if (offload_inputs) {
+        stream_at(i) = Tensor::empty(Shape{N, config.hidden_size}, act, device);
+        copy_bytes(stream_at(i).view().data, device, offloaded_inputs[static_cast<size_t>(i)]->reserve(input_bytes),
+                   Device::CPU, input_bytes);
+      }
       if (hooks) hooks->backward_begin(layer_unit(i));
       const LayerCompute w = layer_compute(i, true, step_key);
       // Checkpointing: rebuild this layer's activations (same dropout masks). The last layer's are
