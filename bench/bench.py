@@ -66,7 +66,7 @@ def fsdpq_record(a, workdir, shape, ctx, proc):
     rec.update(tokens_per_second=tps, steps_timed=len(steps), step_seconds=[r["step_seconds"] for r in steps],
                flops_per_token=flops, mfu=mfu(tps, flops, a.peak_tflops) if tps else None,
                peak_tflops=a.peak_tflops, flop_convention=FLOP_CONVENTION,
-               # names the CUDA backend is asked to write into the summary (bench/README.md)
+               # the caching allocator's peaks, which the CUDA backend writes into the summary (docs/metrics.md)
                peak_allocated_gib=gib("peak_device_allocated_bytes"),
                peak_reserved_gib=gib("peak_device_reserved_bytes"))
     return rec
