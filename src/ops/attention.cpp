@@ -44,15 +44,6 @@ AttentionDims check_dims(const char* op, const TensorView& q, const TensorView& 
   return d;
 }
 
-// The CPU implementation's own checks (check_dims is device-agnostic).
-void check_cpu_operands(const char* op, const TensorView& q, const TensorView& k, const TensorView& v,
-                        const TensorView& lse) {
-  check_cpu_float(op, "q", q);
-  check_cpu_float(op, "k", k);
-  check_cpu_float(op, "v", v);
-  check_dtype(op, "lse", lse, DType::F32);
-}
-
 #ifdef FSDPQ_WITH_CUDA
 // FSDPQ_ATTENTION=mma selects the experimental tensor-core kernels (kernels/attention_mma.cu)
 // where they apply; read once. Anything else keeps the SIMT kernels (kernels/attention.cu).
@@ -62,6 +53,16 @@ bool mma_attention_requested() {
     return v != nullptr && std::string(v) == "mma";
   }();
   return requested;
+}
+
+// The tensor-core kernels take a pass when asked for and when its types, head dim and pointer
+// alignment (16-byte vector loads) suit them; `dout` is null in the forward.
+bool use_mma_attention(const char* op, const AttentionDims& d, const TensorView& q, const TensorView& k,
+                       const TensorView& v, const TensorView& out, const void* dout) {
+  return mma_attention_requested() &&
+         cuda::attention_mma_supported(ktype(op, q), ktype(op, k), ktype(op, v), ktype(op, out), d.D) &&
+         cuda::attention_mma_aligned(q.data) && cuda::attention_mma_aligned(k.data) &&
+         cuda::attention_mma_aligned(v.data) && (dout == nullptr || cuda::attention_mma_aligned(dout));
 }
 #endif
 
@@ -127,10 +128,7 @@ void attention_forward(TensorView out, TensorView lse, const TensorView& q, cons
 #ifdef FSDPQ_WITH_CUDA
     check_that(d.D >= 1 && d.D <= cuda::kAttentionMaxHeadDim, "{}: head dim {} is not in [1, {}] on CUDA", op, d.D,
                cuda::kAttentionMaxHeadDim);
-    if (mma_attention_requested() &&
-        cuda::attention_mma_supported(ktype(op, q), ktype(op, k), ktype(op, v), ktype(op, out), d.D) &&
-        cuda::attention_mma_aligned(q.data) && cuda::attention_mma_aligned(k.data) &&
-        cuda::attention_mma_aligned(v.data)) {
+    if (use_mma_attention(op, d, q, k, v, out, nullptr)) {
       cuda::attention_mma_forward(out.data, ktype(op, out), lse.as<float>(), q.data, ktype(op, q), k.data,
                                   ktype(op, k), v.data, ktype(op, v), d.B, d.T, d.H, d.KV, d.D, cuda::stream());
       return;
@@ -142,8 +140,6 @@ void attention_forward(TensorView out, TensorView lse, const TensorView& q, cons
     no_cuda(op);
 #endif
   }
-  check_cpu_operands(op, q, k, v, lse);
-  check_cpu_float(op, "out", out);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.D));
   float* lse_out = lse.as<float>();
 
@@ -202,10 +198,7 @@ void attention_backward(TensorView dq, TensorView dk, TensorView dv, const Tenso
                cuda::kAttentionMaxHeadDim);
     // rowsum(dout * out) per query row, the one temporary (B * H * T floats).
     Tensor drow = Tensor::empty(Shape{d.B, d.H, d.T}, DType::F32, Device::CUDA);
-    if (mma_attention_requested() &&
-        cuda::attention_mma_supported(ktype(op, q), ktype(op, k), ktype(op, v), ktype(op, out), d.D) &&
-        cuda::attention_mma_aligned(dout.data) && cuda::attention_mma_aligned(q.data) &&
-        cuda::attention_mma_aligned(k.data) && cuda::attention_mma_aligned(v.data)) {
+    if (use_mma_attention(op, d, q, k, v, out, dout.data)) {
       // drow (B * H * T floats) is the mma backward's workspace too (attention_mma_workspace_floats).
       cuda::attention_mma_backward(dq.data, ktype(op, dq), dk.data, ktype(op, dk), dv.data, ktype(op, dv),
                                    dout.data, ktype(op, dout), q.data, ktype(op, q), k.data, ktype(op, k), v.data,
@@ -222,12 +215,6 @@ void attention_backward(TensorView dq, TensorView dk, TensorView dv, const Tenso
     no_cuda(op);
 #endif
   }
-  check_cpu_operands(op, q, k, v, lse);
-  check_cpu_float(op, "out", out);
-  check_cpu_float(op, "dout", dout);
-  check_cpu_float(op, "dq", dq);
-  check_cpu_float(op, "dk", dk);
-  check_cpu_float(op, "dv", dv);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.D));
   const float* lse_in = lse.as<const float>();
 
