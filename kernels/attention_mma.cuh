@@ -8,7 +8,7 @@
 // that rounded dout (rowsum(dout * out) uses it too). The probabilities P and dS are rounded to
 // q's type before their products (as FlashAttention does). Deterministic: no float atomics; dk /
 // dv of a kv head sum the group's query heads and query tiles in a fixed order.
-// Experimental: selected by FSDPQ_ATTENTION=mma in src/ops/attention.cpp.
+// The default where it applies (src/ops/attention.cpp); FSDPQ_ATTENTION=simt opts out.
 #pragma once
 #include <cstdint>
 

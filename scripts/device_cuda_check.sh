@@ -5,7 +5,7 @@
 #   make build && ./fsdpq demo --out .device/demo --dry_run
 #   ../shared/device/bundle-libs.sh build/fsdpq build/tests/fsdpq_gpu_tests .device/lib
 # Run there with carry [".device", "build/tests/fsdpq_gpu_tests", "build/fsdpq"]:
-#   bash scripts/device_cuda_check.sh          (GPU_FILTER / PERF_FILTER / SKIP=tests,perf,cli,mma,hf,7b narrow it)
+#   bash scripts/device_cuda_check.sh  (GPU_FILTER / PERF_FILTER / SKIP=tests,perf,cli,mma,hf,7b,offload,ranks2 narrow it)
 export LD_LIBRARY_PATH=$PWD/.device/lib:$LD_LIBRARY_PATH OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 B=$PWD/build/fsdpq; T=$PWD/build/tests/fsdpq_gpu_tests; D=$PWD/.device/demo; W=$(mktemp -d)
 skip() { [[ ",${SKIP:-}," == *",$1,"* ]]; }
@@ -58,4 +58,53 @@ if ! skip 7b; then
     --lora_rank 64 --lora_alpha 16 --lora_dropout 0.1 --log_to stdout --output_dir $W/q7 > $OUT/q7.log 2>&1
   echo "rc=$?"; grep -vE "^\s*$" $OUT/q7.log | tail -14
   [ -f $W/q7/metrics.jsonl ] && cp $W/q7/metrics.jsonl $OUT/q7_metrics.jsonl
+fi
+if ! skip offload; then
+  echo "== preset:llama2-7b qlora, bs 4, ctx 512, 10 steps, use_cpu_offload false / true (the same losses expected)"
+  for off in false true; do
+    timeout 200 $B --model_name preset:llama2-7b --tokenizer_path builtin:bytes --train_type qlora --dataset dummy \
+      --dataset_samples 40 --context_length 512 --pad_to_context_length true --batch_size 4 --max_steps 10 \
+      --lora_rank 64 --lora_alpha 16 --lora_dropout 0.1 --log_to stdout --use_cpu_offload $off \
+      --output_dir $W/off_$off > $OUT/offload_$off.log 2>&1
+    echo "use_cpu_offload $off rc=$?"; grep -E "error|GPU memory" $OUT/offload_$off.log | head -3
+    cp $W/off_$off/metrics.jsonl $OUT/offload_$off.metrics.jsonl 2>/dev/null
+  done
+  python3 - $OUT <<'PY'
+import json, sys
+runs = {}
+for off in ("false", "true"):
+    try:
+        runs[off] = [json.loads(l) for l in open(f"{sys.argv[1]}/offload_{off}.metrics.jsonl")]
+    except OSError as e:
+        print(off, "no metrics:", e)
+for off, rows in runs.items():
+    steps = [r for r in rows if r["type"] == "step"]
+    summary = next((r for r in rows if r["type"] == "summary"), {})
+    tps = sum(s["tokens"] for s in steps[1:]) / sum(s["step_seconds"] for s in steps[1:])
+    print(f"offload {off}: {tps:.0f} tok/s, peak allocated {summary.get('peak_device_allocated_bytes', 0) / 2**30:.2f} GiB")
+    print("  losses", " ".join(f"{s['loss']:.6f}" for s in steps))
+    print("  last step", json.dumps(steps[-1]["phase_seconds"]), "step_seconds", round(steps[-1]["step_seconds"], 4))
+if len(runs) == 2:
+    a = [r["loss"] for r in runs["false"] if r["type"] == "step"]
+    b = [r["loss"] for r in runs["true"] if r["type"] == "step"]
+    print("losses identical" if a == b else f"losses differ: worst {max(abs(x - y) for x, y in zip(a, b)):.3g}")
+PY
+fi
+if ! skip ranks2; then
+  echo "== 2 ranks on one GPU (MPI transport), demo model, 8 steps: full_shard, shard_grad_op, full_shard + offload"
+  for flags in "--sharding_strategy full_shard" "--sharding_strategy shard_grad_op" "--sharding_strategy full_shard --use_cpu_offload true"; do
+    name=$(echo "$flags" | tr -c 'a-z_\n' '_')
+    timeout 120 mpirun --allow-run-as-root -np 2 -x LD_LIBRARY_PATH $B --model_name $D/model --dataset alpaca \
+      --data_path $D/data.jsonl --dataset_samples 64 --batch_size 2 --context_length 128 --train_type qlora \
+      --lora_rank 8 --lora_alpha 16 --lora_dropout 0 --lr 2e-3 --max_steps 8 --log_to stdout $flags \
+      --output_dir $W/r2$name > $OUT/ranks2$name.log 2>&1
+    echo "$flags rc=$?"; grep -E "error|Error" $OUT/ranks2$name.log | head -3
+    python3 -c "import json,sys; print(' '.join(f\"{json.loads(l)['loss']:.4f}\" for l in open(sys.argv[1]) if '\"step\"' in l))" $W/r2$name/metrics.jsonl 2>/dev/null
+  done
+  CUDA_VISIBLE_DEVICES= timeout 120 mpirun --allow-run-as-root -np 2 -x LD_LIBRARY_PATH -x CUDA_VISIBLE_DEVICES $B --model_name $D/model --dataset alpaca \
+      --data_path $D/data.jsonl --dataset_samples 64 --batch_size 2 --context_length 128 --train_type qlora \
+      --lora_rank 8 --lora_alpha 16 --lora_dropout 0 --lr 2e-3 --max_steps 8 --log_to stdout \
+      --output_dir $W/r2cpu > $OUT/ranks2_cpu.log 2>&1
+  echo "cpu backend rc=$?"
+  python3 -c "import json,sys; print(' '.join(f\"{json.loads(l)['loss']:.4f}\" for l in open(sys.argv[1]) if '\"step\"' in l))" $W/r2cpu/metrics.jsonl 2>/dev/null
 fi

@@ -113,7 +113,8 @@ std::vector<OptionSpec> build_specs() {
       {"use_gradient_checkpointing", "sharding", OptionType::Bool, &T::use_gradient_checkpointing, "true",
        "Keep only each decoder layer's input and recompute the layer in backward."},
       {"use_cpu_offload", "sharding", OptionType::Bool, &T::use_cpu_offload, "false",
-       "Keep sharded params, grads and optimizer state in pinned host memory and step on the CPU. "
+       "Keep params, grads and optimizer state in pinned host memory: each layer's weights are copied "
+       "in just ahead of use, and each unit is stepped on a CPU thread as its backward ends. "
        "Off by default (fsdp_qlora: on): it only pays when the model does not fit on the GPUs."},
       {"use_activation_cpu_offload", "sharding", OptionType::Bool, &T::use_activation_cpu_offload, "false",
        "Move checkpointed layer inputs to host memory between forward and backward."},

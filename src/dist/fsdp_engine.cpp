@@ -10,6 +10,7 @@
 
 #include "backend/cuda_backend.h"
 #include "dist/frozen_layout.h"
+#include "dist/frozen_offload.h"
 #include "model/llama_weights.h"
 #include "ops/elementwise.h"
 #include "ops/parallel.h"
@@ -120,21 +121,18 @@ struct FsdpEngine::Unit {
   bool grads_present = false;  // the model's gradient tensors are allocated (and accumulate)
 
   int64_t shard_offset(int shard_rank) const { return shard_numel * shard_rank; }
+
+  // offload_frozen: the frozen weights' host copy and their presence on the device.
+  std::unique_ptr<OffloadedFrozen> offloaded;
+  // overlap_host_optimizer: the gradients copied out (fp32) and the compute copies going back in
+  // (page-locked), and what the worker did in a step taken during backward.
+  HostStaging grads_out, compute_in;
+  bool stepped = false;  // stepped during this step's backward (worker)
+  double grad_sq = 0;    // the sum of squares of the gradient that step used
+  StreamMark uploaded;   // the new compute copies are in the model's tensors
 };
 
 namespace {
-
-void evict_frozen(BaseWeight& w) {
-  w.nf4_device = nullptr;
-  if (w.nf4) {
-    free_vector(w.nf4->packed);
-    free_vector(w.nf4->absmax);
-    free_vector(w.nf4->absmax_q);
-    free_vector(w.nf4->absmax_scale);
-  } else {
-    w.frozen = Tensor();
-  }
-}
 
 // The tensor a gathered trainable computes with: the master itself in fp32, else the compute copy.
 Tensor& compute_tensor(TrainableTensor& t, DType dtype) { return dtype == DType::F32 ? t.master : t.compute; }
@@ -226,6 +224,9 @@ void FsdpEngine::adopt_unit(int index, ParamUnit& contents) {
       e.tensor->grad = Tensor();
     }
     u.gathered = true;
+    // The root (embedding, final norm, head) is used at both ends of every pass: it stays.
+    if (options_.offload_frozen && index != kRootUnit && !u.frozen.empty())
+      u.offloaded = std::make_unique<OffloadedFrozen>(contents, dense_dtypes, options_.device);
     return;
   }
 
@@ -233,7 +234,7 @@ void FsdpEngine::adopt_unit(int index, ParamUnit& contents) {
   u.send.assign(u.chunk_bytes, 0);
   copy_frozen_bytes(layout, contents, layout.frozen_begin(s), u.send.data(), u.frozen_shard_bytes);
   store_compute(options_.compute_dtype, u.master.data(), u.shard_numel, u.send.data() + u.frozen_shard_bytes);
-  for (BaseWeight* w : u.frozen) evict_frozen(*w);
+  for (BaseWeight* w : u.frozen) evict_frozen_storage(*w);
   for (const TrainableEntry& e : u.trainables) {
     e.tensor->master = Tensor();
     e.tensor->compute = Tensor();
@@ -265,6 +266,7 @@ std::span<const uint8_t> FsdpEngine::frozen_shard(int index) {
 }
 
 std::span<const float> FsdpEngine::master_shard(int index) {
+  drain_worker();
   Unit& u = unit(index);
   u.master_to_host();
   return {u.master.data(), u.master.size()};
@@ -286,6 +288,20 @@ void FsdpEngine::attach(LlamaModel& model) {
         throw std::logic_error(fmt::format("FsdpEngine: unit {} tensor {} is now '{}', was '{}'", i, k,
                                            units[i].trainable[k]->name, u.trainables[k].name));
       u.trainables[k].tensor = units[i].trainable[k];
+    }
+    if (u.offloaded) u.offloaded->rebind(u.frozen);
+  }
+  if (resident() && options_.offload_frozen) frozen_copies_ = std::make_unique<SideStream>(options_.device);
+  overlap_ = resident() && options_.overlap_host_optimizer && options_.state_device == Device::CPU;
+  if (overlap_) {
+    grad_copies_ = std::make_unique<SideStream>(options_.device);
+    upload_copies_ = std::make_unique<SideStream>(options_.device);
+    worker_ = std::make_unique<WorkerThread>(follow_current_gpu());
+    // The staging buffers are sized once here: the worker thread never allocates.
+    const size_t element = dtype_size(options_.compute_dtype);
+    for (auto& up : units_) {
+      up->grads_out.reserve(static_cast<size_t>(up->trainable_numel) * sizeof(float));
+      up->compute_in.reserve(static_cast<size_t>(up->trainable_numel) * element);
     }
   }
   model.set_unit_hooks(this);
@@ -332,7 +348,7 @@ void FsdpEngine::release(Unit& u) {
   if (u.pending.pending()) u.pending.wait();
   free_vector(u.recv);
   if (!u.gathered) return;
-  for (BaseWeight* w : u.frozen) evict_frozen(*w);
+  for (BaseWeight* w : u.frozen) evict_frozen_storage(*w);
   for (const TrainableEntry& e : u.trainables) compute_tensor(*e.tensor, options_.compute_dtype) = Tensor();
   u.gathered = false;
 }
@@ -342,15 +358,28 @@ void FsdpEngine::prefetch(int index) {
   start_gather(unit(index));
 }
 
+void FsdpEngine::fetch_frozen(int index) {
+  if (index < 0 || index >= static_cast<int>(units_.size())) return;
+  Unit& u = unit(index);
+  if (u.offloaded) u.offloaded->fetch(*frozen_copies_);
+}
+
 void FsdpEngine::forward_begin(int index) {
-  ensure_gathered(unit(index));
+  Unit& u = unit(index);
+  ensure_gathered(u);
   prefetch(index + 1);
+  if (u.offloaded) u.offloaded->ensure(*frozen_copies_);
+  fetch_frozen(index + 1);
 }
 
 void FsdpEngine::forward_end(int index, bool backward_follows) {
+  Unit& u = unit(index);
+  // An offloaded unit leaves the device after its forward, except the last layer, whose backward
+  // comes next.
+  if (u.offloaded && !(backward_follows && index == last_layer_unit_)) u.offloaded->evict();
   // The root stays for the whole step; the last layer's backward comes next, so it stays too.
   if (backward_follows && (!reshard_after_forward_ || index == kRootUnit || index == last_layer_unit_)) return;
-  release(unit(index));
+  release(u);
 }
 
 void FsdpEngine::backward_begin(int index) {
@@ -359,6 +388,8 @@ void FsdpEngine::backward_begin(int index) {
   Unit& u = unit(index);
   ensure_gathered(u);
   if (index > 1 && reshard_after_forward_) prefetch(index - 1);
+  if (u.offloaded) u.offloaded->ensure(*frozen_copies_);
+  if (index > 1) fetch_frozen(index - 1);
   if (!u.grads_present) {
     for (const TrainableEntry& e : u.trainables) e.tensor->grad = Tensor::zeros(e.shape, DType::F32, options_.device);
     u.grads_present = true;
@@ -369,10 +400,15 @@ void FsdpEngine::backward_end(int index) {
   Unit& u = unit(index);
   if (sync_gradients_) reduce_gradients(u);
   release(u);
+  if (u.offloaded) u.offloaded->evict();
 }
 
 void FsdpEngine::reduce_gradients(Unit& u) {
   if (!u.grads_present) return;
+  if (overlap_) {
+    reduce_gradients_on_worker(u);
+    return;
+  }
   const auto start = std::chrono::steady_clock::now();
   // The average over every rank's micro-batch, as FSDP and DDP average gradients.
   const float inv_world = 1.0f / static_cast<float>(groups_.world->size());
@@ -415,13 +451,82 @@ void FsdpEngine::reduce_gradients(Unit& u) {
   if (event_sink_) event_sink_("reduce", u.name, start, end);
 }
 
+void FsdpEngine::reduce_gradients_on_worker(Unit& u) {
+  const auto start = std::chrono::steady_clock::now();
+  // Copy out behind the unit's backward, on a side stream; the compute stream may reuse the
+  // gradients' memory (freed below) only once the copy has read it.
+  auto* staged = static_cast<float*>(u.grads_out.reserve(static_cast<size_t>(u.trainable_numel) * sizeof(float)));
+  grad_copies_->wait_for_compute();
+  for (const TrainableEntry& e : u.trainables)
+    grad_copies_->copy(staged + e.offset, Device::CPU, e.tensor->grad.view().data, e.tensor->grad.device(),
+                       static_cast<size_t>(e.numel) * sizeof(float));
+  const StreamMark copied = grad_copies_->mark();
+  copied.compute_waits();
+  for (const TrainableEntry& e : u.trainables) e.tensor->grad = Tensor();
+  u.grads_present = false;
+  const bool step = step_in_backward_;
+  const double lr = step_lr_;
+  const float inv_world = 1.0f / static_cast<float>(groups_.world->size());
+  worker_->post([this, &u, staged, copied, step, lr, inv_world] {
+    copied.host_wait();
+    float* grad = u.grad.data();
+#pragma omp parallel for if (worth_parallel(u.trainable_numel)) schedule(static)
+    for (int64_t i = 0; i < u.trainable_numel; ++i) grad[i] += staged[i] * inv_world;
+    if (step) step_on_worker(u, lr);
+  });
+  const auto end = std::chrono::steady_clock::now();
+  times_.reduce += std::chrono::duration<double>(end - start).count();
+  if (event_sink_) event_sink_("reduce", u.name, start, end);
+}
+
+// On the worker thread: the unit's update, then its new compute copies into the model's tensors
+// (which the GPU no longer reads this step: the unit's backward is done).
+void FsdpEngine::step_on_worker(Unit& u, double lr) {
+  u.grad_sq = grad_sq_sum(u.grad.data(), static_cast<int64_t>(u.grad.size()));
+  u.optimizer->step(u.master.data(), u.grad.data(), lr);
+  std::fill(u.grad.begin(), u.grad.end(), 0.0f);
+  const size_t element = dtype_size(options_.compute_dtype);
+  auto* compute = static_cast<uint8_t*>(u.compute_in.reserve(static_cast<size_t>(u.trainable_numel) * element));
+  store_compute(options_.compute_dtype, u.master.data(), u.trainable_numel, compute);
+  for (const TrainableEntry& e : u.trainables) {
+    Tensor& t = compute_tensor(*e.tensor, options_.compute_dtype);
+    upload_copies_->copy(t.view().data, t.device(), compute + static_cast<size_t>(e.offset) * element, Device::CPU,
+                         static_cast<size_t>(e.numel) * element);
+  }
+  u.uploaded = upload_copies_->mark();
+  u.stepped = true;
+}
+
+void FsdpEngine::drain_worker() {
+  if (worker_) worker_->drain();
+}
+
+bool FsdpEngine::can_step_during_backward() const { return overlap_; }
+
+void FsdpEngine::step_during_backward(double lr) {
+  if (!overlap_) throw std::logic_error("FsdpEngine: step_during_backward needs overlap_host_optimizer on whole units");
+  step_in_backward_ = true;
+  step_lr_ = lr;
+}
+
+bool FsdpEngine::stepped_during_backward() const { return step_in_backward_; }
+
 CommTimes FsdpEngine::take_times() {
   CommTimes t = times_;
+  if (worker_) t.host_worker = worker_->take_busy_seconds();
   times_ = {};
   return t;
 }
 
 double FsdpEngine::grad_norm() {
+  drain_worker();
+  if (stepped_during_backward()) {
+    // The units stepped on the worker measured their gradients before the update; the others
+    // (no backward this step) hold what they hold.
+    double sq = 0;
+    for (auto& u : units_) sq += u->stepped ? u->grad_sq : grad_sq_sum(u->grad_buffer().data, u->grad_buffer().numel);
+    return std::sqrt(groups_.shard->all_reduce_sum(sq));
+  }
   std::vector<GradBuffer> grads;
   for (auto& u : units_) grads.push_back(u->grad_buffer());
   const bool on_device = options_.state_device == Device::CUDA;
@@ -429,6 +534,8 @@ double FsdpEngine::grad_norm() {
 }
 
 void FsdpEngine::scale_grads(double factor) {
+  drain_worker();
+  if (stepped_during_backward()) throw std::logic_error("FsdpEngine: clipping after a step taken during backward");
   const float f = static_cast<float>(factor);
   for (auto& u : units_) {
     if (u->state_on_device()) {
@@ -440,6 +547,8 @@ void FsdpEngine::scale_grads(double factor) {
 }
 
 bool FsdpEngine::unscale_grads(const DynamicLossScaler& scaler) {
+  drain_worker();
+  if (stepped_during_backward()) throw std::logic_error("FsdpEngine: loss scaling with a step taken during backward");
   std::vector<GradBuffer> grads;
   for (auto& u : units_) grads.push_back(u->grad_buffer());
   bool found = false;
@@ -452,6 +561,8 @@ bool FsdpEngine::unscale_grads(const DynamicLossScaler& scaler) {
 }
 
 void FsdpEngine::skip_step() {
+  drain_worker();
+  if (stepped_during_backward()) throw std::logic_error("FsdpEngine: skipping a step taken during backward");
   for (auto& u : units_) {
     if (u->grads_present) throw std::logic_error("FsdpEngine: skipped step with gradients not yet reduced");
     zero_grad_shard(*u);
@@ -466,10 +577,13 @@ void FsdpEngine::zero_grad_shard(Unit& u) {
 }
 
 void FsdpEngine::optimizer_step(double lr) {
+  drain_worker();
+  step_in_backward_ = false;
   for (auto& up : units_) {
     Unit& u = *up;
     if (u.pending.pending()) release(u);  // no gather may read a shard while it changes
     if (u.grads_present) throw std::logic_error("FsdpEngine: optimizer step with gradients not yet reduced");
+    if (u.stepped) continue;  // on the worker, during backward
     if (u.state_on_device())
       u.device_optimizer->step(u.master_d.data<float>(), u.grad_d.data<float>(), lr);
     else
@@ -477,11 +591,18 @@ void FsdpEngine::optimizer_step(double lr) {
     zero_grad_shard(u);
   }
   refresh_compute_copies();
+  for (auto& up : units_) {
+    // The next pass computes with the compute copies the worker sent.
+    up->uploaded.compute_waits();
+    up->uploaded = {};
+    up->stepped = false;
+  }
 }
 
 int64_t FsdpEngine::optimizer_steps() const { return units_.empty() ? 0 : units_.front()->optimizer_steps(); }
 
 void FsdpEngine::masters_loaded(int64_t optimizer_steps) {
+  drain_worker();
   for (auto& u : units_) {
     const nlohmann::json state = optimizer_state_json(options_.optimizer.kind, optimizer_steps, u->shard_numel);
     if (u->state_on_device())
@@ -497,6 +618,7 @@ void FsdpEngine::refresh_compute_copies() {
   const bool copies = options_.device != Device::CPU && options_.state_device == Device::CPU;
   for (auto& up : units_) {
     Unit& u = *up;
+    if (u.stepped) continue;  // the worker sent this unit's compute copies already
     if (resident()) {
       // The model computes with these tensors directly: write the new values into them.
       for (const TrainableEntry& e : u.trainables) {
@@ -520,6 +642,7 @@ void FsdpEngine::refresh_compute_copies() {
 }
 
 void FsdpEngine::gather_masters_into_model() {
+  drain_worker();
   const size_t S = static_cast<size_t>(groups_.shard->size());
   for (auto& up : units_) {
     Unit& u = *up;
@@ -541,6 +664,7 @@ void FsdpEngine::gather_masters_into_model() {
 }
 
 void FsdpEngine::for_each_trainable(const std::function<void(TrainableShard&)>& visit) {
+  drain_worker();
   const int s = groups_.shard->rank();
   for (auto& up : units_) {
     Unit& u = *up;

@@ -24,11 +24,13 @@
 
 #include "dist/frozen_layout.h"
 #include "backend/cuda_backend.h"
+#include "backend/side_stream.h"
 #include "dist/process_groups.h"
 #include "model/llama_model.h"
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
 #include "util/dtype.h"
+#include "util/worker_thread.h"
 
 namespace fsdpq {
 
@@ -39,6 +41,15 @@ struct FsdpOptions {
   // or host memory (the CPU backend, and use_cpu_offload).
   Device state_device = Device::CPU;
   OptimizerConfig optimizer;
+  // use_cpu_offload on a rank that holds whole units (a shard group of one): the layers' frozen
+  // base weights wait in host memory and are copied in on a side stream one unit ahead of use
+  // (dist/frozen_offload.h). Shard groups of more ranks gather each unit anyway.
+  bool offload_frozen = false;
+  // With the state on the host and whole units: each unit's gradients are copied out on a side
+  // stream as its backward ends and accumulated on a worker thread; a step begun with
+  // step_during_backward also runs each unit's optimizer there, while the GPU computes the
+  // backward of the units before it.
+  bool overlap_host_optimizer = false;
 };
 
 // One trainable tensor and this rank's part of it: elements [offset, offset + master.size()) of
@@ -66,6 +77,7 @@ struct CommTimes {
   double gather_wait = 0;
   double reduce = 0;
   double offload_copies = 0;  // host⇄device copies of gradients and compute copies (state on the host)
+  double host_worker = 0;     // the worker thread's accumulation and optimizer steps (overlapped)
 };
 
 class FsdpEngine final : public UnitHooks {
@@ -106,7 +118,15 @@ class FsdpEngine final : public UnitHooks {
   // An overflowed step is skipped: the gradient shards are zeroed, masters and optimizer untouched.
   void skip_step();
   // Steps every unit's shard with `lr`, refreshes the compute copies and zeroes the gradient shards.
+  // After step_during_backward it only finishes that step (units whose backward never ran are
+  // stepped here).
   void optimizer_step(double lr);
+  // Whether step_during_backward is available (overlap_host_optimizer with whole units on the host).
+  bool can_step_during_backward() const;
+  // Called before the last micro-batch's forward_backward of a step that needs no clipping and no
+  // loss scaling (both need every gradient before any update): each unit is stepped with `lr` as
+  // soon as its gradients are complete. grad_norm() then reports the norm the step used.
+  void step_during_backward(double lr);
   int64_t optimizer_steps() const;
 
   // Makes every trainable tensor's full fp32 master present in the model (for saving or
@@ -147,12 +167,19 @@ class FsdpEngine final : public UnitHooks {
   void ensure_gathered(Unit& u);
   void release(Unit& u);
   void prefetch(int index);
+  void fetch_frozen(int index);  // offload_frozen: unit `index`'s copy in, ahead of use
   void reduce_gradients(Unit& u);
   void zero_grad_shard(Unit& u);
   // The shard's gradient buffer and optimizer (on options_.state_device), once its master is set.
   void init_shard_state(Unit& u);
   // After the masters changed: the compute copies (model tensors, or the shards gathers send).
   void refresh_compute_copies();
+  // overlap_host_optimizer: copy out, then accumulate (and step) on the worker.
+  void reduce_gradients_on_worker(Unit& u);
+  void step_on_worker(Unit& u, double lr);
+  // Waits for the worker's jobs (rethrowing their errors); nothing without a worker.
+  void drain_worker();
+  bool stepped_during_backward() const;
 
   ProcessGroups& groups_;
   FsdpOptions options_;
@@ -165,6 +192,12 @@ class FsdpEngine final : public UnitHooks {
   CommTimes times_;
   bool reshard_after_forward_;
   int last_layer_unit_;
+  bool overlap_ = false;
+  bool step_in_backward_ = false;
+  double step_lr_ = 0;
+  // Declared last: destroyed first, so no copy or job outlives the units' buffers.
+  std::unique_ptr<SideStream> frozen_copies_, grad_copies_, upload_copies_;
+  std::unique_ptr<WorkerThread> worker_;
 };
 
 }  // namespace fsdpq

@@ -190,7 +190,10 @@ void BaseWeight::place_on(Device device) {
   if (trainable) {
     trainable->place_on(device);
   } else if (nf4) {
-    nf4_device = device == Device::CUDA ? std::make_unique<Nf4Device>(upload_nf4(*nf4)) : nullptr;
+    // A weight whose bytes the engine holds elsewhere (a shard, or offloaded to host memory) has
+    // nothing to place: the engine puts it on the device when it is used.
+    const bool evicted = nf4->packed.empty() && nf4->numel > 0;
+    nf4_device = device == Device::CUDA && !evicted ? std::make_unique<Nf4Device>(upload_nf4(*nf4)) : nullptr;
   } else {
     move_tensor(frozen, device);
   }

@@ -288,16 +288,28 @@ MemoryPrediction predict_memory(const PlanInput& p) {
 
   int64_t persistent_compute = 0, gathered_compute = 0;
   int64_t host_weights = 0, host_gather = 0, load_peak = 0;
-  if (resident) {
-    // The whole model stays where it computes; NF4 host copies stay too (BaseWeight::place_on).
-    const int64_t frozen_nf4 = L * layer.nf4, frozen_dense = root.dense + L * layer.dense;
+  if (resident && gpu && p.setting.cpu_offload) {
+    // dist/frozen_offload.h: each layer's frozen bytes wait in pinned host memory and come to the
+    // GPU one unit ahead of use (the current layer and the next; the root stays). The host also
+    // holds each unit's gradients copied out and compute copies going back (fsdp_engine's overlap).
+    const int64_t layers_on_gpu = std::min<int64_t>(2, L);
+    const int64_t frozen_host = L * static_cast<int64_t>(layer_host.layout.frozen_bytes);
     const int64_t compute = root.compute + L * layer.compute;
-    add("frozen NF4 weights", frozen_nf4, gpu ? L * layer_host.nf4_host : 0);
-    add("frozen dense weights (embedding, head, norms" + std::string(p.quantized ? ")" : ", linears)"), frozen_dense, 0);
+    add("frozen dense weights (embedding, head, final norm)", root.dense + root.nf4, 0);
+    add("frozen layer weights: " + std::to_string(layers_on_gpu) + " layers on the GPU, all in pinned host memory",
+        layers_on_gpu * (layer.nf4 + layer.dense), frozen_host);
     add(p.activation == DType::F32 ? "trainable fp32 weights (computed with)" : "trainable compute copies", compute, 0);
-    persistent_compute = frozen_nf4 + frozen_dense + compute;
-    host_weights = gpu ? L * layer_host.nf4_host : 0;
-    // Loading builds every unit on the host first, then places the model on the GPU.
+    persistent_compute = root.dense + root.nf4 + compute;
+    gathered_compute = layers_on_gpu * (layer.nf4 + layer.dense);
+    const int64_t staging = (root_host.layout.trainable_numel + L * layer_host.layout.trainable_numel) *
+                            (kF32 + static_cast<int64_t>(dtype_size(p.activation)));
+    add("gradient / compute-copy staging (pinned)", 0, staging);
+    host_weights = frozen_host + staging;
+    const int64_t building = std::max(root_host.grads + root_host.compute, layer_host.grads + layer_host.compute);
+    load_peak = frozen_host + root_host.dense + root_host.compute + L * layer_host.compute + building + master_host +
+                state_host + staging;
+  } else if (resident) {
+    // The whole model stays where it computes;    // Loading builds every unit on the host first, then places the model on the GPU.
     const int64_t host_all = L * layer_host.nf4_host + root_host.dense + L * layer_host.dense +
                              root_host.compute + L * layer_host.compute;
     const int64_t building = std::max(root_host.grads + root_host.compute, layer_host.grads + layer_host.compute);

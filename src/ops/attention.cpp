@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#ifdef FSDPQ_WITH_CUDA
 #include <cstdlib>
 
+#ifdef FSDPQ_WITH_CUDA
 #include "kernels/attention.cuh"
 #include "kernels/attention_mma.cuh"
 #include "ops/cuda_dispatch.h"
@@ -44,22 +44,20 @@ AttentionDims check_dims(const char* op, const TensorView& q, const TensorView& 
   return d;
 }
 
-#ifdef FSDPQ_WITH_CUDA
-// FSDPQ_ATTENTION=mma selects the experimental tensor-core kernels (kernels/attention_mma.cu)
-// where they apply; read once. Anything else keeps the SIMT kernels (kernels/attention.cu).
-bool mma_attention_requested() {
-  static const bool requested = [] {
+GpuAttentionKernels& gpu_attention_choice() {
+  static GpuAttentionKernels choice = [] {
     const char* v = std::getenv("FSDPQ_ATTENTION");
-    return v != nullptr && std::string(v) == "mma";
+    return v != nullptr && std::string(v) == "simt" ? GpuAttentionKernels::Simt : GpuAttentionKernels::TensorCores;
   }();
-  return requested;
+  return choice;
 }
 
-// The tensor-core kernels take a pass when asked for and when its types, head dim and pointer
+#ifdef FSDPQ_WITH_CUDA
+// The tensor-core kernels take a pass when chosen (gpu_attention_kernels) and when its types, head dim and pointer
 // alignment (16-byte vector loads) suit them; `dout` is null in the forward.
 bool use_mma_attention(const char* op, const AttentionDims& d, const TensorView& q, const TensorView& k,
                        const TensorView& v, const TensorView& out, const void* dout) {
-  return mma_attention_requested() &&
+  return gpu_attention_kernels() == GpuAttentionKernels::TensorCores &&
          cuda::attention_mma_supported(ktype(op, q), ktype(op, k), ktype(op, v), ktype(op, out), d.D) &&
          cuda::attention_mma_aligned(q.data) && cuda::attention_mma_aligned(k.data) &&
          cuda::attention_mma_aligned(v.data) && (dout == nullptr || cuda::attention_mma_aligned(dout));
@@ -259,5 +257,8 @@ void attention_backward(TensorView dq, TensorView dk, TensorView dv, const Tenso
       }
   }
 }
+
+GpuAttentionKernels gpu_attention_kernels() { return gpu_attention_choice(); }
+void set_gpu_attention_kernels(GpuAttentionKernels kernels) { gpu_attention_choice() = kernels; }
 
 }  // namespace fsdpq

@@ -16,4 +16,12 @@ void attention_forward(TensorView out, TensorView lse, const TensorView& q, cons
 void attention_backward(TensorView dq, TensorView dk, TensorView dv, const TensorView& dout, const TensorView& q,
                         const TensorView& k, const TensorView& v, const TensorView& out, const TensorView& lse);
 
+// Which GPU kernels run attention. TensorCores (the default) takes kernels/attention_mma.cu
+// wherever it applies (q, k, v all BF16 or all F16, head dim 64 or 128, 16-byte aligned) and the
+// fp32 SIMT kernels (kernels/attention.cu) elsewhere; Simt takes the SIMT kernels everywhere.
+// The environment's FSDPQ_ATTENTION=simt sets Simt at start-up; tests of the SIMT kernels set it.
+enum class GpuAttentionKernels { TensorCores, Simt };
+GpuAttentionKernels gpu_attention_kernels();
+void set_gpu_attention_kernels(GpuAttentionKernels kernels);
+
 }  // namespace fsdpq

@@ -168,7 +168,9 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
                     {.compute_dtype = activation_dtype(options.precision),
                      .device = device,
                      .state_device = state_device,
-                     .optimizer = optimizer},
+                     .optimizer = optimizer,
+                     .offload_frozen = c.use_cpu_offload,
+                     .overlap_host_optimizer = c.use_cpu_offload},
                     static_cast<int>(plan.model.config.num_hidden_layers) + 1);
   auto load_start = Clock::now();
   std::optional<LlamaModel> model_slot;
@@ -291,6 +293,10 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
       // fsdp_qlora: loss = output.loss / gradient_accumulation_steps, output.loss the micro-batch mean.
       const double normalizer = static_cast<double>(std::max<int64_t>(batch.target_tokens, 1)) * static_cast<double>(gas);
       const float loss_scale = scaler ? scaler->scale() : 1.0f;
+      // With offload, the last micro-batch's backward can step each unit on the CPU as its
+      // gradients arrive, unless clipping or loss scaling needs all of them first.
+      if (last_of_step && engine.can_step_during_backward() && !scaler && !c.apply_gradient_clipping)
+        engine.step_during_backward(schedule.lr_at(step));
       memory_point("before_forward_backward", step);
       const auto fb_start = Clock::now();
       LossSum l = model.forward_backward(batch, normalizer, loss_scale, static_cast<uint64_t>(step * gas + i % gas));
@@ -364,7 +370,8 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
                                  {"gather_wait", comm.gather_wait},
                                  {"reduce", comm.reduce},
                                  {"optimizer", optimizer_seconds},
-                                 {"offload_copies", comm.offload_copies}};
+                                 {"offload_copies", comm.offload_copies},
+                                 {"host_optimizer_overlapped", comm.host_worker}};
       if (scaler) {
         record["loss_scale"] = loss_scale;  // the scale this step's backward used
         record["skipped"] = skipped;

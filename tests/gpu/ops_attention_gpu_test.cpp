@@ -1,5 +1,6 @@
-// attention_forward / attention_backward on the GPU (kernels/attention.cu) against the CPU op,
-// through the same public functions (the op dispatches by device).
+// attention_forward / attention_backward on the GPU's SIMT kernels (kernels/attention.cu) against
+// the CPU op, through the same public functions (the op dispatches by device; the fixture selects
+// the SIMT kernels, which the tensor-core ones otherwise replace for 16-bit q/k/v at D 64/128).
 //
 // Tolerances (normalized L2 error, tests/gpu/op_parity.h):
 //  - fp32 outputs (out, lse, and every gradient written as F32): both devices do fp32 math on the
@@ -90,12 +91,25 @@ void check_case(const Case& c, const Types& types, uint32_t seed, bool backward 
   expect_close(gdv, dv, tolerance_for(types.grad, 1e-4), what + " dv");
 }
 
+// Every test here runs the SIMT kernels and restores the process's choice afterwards.
+class GpuOpsAttention : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    saved_ = gpu_attention_kernels();
+    set_gpu_attention_kernels(GpuAttentionKernels::Simt);
+  }
+  void TearDown() override { set_gpu_attention_kernels(saved_); }
+
+ private:
+  GpuAttentionKernels saved_ = GpuAttentionKernels::TensorCores;
+};
+
 const Types kF32{DType::F32, DType::F32};
 const Types kBf16F32Grads{DType::BF16, DType::F32};  // what the model passes
 const Types kBf16{DType::BF16, DType::BF16};
 const Types kF16F32Grads{DType::F16, DType::F32};
 
-TEST(GpuOpsAttention, TinyAndOddShapes) {
+TEST_F(GpuOpsAttention, TinyAndOddShapes) {
   use_gpu();
   uint32_t seed = 100;
   for (const Case& c : {Case{1, 1, 1, 1, 64}, Case{1, 1, 4, 2, 128}, Case{2, 37, 4, 2, 48}, Case{1, 129, 4, 1, 80},
@@ -103,14 +117,14 @@ TEST(GpuOpsAttention, TinyAndOddShapes) {
     for (const Types& t : {kF32, kBf16F32Grads, kBf16, kF16F32Grads}) check_case(c, t, seed += 10);
 }
 
-TEST(GpuOpsAttention, MhaD64) {
+TEST_F(GpuOpsAttention, MhaD64) {
   use_gpu();
   check_case(Case{2, 200, 8, 8, 64}, kF32, 7);
   check_case(Case{2, 200, 8, 8, 64}, kBf16F32Grads, 8);
   check_case(Case{2, 200, 8, 8, 64}, kF16F32Grads, 9);
 }
 
-TEST(GpuOpsAttention, GqaLlamaShape) {
+TEST_F(GpuOpsAttention, GqaLlamaShape) {
   use_gpu();
   check_case(Case{1, 512, 32, 8, 128}, kBf16F32Grads, 11);
   check_case(Case{1, 512, 32, 8, 128}, kF32, 12);
@@ -118,7 +132,7 @@ TEST(GpuOpsAttention, GqaLlamaShape) {
 }
 
 // Mixed storage per operand (q BF16, k F32, v F16): each operand is read in its own type.
-TEST(GpuOpsAttention, MixedOperandTypes) {
+TEST_F(GpuOpsAttention, MixedOperandTypes) {
   use_gpu();
   const Shape qs{1, 45, 4, 64}, ks{1, 45, 2, 64};
   Tensor q = random_tensor(qs, DType::BF16, 1, -2.0f, 2.0f), k = random_tensor(ks, DType::F32, 2, -2.0f, 2.0f);
@@ -133,7 +147,7 @@ TEST(GpuOpsAttention, MixedOperandTypes) {
 }
 
 // Fixed reduction orders: two GPU runs give the same bits.
-TEST(GpuOpsAttention, BackwardIsDeterministic) {
+TEST_F(GpuOpsAttention, BackwardIsDeterministic) {
   use_gpu();
   const Shape qs{1, 300, 8, 128}, ks{1, 300, 2, 128};
   Tensor q = on_gpu(random_tensor(qs, DType::BF16, 5, -2.0f, 2.0f)), k = on_gpu(random_tensor(ks, DType::BF16, 6, -2.0f, 2.0f));
@@ -155,7 +169,7 @@ TEST(GpuOpsAttention, BackwardIsDeterministic) {
   EXPECT_TRUE(runs[0] == runs[1]);
 }
 
-TEST(GpuOpsAttention, RejectsMixedDevices) {
+TEST_F(GpuOpsAttention, RejectsMixedDevices) {
   use_gpu();
   const Shape qs{1, 4, 2, 8};
   Tensor q = random_tensor(qs, DType::F32, 1), k = random_tensor(qs, DType::F32, 2), v = random_tensor(qs, DType::F32, 3);
@@ -164,7 +178,7 @@ TEST(GpuOpsAttention, RejectsMixedDevices) {
   EXPECT_THROW(attention_forward(out, lse, gq, k, v), std::logic_error);
 }
 
-TEST(GpuOpsAttention, Perf) {
+TEST_F(GpuOpsAttention, Perf) {
   use_gpu();
   if (!test::perf_mode()) GTEST_SKIP() << "set FSDPQ_GPU_PERF=1";
   const int64_t B = 1, T = 2048, H = 32, KV = 32, D = 128;

@@ -1,5 +1,5 @@
 // The tensor-core attention kernels (kernels/attention_mma.cu), called directly on device
-// buffers (no FSDPQ_ATTENTION needed), against the CPU op on the same inputs.
+// buffers, against the CPU op on the same inputs; and the public op's choice of them.
 //
 // Tolerances (normalized L2 error, tests/gpu/op_parity.h) and why:
 //  - out (bf16 storage) 1e-2: the scores QKᵀ are products of bf16 values, exact in fp32, summed
@@ -186,6 +186,31 @@ TEST(GpuOpsAttentionMma, BackwardIsDeterministic) {
     }
     EXPECT_TRUE(runs[0] == runs[1]) << "D" << D;
   }
+}
+
+// The public op takes these kernels by default for the model's types (bit for bit what the
+// direct call gives) and the SIMT kernels when those are chosen (a different summation, so
+// different bits somewhere in the output).
+TEST(GpuOpsAttentionMma, PublicOpUsesThemByDefault) {
+  use_gpu();
+  const Case c{2, 96, 8, 2, 128};
+  const Shape qs{c.B, c.T, c.H, c.D}, ks{c.B, c.T, c.KV, c.D}, ls{c.B, c.H, c.T};
+  Tensor q = on_gpu(random_tensor(qs, DType::BF16, 41, -2.0f, 2.0f));
+  Tensor k = on_gpu(random_tensor(ks, DType::BF16, 42, -2.0f, 2.0f));
+  Tensor v = on_gpu(random_tensor(ks, DType::BF16, 43));
+  auto forward = [&](bool direct) {
+    Tensor out = Tensor::empty(qs, DType::BF16, Device::CUDA), lse = Tensor::empty(ls, DType::F32, Device::CUDA);
+    if (direct) mma_forward(out, lse, q, k, v, c);
+    else attention_forward(out, lse, q, k, v);
+    return test::values_of(out);
+  };
+  ASSERT_EQ(gpu_attention_kernels(), GpuAttentionKernels::TensorCores) << "FSDPQ_ATTENTION is set in the environment";
+  const std::vector<double> direct = forward(true);
+  EXPECT_TRUE(forward(false) == direct);
+  set_gpu_attention_kernels(GpuAttentionKernels::Simt);
+  const std::vector<double> simt = forward(false);
+  set_gpu_attention_kernels(GpuAttentionKernels::TensorCores);
+  EXPECT_FALSE(simt == direct);
 }
 
 TEST(GpuOpsAttentionMma, RejectsUnsupported) {

@@ -1,0 +1,69 @@
+// A second stream beside the compute stream (backend/cuda_backend.h), for host⇄device copies
+// that overlap computation: the CPU-offload engine copies a unit's frozen weights in ahead of use,
+// its gradients out and its updated parameters back in while the GPU computes other units.
+//
+// Ordering is explicit, with marks (CUDA events): work queued on a side stream after wait(m)
+// starts only once everything before mark m is done; compute_waits(m) does the same for the
+// compute stream, and host_wait(m) blocks the calling thread. The caching allocator is
+// compute-stream ordered, so a side stream writing a freshly allocated block must first wait for
+// the compute stream (wait_for_compute), and the compute stream must wait for a side stream's
+// copy out of a block before that block is freed.
+//
+// Host memory a copy touches must be page-locked (HostStaging) for the copy to be asynchronous.
+// On the CPU backend (and in a build without CUDA) a side stream copies at once with memcpy and
+// every mark is already complete, so the same engine code runs, and is tested, on the CPU.
+#pragma once
+#include <cstddef>
+#include <functional>
+#include <memory>
+
+#include "backend/tensor.h"
+
+namespace fsdpq {
+
+// A point in a stream's work. A default-constructed mark is complete.
+class StreamMark {
+ public:
+  StreamMark() = default;
+  // Blocks the calling thread until the work before the mark is done (rethrows a CUDA error).
+  void host_wait() const;
+  // Work queued on the compute stream from now on waits for the mark.
+  void compute_waits() const;
+  bool complete() const { return event_ == nullptr; }
+
+ private:
+  friend class SideStream;
+  friend StreamMark mark_compute();
+  std::shared_ptr<void> event_;
+};
+
+// A mark at the end of the work queued on the compute stream so far (complete without a GPU).
+StreamMark mark_compute();
+
+class SideStream {
+ public:
+  // On Device::CUDA a stream of its own on the current GPU (cuda_init must have run); on
+  // Device::CPU, immediate copies.
+  explicit SideStream(Device device);
+  ~SideStream();
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+
+  void wait(const StreamMark& mark);
+  void wait_for_compute() { wait(mark_compute()); }
+  // Queues dst = src (bytes), either side on the host or the GPU.
+  void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
+  // A mark at the end of the work queued here so far.
+  StreamMark mark();
+  Device device() const { return device_; }
+
+ private:
+  Device device_;
+  void* stream_ = nullptr;  // cudaStream_t
+};
+
+// A function that makes the calling thread's current GPU current on whichever thread runs it
+// (a new thread starts on GPU 0, whatever cuda_init chose); it does nothing without a GPU.
+std::function<void()> follow_current_gpu();
+
+}  // namespace fsdpq
