@@ -4,14 +4,14 @@
 # with every precision, checkpointing on/off and CPU offload on/off. Prepare here:
 #   make build; mkdir -p .device/data; cp ../shared/data/{sql.jsonl,tokenizer.model} .device/data/
 #   ../shared/device/bundle-libs.sh build/fsdpq .device/lib
-# Run there with carry [".device", "build/fsdpq"]: bash scripts/device_e2e.sh   (STEPS=20 by default)
+# Run there with carry [".device", "build/fsdpq"]: bash scripts/device_e2e.sh   (STEPS=20, LR=1e-4 by default)
 export LD_LIBRARY_PATH=$PWD/.device/lib:$LD_LIBRARY_PATH
-B=$PWD/build/fsdpq; W=$(mktemp -d); STEPS=${STEPS:-20}
+B=$PWD/build/fsdpq; W=$(mktemp -d); STEPS=${STEPS:-20}; LR=${LR:-1e-4}
 run() {  # name, flags
   local name=$1; shift
   timeout 150 $B --model_name preset:llama2-7b --tokenizer_path .device/data/tokenizer.model --train_type qlora \
     --dataset sql --data_path .device/data/sql.jsonl --context_length 512 --batch_size 4 --max_steps $STEPS \
-    --lr 1e-4 --log_to stdout --output_dir $W/$name "$@" > $OUT/$name.log 2>&1
+    --lr $LR --log_to stdout --output_dir $W/$name "$@" > $OUT/$name.log 2>&1
   echo "$name rc=$?"
   cp $W/$name/metrics.jsonl $OUT/$name.metrics.jsonl 2>/dev/null
 }

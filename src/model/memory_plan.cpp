@@ -309,7 +309,15 @@ MemoryPrediction predict_memory(const PlanInput& p) {
     load_peak = frozen_host + root_host.dense + root_host.compute + L * layer_host.compute + building + master_host +
                 state_host + staging;
   } else if (resident) {
-    // The whole model stays where it computes;    // Loading builds every unit on the host first, then places the model on the GPU.
+    // The whole model stays where it computes; NF4 host copies stay too (BaseWeight::place_on).
+    const int64_t frozen_nf4 = L * layer.nf4, frozen_dense = root.dense + L * layer.dense;
+    const int64_t compute = root.compute + L * layer.compute;
+    add("frozen NF4 weights", frozen_nf4, gpu ? L * layer_host.nf4_host : 0);
+    add("frozen dense weights (embedding, head, norms" + std::string(p.quantized ? ")" : ", linears)"), frozen_dense, 0);
+    add(p.activation == DType::F32 ? "trainable fp32 weights (computed with)" : "trainable compute copies", compute, 0);
+    persistent_compute = frozen_nf4 + frozen_dense + compute;
+    host_weights = gpu ? L * layer_host.nf4_host : 0;
+    // Loading builds every unit on the host first, then places the model on the GPU.
     const int64_t host_all = L * layer_host.nf4_host + root_host.dense + L * layer_host.dense +
                              root_host.compute + L * layer_host.compute;
     const int64_t building = std::max(root_host.grads + root_host.compute, layer_host.grads + layer_host.compute);

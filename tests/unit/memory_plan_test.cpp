@@ -93,13 +93,25 @@ TEST(MemoryPlan, OptimizerStateAndOffload) {
   const int64_t sgd = predict_memory(p).host_per_rank;
   EXPECT_EQ(adamw - sgd, 2 * 4 * lora);  // exp_avg + exp_avg_sq, fp32
 
-  // CPU offload moves the fp32 master, gradient and 2 state buffers of every shard off the GPU.
+  // CPU offload on one GPU moves the fp32 master, gradient and 2 state buffers of every shard off
+  // the GPU, and the layers' frozen weights too: after loading none is there, and in a pass two
+  // layers' are (dist/frozen_offload.h). The root's (embedding, head, final norm) stay.
   p = llama2_7b(true);
   const MemoryPrediction on_gpu = predict_memory(p);
   p.setting.cpu_offload = true;
   const MemoryPrediction offloaded = predict_memory(p);
+  auto gpu_item = [](const MemoryPrediction& m, const std::string& prefix) {
+    for (const MemoryItem& item : m.items)
+      if (item.what.rfind(prefix, 0) == 0) return item.gpu;
+    ADD_FAILURE() << "no item " << prefix;
+    return int64_t{0};
+  };
+  const int64_t layers_nf4 = gpu_item(on_gpu, "frozen NF4 weights");
+  const int64_t layers_dense = gpu_item(on_gpu, "frozen dense weights") - gpu_item(offloaded, "frozen dense weights");
   // Per layer unit 4,472,832 fp32 = 17.06 MiB per buffer, rounded by the allocator to 18 MiB.
-  EXPECT_EQ(on_gpu.gpu_after_load - offloaded.gpu_after_load, 4 * 32 * (int64_t{18} << 20));
+  EXPECT_EQ(on_gpu.gpu_after_load - offloaded.gpu_after_load, 4 * 32 * (int64_t{18} << 20) + layers_nf4 + layers_dense);
+  EXPECT_EQ(gpu_item(offloaded, "frozen layer weights: 2 layers"), (layers_nf4 + layers_dense) / 16);
+  EXPECT_GT(layers_dense, 0);  // the layers' RMSNorm weights
   EXPECT_GT(offloaded.host_per_rank, on_gpu.host_per_rank + 11 * lora);  // grad + 2 states (+ master copy)
 }
 
@@ -242,10 +254,15 @@ TEST(PlanCommand, PrintsTheGuideAndRecommends) {
                            "| # | step | setting | batch |", "| 1 | DDP | ddp |", "| 6 | + activation offload |",
                            "Recommended: step 1 (DDP)"})
     EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
-  // 70B QLoRA does not fit one 24 GiB GPU at all.
-  const auto none = plan("inputs/dummy_70b.ini --gpus 1 --gpu-mem 24");
+  // 70B QLoRA fits one 24 GiB GPU only with CPU offload, which streams the layers' NF4 weights
+  // from host memory; in 4 GiB nothing fits (the head and embedding alone take 1 GiB, the adapters 1.5, and ctx
+  // 2048's activations most of the rest).
+  const auto offload = plan("inputs/dummy_70b.ini --gpus 1 --gpu-mem 24");
+  ASSERT_EQ(offload.exit_code, 0) << offload.output;
+  EXPECT_NE(offload.output.find("Recommended: step 5 (+ CPU offload)"), std::string::npos) << offload.output;
+  const auto none = plan("inputs/dummy_70b.ini --gpus 1 --gpu-mem 4");
   ASSERT_EQ(none.exit_code, 0) << none.output;
-  EXPECT_NE(none.output.find("Nothing fits in 24 GiB per GPU"), std::string::npos) << none.output;
+  EXPECT_NE(none.output.find("Nothing fits in 4 GiB per GPU"), std::string::npos) << none.output;
 }
 
 TEST(PlanCommand, BadFlagsAreClearErrors) {
