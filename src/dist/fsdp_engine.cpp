@@ -127,8 +127,11 @@ struct FsdpEngine::Unit {
   // overlap_host_optimizer: the gradients copied out (fp32) and the compute copies going back in
   // (page-locked), and what the worker did in a step taken during backward.
   HostStaging grads_out, compute_in;
-  bool stepped = false;  // stepped during this step's backward (worker)
-  double grad_sq = 0;    // the sum of squares of the gradient that step used
+  bool stepped = false;   // stepped during this step's backward (worker)
+  bool measured = false;  // grad_sq (and found_inf) hold this step's gradient, measured on the worker
+  bool found_inf = false;
+  double grad_sq = 0;         // the sum of squares of the gradient the step uses
+  uint64_t step_ticket = 0;   // the worker job updating this unit, until waited for
   StreamMark uploaded;   // the new compute copies are in the model's tensors
 };
 
@@ -266,7 +269,7 @@ std::span<const uint8_t> FsdpEngine::frozen_shard(int index) {
 }
 
 std::span<const float> FsdpEngine::master_shard(int index) {
-  drain_worker();
+  settle_steps();
   Unit& u = unit(index);
   u.master_to_host();
   return {u.master.data(), u.master.size()};
@@ -366,6 +369,7 @@ void FsdpEngine::fetch_frozen(int index) {
 
 void FsdpEngine::forward_begin(int index) {
   Unit& u = unit(index);
+  wait_for_step(u);
   ensure_gathered(u);
   prefetch(index + 1);
   if (u.offloaded) u.offloaded->ensure(*frozen_copies_);
@@ -386,6 +390,7 @@ void FsdpEngine::backward_begin(int index) {
   // The root's backward begins with the loss: the forward of this pass is complete.
   if (index == kRootUnit && forward_done_) forward_done_();
   Unit& u = unit(index);
+  wait_for_step(u);
   ensure_gathered(u);
   if (index > 1 && reshard_after_forward_) prefetch(index - 1);
   if (u.offloaded) u.offloaded->ensure(*frozen_copies_);
@@ -464,15 +469,22 @@ void FsdpEngine::reduce_gradients_on_worker(Unit& u) {
   copied.compute_waits();
   for (const TrainableEntry& e : u.trainables) e.tensor->grad = Tensor();
   u.grads_present = false;
-  const bool step = step_in_backward_;
+  const bool step = step_in_backward_, measure = measure_in_backward_;
+  const DynamicLossScaler* scaler = measure_scaler_;
   const double lr = step_lr_;
   const float inv_world = 1.0f / static_cast<float>(groups_.world->size());
-  worker_->post([this, &u, staged, copied, step, lr, inv_world] {
+  worker_->post([this, &u, staged, copied, step, measure, scaler, lr, inv_world] {
     copied.host_wait();
     float* grad = u.grad.data();
 #pragma omp parallel for if (worth_parallel(u.trainable_numel)) schedule(static)
     for (int64_t i = 0; i < u.trainable_numel; ++i) grad[i] += staged[i] * inv_world;
     if (step) step_on_worker(u, lr);
+    if (measure) {
+      // What unscale_grads and grad_norm compute on the main thread otherwise, the same way.
+      u.found_inf = scaler != nullptr && scaler->unscale(u.grad.data(), static_cast<int64_t>(u.grad.size()));
+      u.grad_sq = grad_sq_sum(u.grad.data(), static_cast<int64_t>(u.grad.size()));
+      u.measured = true;
+    }
   });
   const auto end = std::chrono::steady_clock::now();
   times_.reduce += std::chrono::duration<double>(end - start).count();
@@ -511,6 +523,27 @@ void FsdpEngine::step_during_backward(double lr) {
 
 bool FsdpEngine::stepped_during_backward() const { return step_in_backward_; }
 
+void FsdpEngine::measure_during_backward(const DynamicLossScaler* scaler) {
+  if (!overlap_) throw std::logic_error("FsdpEngine: measure_during_backward needs overlap_host_optimizer on whole units");
+  measure_in_backward_ = true;
+  measure_scaler_ = scaler;
+}
+
+void FsdpEngine::wait_for_step(Unit& u) {
+  if (u.step_ticket == 0) return;
+  const uint64_t ticket = u.step_ticket;
+  u.step_ticket = 0;
+  worker_->wait_for(ticket);
+  u.uploaded.compute_waits();
+  u.uploaded = {};
+  u.stepped = false;
+}
+
+void FsdpEngine::settle_steps() {
+  drain_worker();
+  for (auto& u : units_) wait_for_step(*u);
+}
+
 CommTimes FsdpEngine::take_times() {
   CommTimes t = times_;
   if (worker_) t.host_worker = worker_->take_busy_seconds();
@@ -519,12 +552,13 @@ CommTimes FsdpEngine::take_times() {
 }
 
 double FsdpEngine::grad_norm() {
-  drain_worker();
-  if (stepped_during_backward()) {
-    // The units stepped on the worker measured their gradients before the update; the others
-    // (no backward this step) hold what they hold.
+  settle_steps();
+  if (stepped_during_backward() || measure_in_backward_) {
+    // The units the worker measured (before stepping them, if it did) add what it found; the
+    // others (no backward this step) what they hold. Unit by unit, in order, as below.
     double sq = 0;
-    for (auto& u : units_) sq += u->stepped ? u->grad_sq : grad_sq_sum(u->grad_buffer().data, u->grad_buffer().numel);
+    for (auto& u : units_)
+      sq += u->stepped || u->measured ? u->grad_sq : grad_sq_sum(u->grad_buffer().data, u->grad_buffer().numel);
     return std::sqrt(groups_.shard->all_reduce_sum(sq));
   }
   std::vector<GradBuffer> grads;
@@ -534,9 +568,13 @@ double FsdpEngine::grad_norm() {
 }
 
 void FsdpEngine::scale_grads(double factor) {
-  drain_worker();
+  settle_steps();
   if (stepped_during_backward()) throw std::logic_error("FsdpEngine: clipping after a step taken during backward");
   const float f = static_cast<float>(factor);
+  if (measure_in_backward_) {
+    clip_factor_ = f;  // each unit's queued update scales its gradient first
+    return;
+  }
   for (auto& u : units_) {
     if (u->state_on_device()) {
       device_scale(u->grad_d.data<float>(), u->grad_d.numel(), f);
@@ -547,8 +585,16 @@ void FsdpEngine::scale_grads(double factor) {
 }
 
 bool FsdpEngine::unscale_grads(const DynamicLossScaler& scaler) {
-  drain_worker();
+  settle_steps();
   if (stepped_during_backward()) throw std::logic_error("FsdpEngine: loss scaling with a step taken during backward");
+  if (measure_in_backward_ && measure_scaler_ == &scaler) {
+    bool found = false;
+    for (auto& u : units_) {
+      if (!u->measured) found |= scaler.unscale(u->grad.data(), static_cast<int64_t>(u->grad.size()));
+      found |= u->found_inf;
+    }
+    return groups_.world->all_reduce_max(found ? 1.0 : 0.0) > 0.0;
+  }
   std::vector<GradBuffer> grads;
   for (auto& u : units_) grads.push_back(u->grad_buffer());
   bool found = false;
@@ -561,12 +607,16 @@ bool FsdpEngine::unscale_grads(const DynamicLossScaler& scaler) {
 }
 
 void FsdpEngine::skip_step() {
-  drain_worker();
+  settle_steps();
   if (stepped_during_backward()) throw std::logic_error("FsdpEngine: skipping a step taken during backward");
   for (auto& u : units_) {
     if (u->grads_present) throw std::logic_error("FsdpEngine: skipped step with gradients not yet reduced");
     zero_grad_shard(*u);
+    u->measured = u->found_inf = false;
   }
+  measure_in_backward_ = false;
+  measure_scaler_ = nullptr;
+  clip_factor_.reset();
 }
 
 void FsdpEngine::zero_grad_shard(Unit& u) {
@@ -577,13 +627,32 @@ void FsdpEngine::zero_grad_shard(Unit& u) {
 }
 
 void FsdpEngine::optimizer_step(double lr) {
-  drain_worker();
+  settle_steps();
   step_in_backward_ = false;
+  const bool queue_updates = measure_in_backward_;
+  measure_in_backward_ = false;
+  measure_scaler_ = nullptr;
+  const std::optional<float> clip = clip_factor_;
+  clip_factor_.reset();
+  // The queued updates overwrite compute copies the GPU may still be reading in queued work.
+  if (queue_updates) upload_copies_->wait(mark_compute());
   for (auto& up : units_) {
     Unit& u = *up;
+    u.measured = u.found_inf = false;
     if (u.pending.pending()) release(u);  // no gather may read a shard while it changes
     if (u.grads_present) throw std::logic_error("FsdpEngine: optimizer step with gradients not yet reduced");
     if (u.stepped) continue;  // on the worker, during backward
+    if (queue_updates && u.trainable_numel > 0) {
+      // In forward order (the units' order): the next pass waits for each only when it gets there.
+      u.step_ticket = worker_->post([this, &u, clip, lr] {
+        if (clip) {
+          const float f = *clip;
+          for (float& g : u.grad) g *= f;  // as scale_grads does
+        }
+        step_on_worker(u, lr);
+      });
+      continue;
+    }
     if (u.state_on_device())
       u.device_optimizer->step(u.master_d.data<float>(), u.grad_d.data<float>(), lr);
     else
@@ -592,6 +661,7 @@ void FsdpEngine::optimizer_step(double lr) {
   }
   refresh_compute_copies();
   for (auto& up : units_) {
+    if (up->step_ticket) continue;  // still queued: forward_begin waits for it
     // The next pass computes with the compute copies the worker sent.
     up->uploaded.compute_waits();
     up->uploaded = {};
@@ -602,7 +672,7 @@ void FsdpEngine::optimizer_step(double lr) {
 int64_t FsdpEngine::optimizer_steps() const { return units_.empty() ? 0 : units_.front()->optimizer_steps(); }
 
 void FsdpEngine::masters_loaded(int64_t optimizer_steps) {
-  drain_worker();
+  settle_steps();
   for (auto& u : units_) {
     const nlohmann::json state = optimizer_state_json(options_.optimizer.kind, optimizer_steps, u->shard_numel);
     if (u->state_on_device())
@@ -618,7 +688,7 @@ void FsdpEngine::refresh_compute_copies() {
   const bool copies = options_.device != Device::CPU && options_.state_device == Device::CPU;
   for (auto& up : units_) {
     Unit& u = *up;
-    if (u.stepped) continue;  // the worker sent this unit's compute copies already
+    if (u.stepped || u.step_ticket) continue;  // the worker sends (or sent) this unit's compute copies
     if (resident()) {
       // The model computes with these tensors directly: write the new values into them.
       for (const TrainableEntry& e : u.trainables) {
@@ -642,7 +712,7 @@ void FsdpEngine::refresh_compute_copies() {
 }
 
 void FsdpEngine::gather_masters_into_model() {
-  drain_worker();
+  settle_steps();
   const size_t S = static_cast<size_t>(groups_.shard->size());
   for (auto& up : units_) {
     Unit& u = *up;
@@ -664,7 +734,7 @@ void FsdpEngine::gather_masters_into_model() {
 }
 
 void FsdpEngine::for_each_trainable(const std::function<void(TrainableShard&)>& visit) {
-  drain_worker();
+  settle_steps();
   const int s = groups_.shard->rank();
   for (auto& up : units_) {
     Unit& u = *up;

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -127,6 +128,12 @@ class FsdpEngine final : public UnitHooks {
   // loss scaling (both need every gradient before any update): each unit is stepped with `lr` as
   // soon as its gradients are complete. grad_norm() then reports the norm the step used.
   void step_during_backward(double lr);
+  // Called instead before the last micro-batch of a step that clips or scales the loss: each
+  // unit's gradients are unscaled (when `scaler` is given) and measured on the worker as they
+  // complete, so unscale_grads and grad_norm need no pass of their own. optimizer_step then queues
+  // each unit's update on the worker in forward order, and the next pass waits for a unit's update
+  // only when it reaches that unit.
+  void measure_during_backward(const DynamicLossScaler* scaler);
   int64_t optimizer_steps() const;
 
   // Makes every trainable tensor's full fp32 master present in the model (for saving or
@@ -180,6 +187,10 @@ class FsdpEngine final : public UnitHooks {
   // Waits for the worker's jobs (rethrowing their errors); nothing without a worker.
   void drain_worker();
   bool stepped_during_backward() const;
+  // A unit whose update is queued on the worker: wait for it, and let the compute stream see it.
+  void wait_for_step(Unit& u);
+  // drain_worker, and every queued update finished.
+  void settle_steps();
 
   ProcessGroups& groups_;
   FsdpOptions options_;
@@ -195,6 +206,9 @@ class FsdpEngine final : public UnitHooks {
   bool overlap_ = false;
   bool step_in_backward_ = false;
   double step_lr_ = 0;
+  bool measure_in_backward_ = false;
+  const DynamicLossScaler* measure_scaler_ = nullptr;
+  std::optional<float> clip_factor_;  // scale_grads' factor, applied by each queued update
   // Declared last: destroyed first, so no copy or job outlives the units' buffers.
   std::unique_ptr<SideStream> frozen_copies_, grad_copies_, upload_copies_;
   std::unique_ptr<WorkerThread> worker_;

@@ -2,6 +2,9 @@
 
 #include "util/error.h"
 
+#include <cstdlib>
+#include <string>
+
 #ifdef FSDPQ_WITH_CUDA
 #include <cuda_runtime.h>
 #endif
@@ -20,11 +23,17 @@ GpuInfo select_gpu(const World& world) {
     return info;
   }
   info.visible_devices = count;
-  if (world.local_size > count)
+  // FSDPQ_SHARE_GPUS=1 lets several ranks share a GPU (rank r on GPU r mod count): a way to test
+  // multi-rank runs on fewer GPUs, since the training collectives go through MPI. Each rank then
+  // has the GPU's memory and compute only in part.
+  const char* share = std::getenv("FSDPQ_SHARE_GPUS");
+  const bool shared = share != nullptr && std::string(share) == "1";
+  if (world.local_size > count && !shared)
     fail("{} ranks run on node {} but it has {} visible GPU(s): start one rank per GPU "
-         "(or hide the GPUs with CUDA_VISIBLE_DEVICES= to run on the CPU)",
+         "(or hide the GPUs with CUDA_VISIBLE_DEVICES= to run on the CPU, or set FSDPQ_SHARE_GPUS=1 to let "
+         "ranks share them)",
          world.local_size, world.hostname, count);
-  info.device = world.local_rank;
+  info.device = world.local_rank % count;
   if (cudaSetDevice(info.device) != cudaSuccess) fail("cannot use GPU {} on {}", info.device, world.hostname);
   cudaDeviceProp prop{};
   if (cudaGetDeviceProperties(&prop, info.device) == cudaSuccess) {

@@ -293,10 +293,14 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
       // fsdp_qlora: loss = output.loss / gradient_accumulation_steps, output.loss the micro-batch mean.
       const double normalizer = static_cast<double>(std::max<int64_t>(batch.target_tokens, 1)) * static_cast<double>(gas);
       const float loss_scale = scaler ? scaler->scale() : 1.0f;
-      // With offload, the last micro-batch's backward can step each unit on the CPU as its
-      // gradients arrive, unless clipping or loss scaling needs all of them first.
-      if (last_of_step && engine.can_step_during_backward() && !scaler && !c.apply_gradient_clipping)
-        engine.step_during_backward(schedule.lr_at(step));
+      // With offload, the last micro-batch's backward steps each unit on the CPU as its gradients
+      // arrive, unless clipping or loss scaling needs all of them first.
+      if (last_of_step && engine.can_step_during_backward()) {
+        if (!scaler && !c.apply_gradient_clipping)
+          engine.step_during_backward(schedule.lr_at(step));
+        else  // each unit unscaled and measured as it completes; the updates follow in the next pass
+          engine.measure_during_backward(scaler ? &*scaler : nullptr);
+      }
       memory_point("before_forward_backward", step);
       const auto fb_start = Clock::now();
       LossSum l = model.forward_backward(batch, normalizer, loss_scale, static_cast<uint64_t>(step * gas + i % gas));

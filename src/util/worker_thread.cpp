@@ -10,30 +10,43 @@ WorkerThread::WorkerThread(std::function<void()> on_start)
 WorkerThread::~WorkerThread() {
   {
     std::unique_lock lock(mutex_);
-    idle_.wait(lock, [&] { return jobs_.empty() && !running_job_; });
+    progress_.wait(lock, [&] { return completed_ == posted_; });
     stopping_ = true;
   }
   work_.notify_all();
   thread_.join();
 }
 
-void WorkerThread::post(std::function<void()> job) {
+uint64_t WorkerThread::post(std::function<void()> job) {
+  uint64_t ticket = 0;
   {
     std::lock_guard lock(mutex_);
     jobs_.push_back(std::move(job));
+    ticket = ++posted_;
   }
   work_.notify_one();
+  return ticket;
 }
 
-void WorkerThread::drain() {
-  std::unique_lock lock(mutex_);
-  idle_.wait(lock, [&] { return jobs_.empty() && !running_job_; });
-  if (start_error_) std::rethrow_exception(start_error_);  // no job ever ran: say so at every drain
+void WorkerThread::rethrow_error(std::unique_lock<std::mutex>&) {
+  if (start_error_) std::rethrow_exception(start_error_);  // no job ever ran: say so at every wait
   if (error_) {
     std::exception_ptr e = error_;
     error_ = nullptr;
     std::rethrow_exception(e);
   }
+}
+
+void WorkerThread::wait_for(uint64_t ticket) {
+  std::unique_lock lock(mutex_);
+  progress_.wait(lock, [&] { return completed_ >= ticket; });
+  rethrow_error(lock);
+}
+
+void WorkerThread::drain() {
+  std::unique_lock lock(mutex_);
+  progress_.wait(lock, [&] { return completed_ == posted_; });
+  rethrow_error(lock);
 }
 
 double WorkerThread::take_busy_seconds() {
@@ -59,7 +72,6 @@ void WorkerThread::run(std::function<void()> on_start) {
     if (jobs_.empty()) return;  // stopping, nothing left
     std::function<void()> job = std::move(jobs_.front());
     jobs_.pop_front();
-    running_job_ = true;
     lock.unlock();
     const auto begin = std::chrono::steady_clock::now();
     std::exception_ptr failed;
@@ -74,8 +86,8 @@ void WorkerThread::run(std::function<void()> on_start) {
     lock.lock();
     busy_seconds_ += seconds;
     if (failed && !error_) error_ = failed;
-    running_job_ = false;
-    if (jobs_.empty()) idle_.notify_all();
+    ++completed_;
+    progress_.notify_all();
   }
 }
 

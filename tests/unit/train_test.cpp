@@ -205,7 +205,9 @@ TEST_F(Train, EvalCommandScoresTrainedAdaptersBetterThanTheBase) {
 // the worker thread, and each unit stepped there during the last micro-batch's backward, or
 // after backward when clipping or fp16 loss scaling needs every gradient first. None of it may
 // change a bit of the training: the same losses, gradient norms (to the last digits: the
-// worker sums squares unit by unit) and saved weights as without offload.
+// worker sums squares unit by unit) and saved weights as without offload. With clipping or fp16
+// loss scaling the worker unscales and measures each unit during the last backward and the
+// updates run during the next forward, each unit's just before it is used.
 TEST_F(Train, CpuOffloadTrainsBitIdentically) {
   const std::string common = "--model_name preset:tiny --tokenizer_path builtin:bytes --dataset dummy "
                              "--dataset_samples 48 --batch_size 2 --context_length 256 --max_steps 5 --lora_rank 8 "
@@ -214,9 +216,13 @@ TEST_F(Train, CpuOffloadTrainsBitIdentically) {
     std::string name, flags, saved;
   };
   for (const Case& c : {Case{"qlora_gas2", "--train_type qlora --gradient_accumulation_steps 2", "adapter_model.safetensors"},
-                        Case{"lora_clip", "--train_type lora --apply_gradient_clipping true --grad_norm 0.1",
+                        Case{"lora_clip_gas2_cosine",
+                             "--train_type lora --apply_gradient_clipping true --grad_norm 0.1 "
+                             "--gradient_accumulation_steps 2 --lr_scheduler cosine",
                              "adapter_model.safetensors"},
-                        Case{"full_fp16", "--train_type full --precision fp16_autocast", "model.safetensors"}}) {
+                        // 2^24 overflows half here: two steps are skipped, then 2^22 fits.
+                        Case{"full_fp16_skips", "--train_type full --precision fp16_autocast --loss_scale_init 16777216",
+                             "model.safetensors"}}) {
     std::vector<std::vector<nlohmann::json>> runs;
     for (const char* offload : {"false", "true"}) {
       const std::string out = "offload_" + c.name + "_" + offload;
@@ -234,6 +240,10 @@ TEST_F(Train, CpuOffloadTrainsBitIdentically) {
             << c.name << " step " << k;
     }
     EXPECT_GT(runs[1].back().at("phase_seconds").at("host_optimizer_overlapped").get<double>(), 0.0) << c.name;
+    if (c.name == "full_fp16_skips") {
+      EXPECT_TRUE(runs[1][0].at("skipped").get<bool>());
+      EXPECT_FALSE(runs[1][4].at("skipped").get<bool>()) << "the scale never fitted: the test needs a lower start";
+    }
     EXPECT_EQ(test::read_file(dir_ / ("offload_" + c.name + "_true") / c.saved),
               test::read_file(dir_ / ("offload_" + c.name + "_false") / c.saved))
         << c.name << ": the saved weights differ";
