@@ -144,6 +144,11 @@ TEST(MemoryPlan, MatchesTheMeasured7BRunsWithin10Percent) {
   EXPECT_NEAR(qlora.gpu_peak / kGiB, 7.94, 0.794);
   const MemoryPrediction lora = predict_memory(llama2_7b(false));
   EXPECT_NEAR(lora.gpu_peak / kGiB, 16.5, 1.65);
+  // use_cpu_offload on one GPU (frozen layers streamed from host memory; scripts/device_offload_ranks.sh,
+  // 2026-12-03): peak 2.72 GiB allocated.
+  PlanInput offload = llama2_7b(true);
+  offload.setting.cpu_offload = true;
+  EXPECT_NEAR(predict_memory(offload).gpu_peak / kGiB, 2.72, 0.272);
 }
 
 TEST(MemoryPlan, GuideOrderAndRecommendation) {
