@@ -149,6 +149,15 @@ TEST(MemoryPlan, MatchesTheMeasured7BRunsWithin10Percent) {
   PlanInput offload = llama2_7b(true);
   offload.setting.cpu_offload = true;
   EXPECT_NEAR(predict_memory(offload).gpu_peak / kGiB, 2.72, 0.272);
+  // preset:llama2-70b QLoRA r64, bs 1, ctx 2048, one H200 (2026-12-03): 46.74 GiB after load,
+  // 52.62 GiB peak.
+  PlanInput big = llama2_7b(true);
+  big.model = preset_or_fail("llama2-70b");
+  big.context_length = 2048;
+  big.setting.batch_size = 1;
+  const MemoryPrediction b = predict_memory(big);
+  EXPECT_NEAR(b.gpu_after_load / kGiB, 46.74, 4.674);
+  EXPECT_NEAR(b.gpu_peak / kGiB, 52.62, 5.262);
 }
 
 TEST(MemoryPlan, GuideOrderAndRecommendation) {
