@@ -35,13 +35,16 @@ test: build
 run: build
 	./fsdpq demo
 
-# The side-by-side benchmark, a GPU-machine command (bench/README.md: what to carry, how to read it).
-#   make bench BENCH_OUT=$$OUT BENCH_ARGS="--quick"      add --fsdpq ./build/fsdpq for fsdpq's rows
-BENCH_OUT  ?= bench
-BENCH_ARGS ?=
+# The side-by-side benchmark, a GPU-machine command (bench/README.md: what to carry, how to read it):
+# fsdpq (the built binary) and every peer, ctx 512 and 2048, bs 1, 2, 4 ... until out of memory.
+#   make bench BENCH_OUT=$$OUT BENCH_ARGS="--quick"
+BENCH_OUT   ?= bench
+BENCH_ARGS  ?=
+BENCH_FSDPQ ?= $(BUILD_DIR)/fsdpq
 .PHONY: bench
 bench:
-	python3 bench/bench.py --results $(BENCH_OUT)/results.jsonl --log $(BENCH_OUT)/bench.log $(BENCH_ARGS)
+	python3 bench/bench.py --fsdpq $(BENCH_FSDPQ) --peers hf_lora_eager,hf_lora_compile,hf_qlora_bnb,fsdpq_lora,fsdpq_qlora \
+	  --results $(BENCH_OUT)/results.jsonl --log $(BENCH_OUT)/bench.log $(BENCH_ARGS)
 	python3 bench/compare.py $(BENCH_OUT)/results.jsonl | tee $(BENCH_OUT)/table.md
 
 

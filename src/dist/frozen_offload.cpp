@@ -105,6 +105,10 @@ void OffloadedFrozen::ensure(SideStream& copies) {
 
 void OffloadedFrozen::evict() {
   if (state_ == State::Evicted) return;
+  // A copy still in flight writes into the blocks freed below: whatever the compute stream
+  // allocates from them next must wait for it.
+  if (state_ == State::InFlight) copied_.compute_waits();
+  copied_ = {};
   for (BaseWeight* w : weights_) evict_frozen_storage(*w);
   state_ = State::Evicted;
 }

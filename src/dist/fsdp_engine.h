@@ -46,7 +46,7 @@ struct FsdpOptions {
   // base weights wait in host memory and are copied in on a side stream one unit ahead of use
   // (dist/frozen_offload.h). Shard groups of more ranks gather each unit anyway.
   bool offload_frozen = false;
-  // With the state on the host and whole units: each unit's gradients are copied out on a side
+  // With the state on the host and a world of one rank: each unit's gradients are copied out on a side
   // stream as its backward ends and accumulated on a worker thread; a step begun with
   // step_during_backward also runs each unit's optimizer there, while the GPU computes the
   // backward of the units before it.

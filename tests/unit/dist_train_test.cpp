@@ -160,6 +160,11 @@ TEST_P(Equivalence, SameLossesAndWeightsAtOneTwoAndFourRanks) {
       std::string extra = std::string(" --sharding_strategy ") + strategy;
       if (std::string(strategy).rfind("hybrid", 0) == 0) extra += " --ranks_per_node " + std::to_string(ranks / 2);
       if (ranks == 2 && std::string(strategy) == "full_shard") extra += " --no_sync true";
+      // CPU offload where ranks hold whole units but replicate them (hybrid over nodes of one
+      // rank: the frozen weights are offloaded, the gradients all-reduced before any update) and
+      // where they shard them.
+      if (ranks == 2 && std::string(strategy) == "hybrid_full_shard") extra += " --use_cpu_offload true";
+      if (ranks == 4 && std::string(strategy) == "full_shard") extra += " --use_cpu_offload true";
       r = mpirun(ranks, args(type, ranks, out) + extra);
       ASSERT_EQ(r.exit_code, 0) << r.output;
       const std::vector<double> got = losses(dir_ / out);
