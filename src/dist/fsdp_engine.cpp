@@ -63,6 +63,14 @@ void store_compute(DType dtype, const float* src, int64_t n, uint8_t* dst) {
   }
 }
 
+// g *= f over a host gradient shard, multi-threaded (clipping's scale of every gradient).
+void scale_host(std::vector<float>& grad, float f) {
+  float* g = grad.data();
+  const int64_t n = static_cast<int64_t>(grad.size());
+#pragma omp parallel for if (worth_parallel(n)) schedule(static)
+  for (int64_t i = 0; i < n; ++i) g[i] *= f;
+}
+
 // Writes a tensor's bytes with `write(host_bytes)`: in place on the CPU, through a host staging
 // buffer for a device tensor (the engine's shards and messages are host memory).
 template <class Write>
@@ -295,7 +303,9 @@ void FsdpEngine::attach(LlamaModel& model) {
     if (u.offloaded) u.offloaded->rebind(u.frozen);
   }
   if (resident() && options_.offload_frozen) frozen_copies_ = std::make_unique<SideStream>(options_.device);
-  overlap_ = resident() && options_.overlap_host_optimizer && options_.state_device == Device::CPU;
+  // One rank only: with more (ddp, or hybrid over nodes of one rank) the gradients are all-reduced
+  // on the main thread before any update, as reduce_gradients does.
+  overlap_ = groups_.world->size() == 1 && options_.overlap_host_optimizer && options_.state_device == Device::CPU;
   if (overlap_) {
     grad_copies_ = std::make_unique<SideStream>(options_.device);
     upload_copies_ = std::make_unique<SideStream>(options_.device);
@@ -579,7 +589,7 @@ void FsdpEngine::scale_grads(double factor) {
     if (u->state_on_device()) {
       device_scale(u->grad_d.data<float>(), u->grad_d.numel(), f);
     } else {
-      for (float& g : u->grad) g *= f;
+      scale_host(u->grad, f);
     }
   }
 }
@@ -647,7 +657,7 @@ void FsdpEngine::optimizer_step(double lr) {
       u.step_ticket = worker_->post([this, &u, clip, lr] {
         if (clip) {
           const float f = *clip;
-          for (float& g : u.grad) g *= f;  // as scale_grads does
+          scale_host(u.grad, f);  // as scale_grads does
         }
         step_on_worker(u, lr);
       });
