@@ -140,6 +140,7 @@ struct FsdpEngine::Unit {
   bool found_inf = false;
   double grad_sq = 0;         // the sum of squares of the gradient the step uses
   uint64_t step_ticket = 0;   // the worker job updating this unit, until waited for
+  uint64_t accumulate_ticket = 0;  // the last worker job reading grads_out
   StreamMark uploaded;   // the new compute copies are in the model's tensors
 };
 
@@ -470,6 +471,8 @@ void FsdpEngine::reduce_gradients_on_worker(Unit& u) {
   const auto start = std::chrono::steady_clock::now();
   // Copy out behind the unit's backward, on a side stream; the compute stream may reuse the
   // gradients' memory (freed below) only once the copy has read it.
+  // The previous micro-batch's job may still be reading this unit's staging buffer.
+  if (u.accumulate_ticket) worker_->wait_for(u.accumulate_ticket);
   auto* staged = static_cast<float*>(u.grads_out.reserve(static_cast<size_t>(u.trainable_numel) * sizeof(float)));
   grad_copies_->wait_for_compute();
   for (const TrainableEntry& e : u.trainables)
@@ -483,7 +486,7 @@ void FsdpEngine::reduce_gradients_on_worker(Unit& u) {
   const DynamicLossScaler* scaler = measure_scaler_;
   const double lr = step_lr_;
   const float inv_world = 1.0f / static_cast<float>(groups_.world->size());
-  worker_->post([this, &u, staged, copied, step, measure, scaler, lr, inv_world] {
+  u.accumulate_ticket = worker_->post([this, &u, staged, copied, step, measure, scaler, lr, inv_world] {
     copied.host_wait();
     float* grad = u.grad.data();
 #pragma omp parallel for if (worth_parallel(u.trainable_numel)) schedule(static)
