@@ -122,7 +122,8 @@ class FsdpEngine final : public UnitHooks {
   // After step_during_backward it only finishes that step (units whose backward never ran are
   // stepped here).
   void optimizer_step(double lr);
-  // Whether step_during_backward is available (overlap_host_optimizer with whole units on the host).
+  // Whether step_during_backward / measure_during_backward are available (overlap_host_optimizer, state
+  // on the host, a world of one rank).
   bool can_step_during_backward() const;
   // Called before the last micro-batch's forward_backward of a step that needs no clipping and no
   // loss scaling (both need every gradient before any update): each unit is stepped with `lr` as

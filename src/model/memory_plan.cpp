@@ -287,6 +287,8 @@ MemoryPrediction predict_memory(const PlanInput& p) {
   const int64_t state_host = state_on_host ? shard_state(root_host, false, 1 + k) + L * shard_state(layer_host, false, 1 + k) : 0;
 
   int64_t persistent_compute = 0, gathered_compute = 0;
+  // A rank holding whole units builds each on the host (its gradients and compute copy included).
+  const int64_t building = std::max(root_host.grads + root_host.compute, layer_host.grads + layer_host.compute);
   int64_t host_weights = 0, host_gather = 0, load_peak = 0;
   if (resident && gpu && p.setting.cpu_offload) {
     // dist/frozen_offload.h: each layer's frozen bytes wait in pinned host memory and come to the
@@ -305,7 +307,6 @@ MemoryPrediction predict_memory(const PlanInput& p) {
                             (kF32 + static_cast<int64_t>(dtype_size(p.activation)));
     add("gradient / compute-copy staging (pinned)", 0, staging);
     host_weights = frozen_host + staging;
-    const int64_t building = std::max(root_host.grads + root_host.compute, layer_host.grads + layer_host.compute);
     load_peak = frozen_host + root_host.dense + root_host.compute + L * layer_host.compute + building + master_host +
                 state_host + staging;
   } else if (resident) {
@@ -320,7 +321,6 @@ MemoryPrediction predict_memory(const PlanInput& p) {
     // Loading builds every unit on the host first, then places the model on the GPU.
     const int64_t host_all = L * layer_host.nf4_host + root_host.dense + L * layer_host.dense +
                              root_host.compute + L * layer_host.compute;
-    const int64_t building = std::max(root_host.grads + root_host.compute, layer_host.grads + layer_host.compute);
     load_peak = host_all + building + master_host + state_host;
   } else {
     // Each rank keeps its shard ([frozen | compute] bytes a gather sends) in host memory; units
