@@ -6,7 +6,12 @@
 
 namespace fsdpq {
 
-double grad_sq_sum(const float* grad, int64_t n) {
+namespace {
+
+// The fixed chunking both sums share: chunk c's sum in double, in element order, then the chunks'
+// sums in order. `element(i)` yields element i's value (and may write it first).
+template <class Element>
+double chunked_sq_sum(int64_t n, Element element) {
   constexpr int64_t kChunk = 1 << 16;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
@@ -14,12 +19,28 @@ double grad_sq_sum(const float* grad, int64_t n) {
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t end = std::min(n, (c + 1) * kChunk);
     double sum = 0.0;
-    for (int64_t i = c * kChunk; i < end; ++i) sum += static_cast<double>(grad[i]) * grad[i];
+    for (int64_t i = c * kChunk; i < end; ++i) {
+      const double g = element(i);
+      sum += g * g;
+    }
     partial[static_cast<size_t>(c)] = sum;
   }
   double total = 0.0;
   for (double p : partial) total += p;
   return total;
+}
+
+}  // namespace
+
+double grad_sq_sum(const float* grad, int64_t n) {
+  return chunked_sq_sum(n, [grad](int64_t i) { return grad[i]; });
+}
+
+double accumulate_and_sq_sum(float* grad, const float* addend, float scale, int64_t n) {
+  return chunked_sq_sum(n, [grad, addend, scale](int64_t i) {
+    grad[i] += addend[i] * scale;
+    return grad[i];
+  });
 }
 
 double grad_sq_sum(std::span<const GradBuffer> grads) {

@@ -17,6 +17,9 @@ struct GradBuffer {
 // depend on the number of threads).
 double grad_sq_sum(std::span<const GradBuffer> grads);
 double grad_sq_sum(const float* grad, int64_t n);
+// grad[i] += addend[i] * scale over [0, n), and the sum of squares of the result exactly as
+// grad_sq_sum computes it: one pass over memory where accumulating then measuring takes two.
+double accumulate_and_sq_sum(float* grad, const float* addend, float scale, int64_t n);
 
 // torch's clip_coef = max_norm / (total_norm + 1e-6), clamped to at most 1.
 double clip_coefficient(double total_norm, double max_norm);

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "util/bf16.h"
 #include "util/error.h"
 
 namespace fsdpq {
@@ -18,8 +19,12 @@ inline float lerp(float self, float end, float weight) {
                                   : end - (end - self) * (1.0f - weight);
 }
 
+// Each step's loop reads the gradient through `load(i)` and hands the new parameter to
+// `finish(i, p)`: the plain step loads grad[i] and does nothing more; a fused one (StepFusion)
+// scales, zeroes and stores the compute copy in the same pass.
+template <class Load, class Finish>
 void adam_step(const OptimizerConfig& c, bool decoupled_decay, double lr, int64_t step,
-               float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n) {
+               float* param, Load load, Finish finish, float* exp_avg, float* exp_avg_sq, int64_t n) {
   const double bias_correction1 = 1.0 - std::pow(c.beta1, static_cast<double>(step));
   const double bias_correction2 = 1.0 - std::pow(c.beta2, static_cast<double>(step));
   const bool decay = c.weight_decay != 0.0;
@@ -34,32 +39,38 @@ void adam_step(const OptimizerConfig& c, bool decoupled_decay, double lr, int64_
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     float p = param[i];
-    float g = grad[i];
+    float g = load(i);
     if (decay && decoupled_decay) p = p * decay_factor;  // param.mul_(1 - lr * wd)
     if (decay && !decoupled_decay) g = g + l2 * p;       // grad.add(param, alpha=wd)
     const float m = lerp(exp_avg[i], g, avg_weight);     // exp_avg.lerp_(grad, 1 - beta1)
     float v = exp_avg_sq[i] * beta2;                     // exp_avg_sq.mul_(beta2)
     v = v + sq_weight * g * g;                           //   .addcmul_(grad, grad, 1 - beta2)
     const float denom = std::sqrt(v) / bias_correction2_sqrt + eps;
-    param[i] = p + neg_step_size * m / denom;  // param.addcdiv_(exp_avg, denom, -step_size)
+    p = p + neg_step_size * m / denom;  // param.addcdiv_(exp_avg, denom, -step_size)
+    param[i] = p;
     exp_avg[i] = m;
     exp_avg_sq[i] = v;
+    finish(i, p);
   }
 }
 
-void sgd_step(const OptimizerConfig& c, double lr, float* param, const float* grad, int64_t n) {
+template <class Load, class Finish>
+void sgd_step(const OptimizerConfig& c, double lr, float* param, Load load, Finish finish, int64_t n) {
   const bool decay = c.weight_decay != 0.0;
   const float l2 = static_cast<float>(c.weight_decay);
   const float neg_lr = static_cast<float>(-lr);
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    float g = grad[i];
+    float g = load(i);
     if (decay) g = g + l2 * param[i];
-    param[i] = param[i] + neg_lr * g;  // param.add_(grad, alpha=-lr)
+    const float p = param[i] + neg_lr * g;  // param.add_(grad, alpha=-lr)
+    param[i] = p;
+    finish(i, p);
   }
 }
 
-void adadelta_step(const OptimizerConfig& c, double lr, float* param, const float* grad,
+template <class Load, class Finish>
+void adadelta_step(const OptimizerConfig& c, double lr, float* param, Load load, Finish finish,
                    float* square_avg, float* acc_delta, int64_t n) {
   const bool decay = c.weight_decay != 0.0;
   const float l2 = static_cast<float>(c.weight_decay);
@@ -69,7 +80,7 @@ void adadelta_step(const OptimizerConfig& c, double lr, float* param, const floa
   const float neg_lr = static_cast<float>(-lr);
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    float g = grad[i];
+    float g = load(i);
     if (decay) g = g + l2 * param[i];
     float sq = square_avg[i] * rho;  // square_avg.mul_(rho).addcmul_(grad, grad, 1 - rho)
     sq = sq + one_minus_rho * g * g;
@@ -79,10 +90,41 @@ void adadelta_step(const OptimizerConfig& c, double lr, float* param, const floa
     delta = delta * g;                                //   .mul_(grad)
     float acc = acc_delta[i] * rho;                   // acc_delta.mul_(rho)
     acc = acc + one_minus_rho * delta * delta;        //   .addcmul_(delta, delta, 1 - rho)
-    param[i] = param[i] + neg_lr * delta;             // param.add_(delta, alpha=-lr)
+    const float p = param[i] + neg_lr * delta;        // param.add_(delta, alpha=-lr)
+    param[i] = p;
     square_avg[i] = sq;
     acc_delta[i] = acc;
+    finish(i, p);
   }
+}
+
+template <class Load, class Finish>
+void step_with(const OptimizerConfig& config, double lr, int64_t step, float* param, Load load, Finish finish,
+               float* const* state, int64_t n) {
+  if (step < 1) throw std::logic_error("optimizer_step: step counts from 1");
+  switch (config.kind) {
+    case OptimizerKind::adamw: adam_step(config, true, lr, step, param, load, finish, state[0], state[1], n); return;
+    case OptimizerKind::adam: adam_step(config, false, lr, step, param, load, finish, state[0], state[1], n); return;
+    case OptimizerKind::sgd: sgd_step(config, lr, param, load, finish, n); return;
+    case OptimizerKind::adadelta: adadelta_step(config, lr, param, load, finish, state[0], state[1], n); return;
+  }
+  throw std::logic_error("unknown OptimizerKind");
+}
+
+// The fused step's hooks: the compute copy's store is chosen once, outside the loop.
+template <class Store>
+void fused_step(const OptimizerConfig& config, double lr, int64_t step, float* param, float* grad,
+                float* const* state, int64_t n, const StepFusion& fusion, Store store) {
+  const float scale = fusion.grad_scale;
+  const bool zero = fusion.zero_grad;
+  const int64_t compute_numel = fusion.compute_numel;
+  step_with(
+      config, lr, step, param, [grad, scale](int64_t i) { return grad[i] * scale; },
+      [=](int64_t i, float p) {
+        if (zero) grad[i] = 0.0f;
+        if (i < compute_numel) store(i, p);
+      },
+      state, n);
 }
 
 }  // namespace
@@ -140,20 +182,35 @@ std::vector<std::string> optimizer_state_names(OptimizerKind kind) {
 
 void optimizer_step(const OptimizerConfig& config, double lr, int64_t step, float* param,
                     const float* grad, float* const* state, int64_t n) {
-  if (step < 1) throw std::logic_error("optimizer_step: step counts from 1");
-  switch (config.kind) {
-    case OptimizerKind::adamw:
-      adam_step(config, true, lr, step, param, grad, state[0], state[1], n);
-      return;
-    case OptimizerKind::adam:
-      adam_step(config, false, lr, step, param, grad, state[0], state[1], n);
-      return;
-    case OptimizerKind::sgd: sgd_step(config, lr, param, grad, n); return;
-    case OptimizerKind::adadelta:
-      adadelta_step(config, lr, param, grad, state[0], state[1], n);
-      return;
+  step_with(config, lr, step, param, [grad](int64_t i) { return grad[i]; }, [](int64_t, float) {}, state, n);
+}
+
+void optimizer_step(const OptimizerConfig& config, double lr, int64_t step, float* param, float* grad,
+                    float* const* state, int64_t n, const StepFusion& fusion) {
+  if (fusion.compute_numel < 0 || fusion.compute_numel > n || (fusion.compute_numel > 0 && !fusion.compute))
+    throw std::logic_error("optimizer_step: the fused compute copy must cover a prefix of the shard");
+  if (fusion.compute_numel == 0) {
+    fused_step(config, lr, step, param, grad, state, n, fusion, [](int64_t, float) {});
+    return;
   }
-  throw std::logic_error("unknown OptimizerKind");
+  switch (fusion.compute_dtype) {
+    case DType::F32: {
+      auto* out = static_cast<float*>(fusion.compute);
+      fused_step(config, lr, step, param, grad, state, n, fusion, [out](int64_t i, float p) { out[i] = p; });
+      return;
+    }
+    case DType::BF16: {
+      auto* out = static_cast<uint16_t*>(fusion.compute);
+      fused_step(config, lr, step, param, grad, state, n, fusion, [out](int64_t i, float p) { out[i] = float_to_bf16(p); });
+      return;
+    }
+    case DType::F16: {
+      auto* out = static_cast<uint16_t*>(fusion.compute);
+      fused_step(config, lr, step, param, grad, state, n, fusion, [out](int64_t i, float p) { out[i] = float_to_f16(p); });
+      return;
+    }
+    default: throw std::logic_error("optimizer_step: the fused compute copy must be F32, BF16 or F16");
+  }
 }
 
 ShardOptimizer::ShardOptimizer(OptimizerConfig config, int64_t numel)
@@ -167,6 +224,13 @@ void ShardOptimizer::step(float* param, const float* grad, double lr) {
   std::vector<float*> state;
   for (auto& buffer : buffers_) state.push_back(buffer.data());
   optimizer_step(config_, lr, step_count_, param, grad, state.data(), numel_);
+}
+
+void ShardOptimizer::step(float* param, float* grad, double lr, const StepFusion& fusion) {
+  ++step_count_;
+  std::vector<float*> state;
+  for (auto& buffer : buffers_) state.push_back(buffer.data());
+  optimizer_step(config_, lr, step_count_, param, grad, state.data(), numel_, fusion);
 }
 
 std::vector<ShardOptimizer::NamedBuffer> ShardOptimizer::state_buffers() {

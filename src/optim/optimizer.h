@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "util/dtype.h"
+
 namespace fsdpq {
 
 enum class OptimizerKind { adamw, adam, sgd, adadelta };
@@ -42,6 +44,20 @@ std::vector<std::string> optimizer_state_names(OptimizerKind kind);
 void optimizer_step(const OptimizerConfig& config, double lr, int64_t step, float* param,
                     const float* grad, float* const* state, int64_t n);
 
+// What a host step may do in the same pass over the shard. CPU offload's worker updates are
+// bound by memory bandwidth (dist/fsdp_engine.cpp), so each pass saved is time. The results are
+// bit for bit those of the separate passes: scale the gradient, step, zero the gradient, store
+// the compute copy.
+struct StepFusion {
+  float grad_scale = 1.0f;  // each gradient element is multiplied by this first (clipping's factor)
+  bool zero_grad = false;   // each gradient element is zeroed once read
+  void* compute = nullptr;  // the new parameters [0, compute_numel), stored in compute_dtype
+  DType compute_dtype = DType::BF16;
+  int64_t compute_numel = 0;
+};
+void optimizer_step(const OptimizerConfig& config, double lr, int64_t step, float* param, float* grad,
+                    float* const* state, int64_t n, const StepFusion& fusion);
+
 // A shard optimizer's scalar state as checkpoints store it ({"optimizer", "step", "numel"}), and
 // its reading: the step count, or a UserError when the state is of another optimizer or size.
 // Host (ShardOptimizer) and GPU (DeviceShardOptimizer) shards share these, so either loads the other's.
@@ -55,6 +71,7 @@ class ShardOptimizer {
 
   // Increments the step count, then updates param in place from grad.
   void step(float* param, const float* grad, double lr);
+  void step(float* param, float* grad, double lr, const StepFusion& fusion);
 
   const OptimizerConfig& config() const { return config_; }
   int64_t numel() const { return numel_; }

@@ -52,5 +52,21 @@ TEST(ClipNorm, LargeBufferIsDeterministic) {
   EXPECT_EQ(grad_sq_sum(g.data(), 300000), grad_sq_sum(g.data(), 300000));
 }
 
+// The offload worker's fused pass: the same accumulated values and the same sum, bit for bit, as
+// accumulating and then measuring (several chunks, so the chunked order matters).
+TEST(ClipNorm, AccumulateAndSqSumEqualsTwoPasses) {
+  const int64_t n = 300001;
+  std::vector<float> base(n), addend(n);
+  for (int64_t i = 0; i < n; ++i) {
+    base[i] = 0.001f * static_cast<float>((i * 37) % 101) - 0.05f;
+    addend[i] = 0.01f * static_cast<float>((i * 53) % 89) - 0.4f;
+  }
+  std::vector<float> two = base, one = base;
+  for (int64_t i = 0; i < n; ++i) two[i] += addend[i] * 0.5f;
+  const double want = grad_sq_sum(two.data(), n);
+  EXPECT_EQ(accumulate_and_sq_sum(one.data(), addend.data(), 0.5f, n), want);
+  EXPECT_EQ(one, two);
+}
+
 }  // namespace
 }  // namespace fsdpq

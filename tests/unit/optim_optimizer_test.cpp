@@ -5,8 +5,15 @@
 
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <cmath>
+#include <cstring>
+#include <random>
 #include <vector>
+
+#include "util/bf16.h"
+#include "util/dtype.h"
 
 #include "util/error.h"
 
@@ -151,6 +158,70 @@ TEST(OptimShards, ShardedStepsEqualOneWholeStep) {
     }
   }
   EXPECT_EQ(whole, sharded);
+}
+
+// The fused step (CPU offload's worker) against the separate passes it replaces: scale the
+// gradient, step, zero the gradient, store the compute copy. Bit for bit, every optimizer and
+// compute dtype, over random values large enough to take the multi-threaded loop.
+TEST(OptimFusedStep, EqualsSeparatePassesBitForBit) {
+  const int64_t n = 200003, compute_n = n - 37;  // the compute copy covers a prefix (padding after)
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const char* name : {"adamw", "adam", "sgd", "adadelta"}) {
+    for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+      for (float scale : {1.0f, 0.37f}) {
+        SCOPED_TRACE(fmt::format("{} {} scale {}", name, dtype_name(dtype), scale));
+        const OptimizerConfig c = optimizer_config(name, 1e-2, 0.1);
+        ShardOptimizer separate(c, n), fused(c, n);
+        std::vector<float> p0(n), g0(n);
+        for (int64_t i = 0; i < n; ++i) p0[i] = normal(rng), g0[i] = normal(rng) * 0.1f;
+        std::vector<float> p_sep = p0, p_fused = p0;
+        const size_t element = dtype_size(dtype);
+        std::vector<uint8_t> want(static_cast<size_t>(compute_n) * element), got(want.size(), 0xAB);
+        for (int step = 0; step < 3; ++step) {
+          std::vector<float> g_sep = g0, g_fused = g0;
+          for (float& g : g_sep) g *= scale;
+          separate.step(p_sep.data(), g_sep.data(), 1e-2);
+          std::fill(g_sep.begin(), g_sep.end(), 0.0f);
+          for (int64_t i = 0; i < compute_n; ++i) {
+            if (dtype == DType::F32) std::memcpy(want.data() + i * 4, &p_sep[i], 4);
+            const uint16_t h = dtype == DType::BF16 ? float_to_bf16(p_sep[i]) : float_to_f16(p_sep[i]);
+            if (dtype != DType::F32) std::memcpy(want.data() + i * 2, &h, 2);
+          }
+          StepFusion fusion;
+          fusion.grad_scale = scale;
+          fusion.zero_grad = true;
+          fusion.compute = got.data();
+          fusion.compute_dtype = dtype;
+          fusion.compute_numel = compute_n;
+          fused.step(p_fused.data(), g_fused.data(), 1e-2, fusion);
+          ASSERT_EQ(0, std::memcmp(p_sep.data(), p_fused.data(), n * sizeof(float)));
+          ASSERT_EQ(g_sep, g_fused);
+          ASSERT_EQ(want, got);
+          for (int64_t i = 0; i < n; ++i) g0[i] = normal(rng) * 0.1f;
+        }
+        auto a = separate.state_buffers(), b = fused.state_buffers();
+        for (size_t k = 0; k < a.size(); ++k)
+          EXPECT_EQ(0, std::memcmp(a[k].data.data(), b[k].data.data(), a[k].data.size_bytes()));
+      }
+    }
+  }
+  // Without a compute copy or zeroing, only the scaled step.
+  const OptimizerConfig c = optimizer_config("adamw", 1e-2, 0.1);
+  ShardOptimizer plain(c, 4), fused(c, 4);
+  std::vector<float> p1 = {1, 2, 3, 4}, p2 = p1, g = {0.5f, -0.25f, 1.0f, 2.0f}, g_scaled = g;
+  for (float& x : g_scaled) x *= 0.5f;
+  plain.step(p1.data(), g_scaled.data(), 1e-2);
+  StepFusion half;
+  half.grad_scale = 0.5f;
+  fused.step(p2.data(), g.data(), 1e-2, half);
+  EXPECT_EQ(p1, p2);
+  EXPECT_EQ(g, (std::vector<float>{0.5f, -0.25f, 1.0f, 2.0f}));  // not zeroed: not asked
+  StepFusion bad;
+  bad.compute_numel = 5;  // past the shard
+  std::vector<float> out(5);
+  bad.compute = out.data();
+  EXPECT_THROW(fused.step(p2.data(), g.data(), 1e-2, bad), std::logic_error);
 }
 
 TEST(OptimState, JsonRoundTripAndValidation) {
