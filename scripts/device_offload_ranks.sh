@@ -2,16 +2,18 @@
 # One device call: the CPU-offload engine on Llama-2-7B shapes (throughput, memory, and that clipping,
 # the scheduler and fp16 loss scaling leave the losses unchanged and cost little), and the
 # multi-rank tests (sharding equivalence at 1/2/4 ranks, checkpoints resumed at other world
-# sizes) with every rank on the one GPU (FSDPQ_SHARE_GPUS=1, MPI transport). Prepare here:
+# sizes) with every rank on the one GPU (FSDPQ_SHARE_GPUS=1: the engine's GPU-memory collectives
+# over MPI staged through the host, the code path NCCL runs with one GPU per rank). Prepare here:
 #   make build; ../shared/device/bundle-libs.sh build/fsdpq build/tests/fsdpq_unit_tests .device/lib
 #   ./fsdpq demo --out .device/demo --dry_run
 # Run there with carry [".device/lib", ".device/demo", "build/fsdpq", "build/tests/fsdpq_unit_tests"]:
-#   bash scripts/device_offload_ranks.sh        (SKIP=offload,ranks narrows it)
+#   bash scripts/device_offload_ranks.sh        (SKIP=offload,ranks and RUNS=c512,c512_offload narrow it)
 export LD_LIBRARY_PATH=$PWD/.device/lib:$LD_LIBRARY_PATH OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 B=$PWD/build/fsdpq; W=$(mktemp -d)
 skip() { [[ ",${SKIP:-}," == *",$1,"* ]]; }
-run7b() {  # name, flags
+run7b() {  # name, flags (RUNS="a,b" runs only those)
   local name=$1; shift
+  [ -n "${RUNS:-}" ] && [[ ",$RUNS," != *",$name,"* ]] && return
   timeout 150 $B --model_name preset:llama2-7b --tokenizer_path builtin:bytes --train_type qlora --dataset dummy \
     --dataset_samples 48 --pad_to_context_length true --batch_size 4 --max_steps 8 --lora_rank 64 --lora_alpha 16 \
     --lora_dropout 0.1 --lr 1e-4 --log_to stdout --output_dir $W/$name "$@" > $OUT/$name.log 2>&1

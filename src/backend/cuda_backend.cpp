@@ -156,6 +156,8 @@ void cuda_empty_cache() {
   if (cuda::backend().allocator) cuda::backend().allocator->empty_cache();
 }
 
+void* cuda_compute_stream() { return cuda_initialized() ? static_cast<void*>(cuda::stream()) : nullptr; }
+
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
   if (bytes == 0) return;
   if (dst_device == Device::CPU && src_device == Device::CPU) {
@@ -179,6 +181,7 @@ void cuda_synchronize() {}
 MemoryStats cuda_memory_stats() { return {}; }
 void cuda_reset_peak_memory() {}
 void cuda_empty_cache() {}
+void* cuda_compute_stream() { return nullptr; }
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
   if (dst_device != Device::CPU || src_device != Device::CPU)
     throw std::logic_error("copy_bytes: a CUDA tensor in a build without CUDA");

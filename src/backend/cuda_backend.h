@@ -26,6 +26,10 @@ MemoryStats cuda_memory_stats();
 void cuda_reset_peak_memory();
 void cuda_empty_cache();
 
+// The compute stream as an opaque handle (a cudaStream_t), for libraries that order work after
+// it (NCCL); nullptr before cuda_init or without CUDA.
+void* cuda_compute_stream();
+
 // dst = src byte for byte (the same dtype and element count), between any two devices. A copy
 // into host memory returns when the bytes are there; other copies are queued on the stream.
 void copy_tensor(TensorView dst, const TensorView& src);

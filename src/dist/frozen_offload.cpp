@@ -44,6 +44,10 @@ uint8_t* device_segment_storage(BaseWeight& w, const FrozenSegment& seg, DType d
 
 }  // namespace
 
+uint8_t* allocate_segment_storage(BaseWeight& w, const FrozenSegment& seg, DType dense_dtype, Device device) {
+  return device == Device::CPU ? segment_storage(w, seg, dense_dtype, true) : device_segment_storage(w, seg, dense_dtype);
+}
+
 void evict_frozen_storage(BaseWeight& w) {
   w.nf4_device = nullptr;
   if (w.nf4) {

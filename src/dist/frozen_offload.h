@@ -48,6 +48,11 @@ class OffloadedFrozen {
   StreamMark copied_;
 };
 
+// Allocates the weight's storage for one segment on `device` and returns where its bytes go: the
+// host storage segment_storage allocates, or the weight's GPU copy (nf4_device, or its dense
+// tensor on the GPU). What a gathered or fetched unit is unpacked into.
+uint8_t* allocate_segment_storage(BaseWeight& weight, const FrozenSegment& segment, DType dense_dtype, Device device);
+
 // Frees a frozen weight's storage on every device (its NF4 statistics' scalars and its shape stay).
 void evict_frozen_storage(BaseWeight& weight);
 

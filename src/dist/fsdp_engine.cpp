@@ -31,15 +31,14 @@ struct TrainableEntry {
   int64_t offset = 0, numel = 0;  // elements within the unit's flat trainable vector
 };
 
-template <class T>
-void free_vector(std::vector<T>& v) { std::vector<T>().swap(v); }
-
 // Copies logical bytes [begin, begin + n) of a region that is split over ranks in pieces of
-// `piece` bytes, piece r stored at base + r * stride (the layout of an all-gather's output).
-void copy_from_pieces(const uint8_t* base, size_t stride, size_t piece, size_t begin, uint8_t* dst, size_t n) {
+// `piece` bytes, piece r stored at base + r * stride (the layout of an all-gather's output); both
+// sides on `device`.
+void copy_from_pieces(const uint8_t* base, size_t stride, size_t piece, size_t begin, uint8_t* dst, size_t n,
+                      Device device) {
   while (n > 0) {
     const size_t r = begin / piece, within = begin % piece, take = std::min(n, piece - within);
-    std::memcpy(dst, base + r * stride + within, take);
+    copy_bytes(dst, device, base + r * stride + within, device, take);
     dst += take;
     begin += take;
     n -= take;
@@ -101,9 +100,16 @@ struct FsdpEngine::Unit {
   size_t compute_shard_bytes = 0;  // shard_numel compute elements, padded to the gather granule
   size_t chunk_bytes = 0;          // one rank's part of the gather: [frozen shard | compute shard]
 
+  // What this rank sends to a gather (non-resident only): [frozen shard | compute shard],
+  // chunk_bytes at `send`, on the GPU when the shard's state is there (send_on_device), else in
+  // host memory (send_on_host, page-locked once CUDA runs: the CPU backend, use_cpu_offload).
+  Tensor send_on_device;
+  HostStaging send_on_host;
+  uint8_t* send = nullptr;
+  Device send_device = Device::CPU;
+
   // This rank's shard. With state on the GPU, master_d / grad_d / device_optimizer hold it and
   // `master` is a host staging copy, refreshed where host code reads it (checkpoints, gathers).
-  std::vector<uint8_t> send;  // chunk_bytes (non-resident only)
   std::vector<float> master, grad;
   std::unique_ptr<ShardOptimizer> optimizer;
   Tensor master_d, grad_d;
@@ -122,8 +128,9 @@ struct FsdpEngine::Unit {
                              : GradBuffer{grad.data(), static_cast<int64_t>(grad.size())};
   }
 
-  // Gathering.
-  std::vector<uint8_t> recv;
+  // Gathering, on the model's device: the gather's output until unpacked, and a host-homed
+  // shard's copy on the GPU for the gather in flight.
+  Tensor recv, send_copy;
   CollectiveHandle pending;
   bool gathered = false;       // the model's tensors hold the full parameters
   bool grads_present = false;  // the model's gradient tensors are allocated (and accumulate)
@@ -243,9 +250,10 @@ void FsdpEngine::adopt_unit(int index, ParamUnit& contents) {
   }
 
   // Keep this rank's slice of the frozen bytes and its compute shard; free the unit.
-  u.send.assign(u.chunk_bytes, 0);
-  copy_frozen_bytes(layout, contents, layout.frozen_begin(s), u.send.data(), u.frozen_shard_bytes);
-  store_compute(options_.compute_dtype, u.master.data(), u.shard_numel, u.send.data() + u.frozen_shard_bytes);
+  std::vector<uint8_t> chunk(u.chunk_bytes, 0);
+  copy_frozen_bytes(layout, contents, layout.frozen_begin(s), chunk.data(), u.frozen_shard_bytes);
+  store_compute(options_.compute_dtype, u.master.data(), u.shard_numel, chunk.data() + u.frozen_shard_bytes);
+  keep_send(u, chunk);
   for (BaseWeight* w : u.frozen) evict_frozen_storage(*w);
   for (const TrainableEntry& e : u.trainables) {
     e.tensor->master = Tensor();
@@ -265,16 +273,51 @@ void FsdpEngine::adopt_unit_shard(int index, ParamUnit& skeleton, const UnitLayo
   record_layout(u, skeleton, layout, dense_dtypes);
   u.master = std::move(master_shard);
   init_shard_state(u);
-  u.send.assign(u.chunk_bytes, 0);
-  std::memcpy(u.send.data(), frozen_shard.data(), frozen_shard.size());
-  store_compute(options_.compute_dtype, u.master.data(), u.shard_numel, u.send.data() + u.frozen_shard_bytes);
+  frozen_shard.resize(u.chunk_bytes, 0);
+  store_compute(options_.compute_dtype, u.master.data(), u.shard_numel, frozen_shard.data() + u.frozen_shard_bytes);
+  keep_send(u, frozen_shard);
   u.gathered = false;
 }
 
-std::span<const uint8_t> FsdpEngine::frozen_shard(int index) {
+std::vector<uint8_t> FsdpEngine::frozen_shard(int index) {
   Unit& u = unit(index);
   if (resident()) return {};
-  return {u.send.data(), u.frozen_shard_bytes};
+  std::vector<uint8_t> bytes(u.frozen_shard_bytes);
+  copy_bytes(bytes.data(), Device::CPU, u.send, u.send_device, bytes.size());
+  return bytes;
+}
+
+void FsdpEngine::keep_send(Unit& u, const std::vector<uint8_t>& chunk) {
+  const int64_t n = static_cast<int64_t>(u.chunk_bytes);
+  u.send_device = options_.device == Device::CUDA && options_.state_device == Device::CUDA ? Device::CUDA : Device::CPU;
+  if (u.send_device == Device::CUDA) {
+    u.send_on_device = Tensor::empty(Shape{n}, DType::U8, Device::CUDA);
+    u.send = static_cast<uint8_t*>(u.send_on_device.view().data);
+  } else {
+    u.send = static_cast<uint8_t*>(u.send_on_host.reserve(u.chunk_bytes));
+  }
+  copy_bytes(u.send, u.send_device, chunk.data(), Device::CPU, u.chunk_bytes);
+}
+
+Communicator& FsdpEngine::gather_comm() {
+  if (options_.device == Device::CPU) return *groups_.shard;
+  if (!groups_.shard_device)
+    throw std::logic_error("FsdpEngine: a sharded model on the GPU needs the shard group's device collectives");
+  return *groups_.shard_device;
+}
+
+Communicator* FsdpEngine::replicate_comm() {
+  if (groups_.replicate->size() == 1) return nullptr;
+  if (options_.device == Device::CPU) return groups_.replicate.get();
+  if (!groups_.replicate_device)
+    throw std::logic_error("FsdpEngine: a replicated model on the GPU needs the replicate group's device collectives");
+  return groups_.replicate_device.get();
+}
+
+float* FsdpEngine::comm_scratch(HostStaging& host, Tensor& holder, size_t n) {
+  if (options_.device == Device::CPU) return static_cast<float*>(host.reserve(n * sizeof(float)));
+  holder = Tensor::empty(Shape{static_cast<int64_t>(n)}, DType::F32, options_.device);
+  return holder.data<float>();
 }
 
 std::span<const float> FsdpEngine::master_shard(int index) {
@@ -323,8 +366,16 @@ void FsdpEngine::attach(LlamaModel& model) {
 
 void FsdpEngine::start_gather(Unit& u) {
   if (u.gathered || u.pending.pending()) return;
-  u.recv.resize(u.chunk_bytes * static_cast<size_t>(groups_.shard->size()));
-  u.pending = groups_.shard->all_gather(u.send.data(), u.recv.data(), u.chunk_bytes);
+  const Device device = options_.device;
+  u.recv = Tensor::empty(Shape{static_cast<int64_t>(u.chunk_bytes) * groups_.shard->size()}, DType::U8, device);
+  const uint8_t* send = u.send;
+  if (u.send_device != device) {
+    // use_cpu_offload on a GPU: the shard waits in host memory and comes in for its gather.
+    u.send_copy = Tensor::empty(Shape{static_cast<int64_t>(u.chunk_bytes)}, DType::U8, device);
+    copy_bytes(u.send_copy.view().data, device, u.send, u.send_device, u.chunk_bytes);
+    send = static_cast<const uint8_t*>(u.send_copy.view().data);
+  }
+  u.pending = gather_comm().all_gather(send, u.recv.view().data, u.chunk_bytes);
 }
 
 void FsdpEngine::ensure_gathered(Unit& u) {
@@ -335,32 +386,32 @@ void FsdpEngine::ensure_gathered(Unit& u) {
   const auto waited_until = std::chrono::steady_clock::now();
   times_.gather_wait += std::chrono::duration<double>(waited_until - waited).count();
   if (event_sink_) event_sink_("gather wait", u.name, waited, waited_until);
-  // Unpack into the model's tensors: frozen segments, then the trainables in the compute dtype.
+  // Unpack into the model's tensors, on the device the gather ran on: frozen segments, then the
+  // trainables in the compute dtype.
+  const Device device = options_.device;
+  const auto* recv = static_cast<const uint8_t*>(u.recv.view().data);
   for (const FrozenSegment& seg : u.segments) {
-    BaseWeight& w = *u.frozen[seg.weight];
-    uint8_t* dst = segment_storage(w, seg, u.frozen_dtype[seg.weight], true);
-    copy_from_pieces(u.recv.data(), u.chunk_bytes, u.frozen_shard_bytes, seg.offset, dst, seg.bytes);
+    uint8_t* dst = allocate_segment_storage(*u.frozen[seg.weight], seg, u.frozen_dtype[seg.weight], device);
+    copy_from_pieces(recv, u.chunk_bytes, u.frozen_shard_bytes, seg.offset, dst, seg.bytes, device);
   }
-  if (options_.device != Device::CPU)
-    for (BaseWeight* w : u.frozen) w->place_on(options_.device);
   const size_t element = dtype_size(options_.compute_dtype);
   const size_t piece = static_cast<size_t>(u.shard_numel) * element;
   for (const TrainableEntry& e : u.trainables) {
     Tensor& t = compute_tensor(*e.tensor, options_.compute_dtype);
-    t = Tensor::empty(e.shape, options_.compute_dtype, options_.device);
-    write_tensor_bytes(t, write_staging_, [&](uint8_t* dst) {
-      copy_from_pieces(u.recv.data() + u.frozen_shard_bytes, u.chunk_bytes, piece,
-                       static_cast<size_t>(e.offset) * element, dst, static_cast<size_t>(e.numel) * element);
-    });
+    t = Tensor::empty(e.shape, options_.compute_dtype, device);
+    copy_from_pieces(recv + u.frozen_shard_bytes, u.chunk_bytes, piece, static_cast<size_t>(e.offset) * element,
+                     static_cast<uint8_t*>(t.view().data), static_cast<size_t>(e.numel) * element, device);
   }
-  free_vector(u.recv);
+  u.recv = Tensor();
+  u.send_copy = Tensor();
   u.gathered = true;
 }
 
 void FsdpEngine::release(Unit& u) {
   if (resident()) return;
   if (u.pending.pending()) u.pending.wait();
-  free_vector(u.recv);
+  u.recv = Tensor();
+  u.send_copy = Tensor();
   if (!u.gathered) return;
   for (BaseWeight* w : u.frozen) evict_frozen_storage(*w);
   for (const TrainableEntry& e : u.trainables) compute_tensor(*e.tensor, options_.compute_dtype) = Tensor();
@@ -433,28 +484,40 @@ void FsdpEngine::reduce_gradients(Unit& u) {
     for (const TrainableEntry& e : u.trainables)
       add_scaled(u.grad_d.view().slice_rows(e.offset, e.numel), e.tensor->grad, inv_world);
   } else {
+    // Packed, reduce-scattered over the shard group and all-reduced over the replicas where the
+    // model computes (the device collectives on a GPU), then added to the shard's gradient.
+    const Device device = options_.device;
     const size_t S = static_cast<size_t>(groups_.shard->size());
     const size_t total = static_cast<size_t>(u.shard_numel) * S;
-    auto* packed = static_cast<float*>(packed_staging_.reserve(total * sizeof(float)));
-    std::fill(packed + u.trainable_numel, packed + total, 0.0f);  // the padding the tensors do not cover
-    const auto copies = std::chrono::steady_clock::now();
+    Tensor packed_holder, reduced_holder;
+    float* packed = comm_scratch(packed_staging_, packed_holder, total);
+    const size_t padding = total - static_cast<size_t>(u.trainable_numel);  // what the tensors do not cover
+    if (device == Device::CPU)
+      std::fill(packed + u.trainable_numel, packed + total, 0.0f);
+    else if (padding > 0)
+      device_fill_zero(packed + u.trainable_numel, static_cast<int64_t>(padding));
     for (const TrainableEntry& e : u.trainables)
-      copy_bytes(packed + e.offset, Device::CPU, e.tensor->grad.view().data, e.tensor->grad.device(),
+      copy_bytes(packed + e.offset, device, e.tensor->grad.view().data, e.tensor->grad.device(),
                  static_cast<size_t>(e.numel) * sizeof(float));
-    if (options_.device != Device::CPU)
-      times_.offload_copies += std::chrono::duration<double>(std::chrono::steady_clock::now() - copies).count();
     // One rank: the packed gradients are its shard's sum already.
     float* mine = packed;
-    if (groups_.world->size() > 1) {
-      mine = static_cast<float*>(reduced_staging_.reserve(static_cast<size_t>(u.shard_numel) * sizeof(float)));
-      groups_.shard->reduce_scatter(packed, mine, static_cast<size_t>(u.shard_numel), CommType::F32, ReduceOp::Sum)
-          .wait();
-      groups_.replicate->all_reduce(mine, static_cast<size_t>(u.shard_numel), CommType::F32, ReduceOp::Sum).wait();
+    if (S > 1) {
+      mine = comm_scratch(reduced_staging_, reduced_holder, static_cast<size_t>(u.shard_numel));
+      gather_comm().reduce_scatter(packed, mine, static_cast<size_t>(u.shard_numel), CommType::F32, ReduceOp::Sum).wait();
     }
+    if (Communicator* replicas = replicate_comm())
+      replicas->all_reduce(mine, static_cast<size_t>(u.shard_numel), CommType::F32, ReduceOp::Sum).wait();
     if (u.state_on_device()) {
-      const Tensor reduced = copy_to(TensorView{mine, DType::F32, Shape{u.shard_numel}, Device::CPU}, Device::CUDA);
-      add_scaled(u.grad_d, reduced, inv_world);
+      add_scaled(u.grad_d, TensorView{mine, DType::F32, Shape{u.shard_numel}, Device::CUDA}, inv_world);
     } else {
+      if (device != Device::CPU) {
+        // use_cpu_offload: the reduced shard comes to the host, where its state lives.
+        const auto copies = std::chrono::steady_clock::now();
+        auto* host = static_cast<float*>(offload_staging_.reserve(static_cast<size_t>(u.shard_numel) * sizeof(float)));
+        copy_bytes(host, Device::CPU, mine, device, static_cast<size_t>(u.shard_numel) * sizeof(float));
+        mine = host;
+        times_.offload_copies += std::chrono::duration<double>(std::chrono::steady_clock::now() - copies).count();
+      }
       float* grad = u.grad.data();
 #pragma omp parallel for if (worth_parallel(u.shard_numel)) schedule(static)
       for (int64_t i = 0; i < u.shard_numel; ++i) grad[i] += mine[i] * inv_world;
@@ -489,30 +552,46 @@ void FsdpEngine::reduce_gradients_on_worker(Unit& u) {
   u.accumulate_ticket = worker_->post([this, &u, staged, copied, step, measure, scaler, lr, inv_world] {
     copied.host_wait();
     float* grad = u.grad.data();
-#pragma omp parallel for if (worth_parallel(u.trainable_numel)) schedule(static)
-    for (int64_t i = 0; i < u.trainable_numel; ++i) grad[i] += staged[i] * inv_world;
-    if (step) step_on_worker(u, lr);
-    if (measure) {
+    const int64_t n = static_cast<int64_t>(u.grad.size());
+    if (measure && scaler != nullptr) {
       // What unscale_grads and grad_norm compute on the main thread otherwise, the same way.
-      u.found_inf = scaler != nullptr && scaler->unscale(u.grad.data(), static_cast<int64_t>(u.grad.size()));
-      u.grad_sq = grad_sq_sum(u.grad.data(), static_cast<int64_t>(u.grad.size()));
+#pragma omp parallel for if (worth_parallel(u.trainable_numel)) schedule(static)
+      for (int64_t i = 0; i < u.trainable_numel; ++i) grad[i] += staged[i] * inv_world;
+      u.found_inf = scaler->unscale(grad, n);
+      u.grad_sq = grad_sq_sum(grad, n);
       u.measured = true;
+      return;
     }
+    if (!step && !measure) {
+#pragma omp parallel for if (worth_parallel(u.trainable_numel)) schedule(static)
+      for (int64_t i = 0; i < u.trainable_numel; ++i) grad[i] += staged[i] * inv_world;
+      return;
+    }
+    // The step's last gradient: accumulated and measured in one pass (the elements past the
+    // trainables are padding, always zero, and add nothing to the sum).
+    u.grad_sq = accumulate_and_sq_sum(grad, staged, inv_world, u.trainable_numel);
+    u.measured = measure;
+    u.found_inf = false;
+    if (step) step_on_worker(u, lr, 1.0f);
   });
   const auto end = std::chrono::steady_clock::now();
   times_.reduce += std::chrono::duration<double>(end - start).count();
   if (event_sink_) event_sink_("reduce", u.name, start, end);
 }
 
-// On the worker thread: the unit's update, then its new compute copies into the model's tensors
-// (which the GPU no longer reads this step: the unit's backward is done).
-void FsdpEngine::step_on_worker(Unit& u, double lr) {
-  u.grad_sq = grad_sq_sum(u.grad.data(), static_cast<int64_t>(u.grad.size()));
-  u.optimizer->step(u.master.data(), u.grad.data(), lr);
-  std::fill(u.grad.begin(), u.grad.end(), 0.0f);
+// On the worker thread: the unit's update (its gradient scaled by `grad_scale` first, as
+// scale_grads would), then its new compute copies into the model's tensors (which the GPU no
+// longer reads this step: the unit's backward is done). One pass over the shard's memory.
+void FsdpEngine::step_on_worker(Unit& u, double lr, float grad_scale) {
   const size_t element = dtype_size(options_.compute_dtype);
   auto* compute = static_cast<uint8_t*>(u.compute_in.reserve(static_cast<size_t>(u.trainable_numel) * element));
-  store_compute(options_.compute_dtype, u.master.data(), u.trainable_numel, compute);
+  StepFusion fusion;
+  fusion.grad_scale = grad_scale;
+  fusion.zero_grad = true;
+  fusion.compute = compute;
+  fusion.compute_dtype = options_.compute_dtype;
+  fusion.compute_numel = u.trainable_numel;
+  u.optimizer->step(u.master.data(), u.grad.data(), lr, fusion);
   for (const TrainableEntry& e : u.trainables) {
     Tensor& t = compute_tensor(*e.tensor, options_.compute_dtype);
     upload_copies_->copy(t.view().data, t.device(), compute + static_cast<size_t>(e.offset) * element, Device::CPU,
@@ -657,13 +736,7 @@ void FsdpEngine::optimizer_step(double lr) {
     if (u.stepped) continue;  // on the worker, during backward
     if (queue_updates && u.trainable_numel > 0) {
       // In forward order (the units' order): the next pass waits for each only when it gets there.
-      u.step_ticket = worker_->post([this, &u, clip, lr] {
-        if (clip) {
-          const float f = *clip;
-          scale_host(u.grad, f);  // as scale_grads does
-        }
-        step_on_worker(u, lr);
-      });
+      u.step_ticket = worker_->post([this, &u, clip, lr] { step_on_worker(u, lr, clip.value_or(1.0f)); });
       continue;
     }
     if (u.state_on_device())
@@ -717,8 +790,12 @@ void FsdpEngine::refresh_compute_copies() {
       }
     } else {
       if (u.gathered) release(u);
-      u.master_to_host();
-      store_compute(options_.compute_dtype, u.master.data(), u.shard_numel, u.send.data() + u.frozen_shard_bytes);
+      if (u.send_device == Device::CUDA) {
+        device_store_compute(options_.compute_dtype, u.master_d.data<float>(), u.shard_numel, u.send + u.frozen_shard_bytes);
+      } else {
+        u.master_to_host();
+        store_compute(options_.compute_dtype, u.master.data(), u.shard_numel, u.send + u.frozen_shard_bytes);
+      }
     }
   }
   if (copies) times_.offload_copies += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -740,7 +817,7 @@ void FsdpEngine::gather_masters_into_model() {
       if (!e.tensor->master.defined()) e.tensor->master = Tensor::empty(e.shape, DType::F32);
       write_tensor_bytes(e.tensor->master, write_staging_, [&](uint8_t* dst) {
         copy_from_pieces(recv.data(), chunk, piece, static_cast<size_t>(e.offset) * sizeof(float), dst,
-                         static_cast<size_t>(e.numel) * sizeof(float));
+                         static_cast<size_t>(e.numel) * sizeof(float), Device::CPU);
       });
     }
   }

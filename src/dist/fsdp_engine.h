@@ -150,8 +150,8 @@ class FsdpEngine final : public UnitHooks {
   void masters_loaded(int64_t optimizer_steps);
 
   ShardBytes shard_bytes() const;
-  // This rank's frozen bytes (empty when resident) and fp32 masters of a unit, for tests.
-  std::span<const uint8_t> frozen_shard(int unit);
+  // This rank's frozen bytes (a copy; empty when resident) and fp32 masters of a unit, for tests.
+  std::vector<uint8_t> frozen_shard(int unit);
   std::span<const float> master_shard(int unit);
   CommTimes take_times();
   // Profiling (profile = true): called after each all-gather wait and gradient reduction with
@@ -171,6 +171,14 @@ class FsdpEngine final : public UnitHooks {
  private:
   Unit& unit(int index);
   void record_layout(Unit& u, ParamUnit& contents, const UnitLayout& layout, const std::vector<DType>& dense_dtypes);
+  // The gather's send buffer of a unit being adopted, filled with `chunk` (chunk_bytes).
+  void keep_send(Unit& u, const std::vector<uint8_t>& chunk);
+  // The collectives over buffers where the model computes: MPI's host groups on the CPU, the
+  // device collectives (ProcessGroups::shard_device) on a GPU; replicate_comm is null for one replica.
+  Communicator& gather_comm();
+  Communicator* replicate_comm();
+  // n floats of scratch where the collectives run: `host` on the CPU, else a device tensor in `holder`.
+  float* comm_scratch(HostStaging& host, Tensor& holder, size_t n);
   void start_gather(Unit& u);
   void ensure_gathered(Unit& u);
   void release(Unit& u);
@@ -184,7 +192,7 @@ class FsdpEngine final : public UnitHooks {
   void refresh_compute_copies();
   // overlap_host_optimizer: copy out, then accumulate (and step) on the worker.
   void reduce_gradients_on_worker(Unit& u);
-  void step_on_worker(Unit& u, double lr);
+  void step_on_worker(Unit& u, double lr, float grad_scale);
   // Waits for the worker's jobs (rethrowing their errors); nothing without a worker.
   void drain_worker();
   bool stepped_during_backward() const;
@@ -195,8 +203,9 @@ class FsdpEngine final : public UnitHooks {
 
   ProcessGroups& groups_;
   FsdpOptions options_;
-  // Host buffers of the gradient reduction and of host⇄GPU tensor writes (pinned on a GPU).
-  HostStaging packed_staging_, reduced_staging_, write_staging_;
+  // Host buffers of the gradient reduction (CPU backend), of a reduced shard coming to the host
+  // (use_cpu_offload) and of host⇄GPU tensor writes (pinned on a GPU).
+  HostStaging packed_staging_, reduced_staging_, offload_staging_, write_staging_;
   EventSink event_sink_;
   std::function<void()> forward_done_;
   std::vector<std::unique_ptr<Unit>> units_;

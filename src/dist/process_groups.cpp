@@ -71,6 +71,8 @@ ProcessGroups make_process_groups(const World& world, ShardingStrategy strategy,
     replicate_color = ranks_per_node > 0 ? world.rank % per_node : world.local_rank;
     g.nodes = world.size / per_node;
   }
+  g.shard_color = shard_color;
+  g.replicate_color = replicate_color;
   g.shard = split(world, shard_color, "shard");
   g.replicate = split(world, replicate_color, "replicate");
   if (hybrid && g.shard->size() * g.replicate->size() != world.size)

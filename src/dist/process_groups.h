@@ -29,6 +29,11 @@ struct ProcessGroups {
   std::unique_ptr<Communicator> shard;      // parameters are split over these ranks
   std::unique_ptr<Communicator> replicate;  // ranks holding the same shard (same shard-group rank)
   int nodes = 1;                            // shard groups under hybrid sharding
+  // The same shard and replicate groups over GPU memory (dist/device_collectives.h), for the FSDP
+  // engine's gathers and gradient reductions when the model computes on a GPU; null for a group
+  // of one rank (nothing to communicate) and on the CPU backend.
+  std::unique_ptr<Communicator> shard_device, replicate_device;
+  int shard_color = 0, replicate_color = 0;  // how world was split into them (MPI_Comm_split colours)
 };
 
 // Collective over world.comm. `ranks_per_node` (0: from the machine) must divide the world size;

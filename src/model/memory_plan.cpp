@@ -323,27 +323,40 @@ MemoryPrediction predict_memory(const PlanInput& p) {
                              root_host.compute + L * layer_host.compute;
     load_peak = host_all + building + master_host + state_host;
   } else {
-    // Each rank keeps its shard ([frozen | compute] bytes a gather sends) in host memory; units
-    // are gathered for compute: the root always, the current unit and one prefetched
-    // (shard_grad_op: every unit from its forward until its backward).
-    const int64_t shards = static_cast<int64_t>(root_host.layout.frozen_shard_bytes + root_host.layout.shard_numel * dtype_size(p.activation)) +
-                           L * static_cast<int64_t>(layer_host.layout.frozen_shard_bytes + layer_host.layout.shard_numel * dtype_size(p.activation));
+    // Each rank keeps its shard ([frozen | compute] bytes a gather sends): on the GPU beside its
+    // state, in (pinned) host memory with use_cpu_offload or on the CPU backend. Units are
+    // gathered for compute: the root always, the current unit and one prefetched (shard_grad_op:
+    // every unit from its forward until its backward).
+    const auto chunk = [&](const UnitBytes& u) {
+      return static_cast<int64_t>(u.layout.frozen_shard_bytes + u.layout.shard_numel * dtype_size(p.activation));
+    };
+    const int64_t shards = chunk(root_host) + L * chunk(layer_host);
     const bool keeps_gathered = !reshards_after_forward(p.setting.strategy);
     const int64_t layers_in_flight = keeps_gathered ? L : std::min<int64_t>(2, L);
     const int64_t one_root = root.nf4 + root.dense + root.compute, one_layer = layer.nf4 + layer.dense + layer.compute;
     gathered_compute = one_root + layers_in_flight * one_layer;
     add("gathered units (root + " + std::to_string(layers_in_flight) + " layer" + (layers_in_flight == 1 ? "" : "s") + ")",
         gathered_compute, 0);
-    add("this rank's shards of the weights", 0, shards);
-    host_weights = shards;
-    // Host side of a gather: the all-gather's receive buffer (one unit × S), the gathered unit's
-    // NF4 host copy; a reduce-scatter packs a unit's full gradients.
-    const int64_t recv = static_cast<int64_t>((layer_host.layout.frozen_shard_bytes +
-                                               layer_host.layout.shard_numel * dtype_size(p.activation))) * S;
-    const int64_t nf4_copies = (keeps_gathered ? L : 1) * layer_host.nf4_host;
+    if (state_gpu) {
+      persistent_compute = rounded(true, chunk(root)) + L * rounded(true, chunk(layer));
+      add("this rank's shards of the weights", persistent_compute, 0);
+    } else {
+      host_weights = shards;
+      add("this rank's shards of the weights", 0, shards);
+    }
+    // The collectives' buffers, where the model computes: the all-gather's output (one unit × S;
+    // with offload also the host shard's copy in) and the reduce-scatter's packed gradients and
+    // reduced shard; with offload the reduced shard's host copy.
+    const int64_t recv = chunk(layer_host) * S + (gpu && p.setting.cpu_offload ? chunk(layer_host) : 0);
     const int64_t packed = layer_host.layout.shard_numel * S * kF32 + layer_host.layout.shard_numel * kF32;
-    host_gather = recv + (gpu ? nf4_copies : 0) + packed;
-    add("gather / reduce buffers", 0, host_gather);
+    const int64_t reduced_host = gpu && p.setting.cpu_offload ? layer_host.layout.shard_numel * kF32 : 0;
+    add("gather / reduce buffers", recv + packed, reduced_host);
+    if (gpu) {
+      gathered_compute += recv + packed;
+      host_gather = reduced_host;
+    } else {
+      host_gather = recv + packed;
+    }
     // The shard loader builds one unit's shard at a time (read in the load dtype).
     load_peak = shards + master_host + state_host + static_cast<int64_t>(layer_host.layout.frozen_shard_bytes) * 2;
   }

@@ -24,8 +24,9 @@ GpuInfo select_gpu(const World& world) {
   }
   info.visible_devices = count;
   // FSDPQ_SHARE_GPUS=1 lets several ranks share a GPU (rank r on GPU r mod count): a way to test
-  // multi-rank runs on fewer GPUs, since the training collectives go through MPI. Each rank then
-  // has the GPU's memory and compute only in part.
+  // multi-rank runs on fewer GPUs. NCCL refuses two ranks on one GPU, so their collectives then
+  // go through MPI staged via the host (dist/device_collectives.h). Each rank has the GPU's
+  // memory and compute only in part.
   const char* share = std::getenv("FSDPQ_SHARE_GPUS");
   const bool shared = share != nullptr && std::string(share) == "1";
   if (world.local_size > count && !shared)
@@ -34,6 +35,7 @@ GpuInfo select_gpu(const World& world) {
          "ranks share them)",
          world.local_size, world.hostname, count);
   info.device = world.local_rank % count;
+  info.shared = world.local_size > count;
   if (cudaSetDevice(info.device) != cudaSuccess) fail("cannot use GPU {} on {}", info.device, world.hostname);
   cudaDeviceProp prop{};
   if (cudaGetDeviceProperties(&prop, info.device) == cudaSuccess) {

@@ -13,6 +13,7 @@ struct GpuInfo {
   int device = -1;          // the device this rank uses, -1 for the CPU backend
   std::string name;         // "NVIDIA H200", or why there is none
   uint64_t total_memory = 0;
+  bool shared = false;       // more ranks on this node than GPUs (FSDPQ_SHARE_GPUS=1)
   bool has_gpu() const { return device >= 0; }
 };
 

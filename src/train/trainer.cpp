@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "backend/cuda_backend.h"
+#include "dist/device_collectives.h"
 #include "dist/fsdp_engine.h"
 #include "dist/process_groups.h"
 #include "dist/shard_loader.h"
@@ -160,7 +161,12 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
   const OptimizerConfig optimizer = optimizer_config(c.optimizer, c.lr, c.wd);
   // A rank with a GPU computes there (CUDA_VISIBLE_DEVICES= keeps it on the CPU backend).
   const Device device = gpu.has_gpu() ? Device::CUDA : Device::CPU;
-  if (device == Device::CUDA) run_on_all_ranks(world, [&] { cuda_init(gpu.device); });
+  if (device == Device::CUDA) {
+    run_on_all_ranks(world, [&] { cuda_init(gpu.device); });
+    // The gathers and gradient reductions over GPU memory: NCCL, or MPI staged through the host.
+    const DeviceTransport transport = add_device_collectives(groups, world, gpu);
+    if (world.size > 1) log::info("collectives over GPU memory: {}", device_transport_name(transport));
+  }
   // use_cpu_offload keeps the shards' masters, gradients and optimizer state in host memory and
   // steps them on the CPU; otherwise they live (and are stepped) where the model computes.
   const Device state_device = c.use_cpu_offload ? Device::CPU : device;

@@ -7,6 +7,7 @@
 
 #include "dist/collectives.h"
 #include "dist/process_groups.h"
+#include "dist/staged_communicator.h"
 #include "runtime/world.h"
 #include "test_support.h"
 
@@ -70,6 +71,27 @@ TEST(MpiCollectives, WorldOfFour) {
   EXPECT_EQ(c->size(), 4);
   EXPECT_EQ(c->rank(), w.rank);
   check_collectives(*c);
+}
+
+// The device-buffer adapter over MPI (dist/staged_communicator.h) with host "device" buffers: the
+// same results as MPI itself, through the staging copies (the GPU tests run it on CUDA memory).
+TEST(StagedCollectives, WorldOfFourAndGroups) {
+  World w = make_world();
+  auto c = make_staged_communicator(make_mpi_communicator(w.comm, "world"), Device::CPU);
+  EXPECT_EQ(c->size(), 4);
+  EXPECT_EQ(c->rank(), w.rank);
+  EXPECT_EQ(c->name(), "world");
+  check_collectives(*c);
+  ProcessGroups g = make_process_groups(w, ShardingStrategy::HybridFullShard, 2);
+  check_collectives(*make_staged_communicator(make_mpi_communicator(MPI_COMM_SELF, "self"), Device::CPU));
+  // The colours the device collectives split the world with give the same groups.
+  MPI_Comm shard;
+  MPI_Comm_split(w.comm, g.shard_color, w.rank, &shard);
+  auto staged_shard = make_staged_communicator(make_mpi_communicator(shard, "shard"), Device::CPU);
+  MPI_Comm_free(&shard);
+  EXPECT_EQ(staged_shard->size(), g.shard->size());
+  EXPECT_EQ(staged_shard->rank(), g.shard->rank());
+  EXPECT_EQ(staged_shard->all_reduce_sum(int64_t{w.rank}), g.shard->all_reduce_sum(int64_t{w.rank}));
 }
 
 TEST(MpiCollectives, GroupOfOneIsALocalCopy) {
