@@ -1,6 +1,8 @@
 #include "optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 
 #include "util/bf16.h"
@@ -12,6 +14,12 @@ namespace {
 // The per-element arithmetic follows torch's single-tensor implementations operation by
 // operation, in fp32 with the Python-side scalars rounded to fp32 (as torch does when it applies
 // a Python float to an fp32 tensor). Comments name the torch call each line mirrors.
+//
+// Each optimizer steps a range [begin, end) in one branch-free `omp simd` loop (it vectorises:
+// -fno-math-errno in CMakeLists.txt lets sqrt vectorise), reading gradient element i through
+// `load(i)`. in_blocks spreads blocks of the shard over the OpenMP threads and, per block, runs
+// the fused step's epilogue while the block is still in cache. Results do not depend on the
+// blocking: every element is computed alone.
 
 // torch.lerp(self, end, weight) for fp32 (ATen/native/Lerp.h): two forms for accuracy.
 inline float lerp(float self, float end, float weight) {
@@ -19,67 +27,72 @@ inline float lerp(float self, float end, float weight) {
                                   : end - (end - self) * (1.0f - weight);
 }
 
-// Each step's loop reads the gradient through `load(i)` and hands the new parameter to
-// `finish(i, p)`: the plain step loads grad[i] and does nothing more; a fused one (StepFusion)
-// scales, zeroes and stores the compute copy in the same pass.
-template <class Load, class Finish>
-void adam_step(const OptimizerConfig& c, bool decoupled_decay, double lr, int64_t step,
-               float* param, Load load, Finish finish, float* exp_avg, float* exp_avg_sq, int64_t n) {
+struct AdamScalars {
+  bool decay, decoupled;
+  float decay_factor, l2, avg_weight, beta2, sq_weight, bias_correction2_sqrt, eps, neg_step_size;
+};
+
+AdamScalars adam_scalars(const OptimizerConfig& c, bool decoupled, double lr, int64_t step) {
   const double bias_correction1 = 1.0 - std::pow(c.beta1, static_cast<double>(step));
   const double bias_correction2 = 1.0 - std::pow(c.beta2, static_cast<double>(step));
-  const bool decay = c.weight_decay != 0.0;
-  const float decay_factor = static_cast<float>(1.0 - lr * c.weight_decay);
-  const float l2 = static_cast<float>(c.weight_decay);
-  const float avg_weight = static_cast<float>(1.0 - c.beta1);
-  const float beta2 = static_cast<float>(c.beta2);
-  const float sq_weight = static_cast<float>(1.0 - c.beta2);
-  const float bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
-  const float eps = static_cast<float>(c.eps);
-  const float neg_step_size = static_cast<float>(-(lr / bias_correction1));
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
+  AdamScalars s;
+  s.decay = c.weight_decay != 0.0;
+  s.decoupled = decoupled;
+  s.decay_factor = static_cast<float>(1.0 - lr * c.weight_decay);
+  s.l2 = static_cast<float>(c.weight_decay);
+  s.avg_weight = static_cast<float>(1.0 - c.beta1);
+  s.beta2 = static_cast<float>(c.beta2);
+  s.sq_weight = static_cast<float>(1.0 - c.beta2);
+  s.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+  s.eps = static_cast<float>(c.eps);
+  s.neg_step_size = static_cast<float>(-(lr / bias_correction1));
+  return s;
+}
+
+template <class Load>
+void adam_range(const AdamScalars& scalars, float* param, Load load, float* exp_avg, float* exp_avg_sq, int64_t begin,
+                int64_t end) {
+  const AdamScalars s = scalars;  // a local copy: the stores below cannot alias it, so the loop vectorises
+#pragma omp simd
+  for (int64_t i = begin; i < end; ++i) {
     float p = param[i];
     float g = load(i);
-    if (decay && decoupled_decay) p = p * decay_factor;  // param.mul_(1 - lr * wd)
-    if (decay && !decoupled_decay) g = g + l2 * p;       // grad.add(param, alpha=wd)
-    const float m = lerp(exp_avg[i], g, avg_weight);     // exp_avg.lerp_(grad, 1 - beta1)
-    float v = exp_avg_sq[i] * beta2;                     // exp_avg_sq.mul_(beta2)
-    v = v + sq_weight * g * g;                           //   .addcmul_(grad, grad, 1 - beta2)
-    const float denom = std::sqrt(v) / bias_correction2_sqrt + eps;
-    p = p + neg_step_size * m / denom;  // param.addcdiv_(exp_avg, denom, -step_size)
-    param[i] = p;
+    if (s.decay && s.decoupled) p = p * s.decay_factor;  // param.mul_(1 - lr * wd)
+    if (s.decay && !s.decoupled) g = g + s.l2 * p;       // grad.add(param, alpha=wd)
+    const float m = lerp(exp_avg[i], g, s.avg_weight);   // exp_avg.lerp_(grad, 1 - beta1)
+    float v = exp_avg_sq[i] * s.beta2;                   // exp_avg_sq.mul_(beta2)
+    v = v + s.sq_weight * g * g;                         //   .addcmul_(grad, grad, 1 - beta2)
+    const float denom = std::sqrt(v) / s.bias_correction2_sqrt + s.eps;
+    param[i] = p + s.neg_step_size * m / denom;  // param.addcdiv_(exp_avg, denom, -step_size)
     exp_avg[i] = m;
     exp_avg_sq[i] = v;
-    finish(i, p);
   }
 }
 
-template <class Load, class Finish>
-void sgd_step(const OptimizerConfig& c, double lr, float* param, Load load, Finish finish, int64_t n) {
+template <class Load>
+void sgd_range(const OptimizerConfig& c, double lr, float* param, Load load, int64_t begin, int64_t end) {
   const bool decay = c.weight_decay != 0.0;
   const float l2 = static_cast<float>(c.weight_decay);
   const float neg_lr = static_cast<float>(-lr);
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
+#pragma omp simd
+  for (int64_t i = begin; i < end; ++i) {
     float g = load(i);
     if (decay) g = g + l2 * param[i];
-    const float p = param[i] + neg_lr * g;  // param.add_(grad, alpha=-lr)
-    param[i] = p;
-    finish(i, p);
+    param[i] = param[i] + neg_lr * g;  // param.add_(grad, alpha=-lr)
   }
 }
 
-template <class Load, class Finish>
-void adadelta_step(const OptimizerConfig& c, double lr, float* param, Load load, Finish finish,
-                   float* square_avg, float* acc_delta, int64_t n) {
+template <class Load>
+void adadelta_range(const OptimizerConfig& c, double lr, float* param, Load load, float* square_avg,
+                    float* acc_delta, int64_t begin, int64_t end) {
   const bool decay = c.weight_decay != 0.0;
   const float l2 = static_cast<float>(c.weight_decay);
   const float rho = static_cast<float>(c.rho);
   const float one_minus_rho = static_cast<float>(1.0 - c.rho);
   const float eps = static_cast<float>(c.eps);
   const float neg_lr = static_cast<float>(-lr);
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
+#pragma omp simd
+  for (int64_t i = begin; i < end; ++i) {
     float g = load(i);
     if (decay) g = g + l2 * param[i];
     float sq = square_avg[i] * rho;  // square_avg.mul_(rho).addcmul_(grad, grad, 1 - rho)
@@ -90,41 +103,60 @@ void adadelta_step(const OptimizerConfig& c, double lr, float* param, Load load,
     delta = delta * g;                                //   .mul_(grad)
     float acc = acc_delta[i] * rho;                   // acc_delta.mul_(rho)
     acc = acc + one_minus_rho * delta * delta;        //   .addcmul_(delta, delta, 1 - rho)
-    const float p = param[i] + neg_lr * delta;        // param.add_(delta, alpha=-lr)
-    param[i] = p;
+    param[i] = param[i] + neg_lr * delta;             // param.add_(delta, alpha=-lr)
     square_avg[i] = sq;
     acc_delta[i] = acc;
-    finish(i, p);
   }
 }
 
-template <class Load, class Finish>
-void step_with(const OptimizerConfig& config, double lr, int64_t step, float* param, Load load, Finish finish,
+// [0, n) in blocks over the OpenMP threads: `step(begin, end)`, then `after(begin, end)`.
+template <class Step, class After>
+void in_blocks(int64_t n, Step step, After after) {
+  constexpr int64_t kBlock = int64_t{1} << 14;  // 64 KiB of each fp32 buffer: stays in L2 for the epilogue
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (blocks > 1)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t begin = b * kBlock, end = std::min(n, begin + kBlock);
+    step(begin, end);
+    after(begin, end);
+  }
+}
+
+template <class Load, class After>
+void step_with(const OptimizerConfig& config, double lr, int64_t step, float* param, Load load, After after,
                float* const* state, int64_t n) {
   if (step < 1) throw std::logic_error("optimizer_step: step counts from 1");
   switch (config.kind) {
-    case OptimizerKind::adamw: adam_step(config, true, lr, step, param, load, finish, state[0], state[1], n); return;
-    case OptimizerKind::adam: adam_step(config, false, lr, step, param, load, finish, state[0], state[1], n); return;
-    case OptimizerKind::sgd: sgd_step(config, lr, param, load, finish, n); return;
-    case OptimizerKind::adadelta: adadelta_step(config, lr, param, load, finish, state[0], state[1], n); return;
+    case OptimizerKind::adamw:
+    case OptimizerKind::adam: {
+      const AdamScalars s = adam_scalars(config, config.kind == OptimizerKind::adamw, lr, step);
+      in_blocks(n, [&](int64_t b, int64_t e) { adam_range(s, param, load, state[0], state[1], b, e); }, after);
+      return;
+    }
+    case OptimizerKind::sgd:
+      in_blocks(n, [&](int64_t b, int64_t e) { sgd_range(config, lr, param, load, b, e); }, after);
+      return;
+    case OptimizerKind::adadelta:
+      in_blocks(n, [&](int64_t b, int64_t e) { adadelta_range(config, lr, param, load, state[0], state[1], b, e); },
+                after);
+      return;
   }
   throw std::logic_error("unknown OptimizerKind");
 }
 
-// The fused step's hooks: the compute copy's store is chosen once, outside the loop.
-template <class Store>
-void fused_step(const OptimizerConfig& config, double lr, int64_t step, float* param, float* grad,
-                float* const* state, int64_t n, const StepFusion& fusion, Store store) {
-  const float scale = fusion.grad_scale;
-  const bool zero = fusion.zero_grad;
-  const int64_t compute_numel = fusion.compute_numel;
-  step_with(
-      config, lr, step, param, [grad, scale](int64_t i) { return grad[i] * scale; },
-      [=](int64_t i, float p) {
-        if (zero) grad[i] = 0.0f;
-        if (i < compute_numel) store(i, p);
-      },
-      state, n);
+// dst[i] = src[i] in `dtype` over [begin, end) (bf16 / f16: round to nearest even).
+void store_range(DType dtype, const float* src, void* dst, int64_t begin, int64_t end) {
+  if (dtype == DType::F32) {
+    std::memcpy(static_cast<float*>(dst) + begin, src + begin, static_cast<size_t>(end - begin) * sizeof(float));
+    return;
+  }
+  auto* out = static_cast<uint16_t*>(dst);
+  if (dtype == DType::BF16) {
+#pragma omp simd
+    for (int64_t i = begin; i < end; ++i) out[i] = float_to_bf16(src[i]);
+  } else {
+    for (int64_t i = begin; i < end; ++i) out[i] = float_to_f16(src[i]);
+  }
 }
 
 }  // namespace
@@ -182,35 +214,27 @@ std::vector<std::string> optimizer_state_names(OptimizerKind kind) {
 
 void optimizer_step(const OptimizerConfig& config, double lr, int64_t step, float* param,
                     const float* grad, float* const* state, int64_t n) {
-  step_with(config, lr, step, param, [grad](int64_t i) { return grad[i]; }, [](int64_t, float) {}, state, n);
+  step_with(config, lr, step, param, [grad](int64_t i) { return grad[i]; }, [](int64_t, int64_t) {}, state, n);
 }
 
 void optimizer_step(const OptimizerConfig& config, double lr, int64_t step, float* param, float* grad,
                     float* const* state, int64_t n, const StepFusion& fusion) {
-  if (fusion.compute_numel < 0 || fusion.compute_numel > n || (fusion.compute_numel > 0 && !fusion.compute))
+  const int64_t compute_numel = fusion.compute_numel;
+  if (compute_numel < 0 || compute_numel > n || (compute_numel > 0 && !fusion.compute))
     throw std::logic_error("optimizer_step: the fused compute copy must cover a prefix of the shard");
-  if (fusion.compute_numel == 0) {
-    fused_step(config, lr, step, param, grad, state, n, fusion, [](int64_t, float) {});
-    return;
-  }
-  switch (fusion.compute_dtype) {
-    case DType::F32: {
-      auto* out = static_cast<float*>(fusion.compute);
-      fused_step(config, lr, step, param, grad, state, n, fusion, [out](int64_t i, float p) { out[i] = p; });
-      return;
-    }
-    case DType::BF16: {
-      auto* out = static_cast<uint16_t*>(fusion.compute);
-      fused_step(config, lr, step, param, grad, state, n, fusion, [out](int64_t i, float p) { out[i] = float_to_bf16(p); });
-      return;
-    }
-    case DType::F16: {
-      auto* out = static_cast<uint16_t*>(fusion.compute);
-      fused_step(config, lr, step, param, grad, state, n, fusion, [out](int64_t i, float p) { out[i] = float_to_f16(p); });
-      return;
-    }
-    default: throw std::logic_error("optimizer_step: the fused compute copy must be F32, BF16 or F16");
-  }
+  const DType dtype = fusion.compute_dtype;
+  if (compute_numel > 0 && dtype != DType::F32 && dtype != DType::BF16 && dtype != DType::F16)
+    throw std::logic_error("optimizer_step: the fused compute copy must be F32, BF16 or F16");
+  const float scale = fusion.grad_scale;
+  const bool zero = fusion.zero_grad;
+  void* compute = fusion.compute;
+  step_with(
+      config, lr, step, param, [grad, scale](int64_t i) { return grad[i] * scale; },
+      [=](int64_t begin, int64_t end) {
+        if (zero) std::fill(grad + begin, grad + end, 0.0f);
+        if (begin < compute_numel) store_range(dtype, param, compute, begin, std::min(end, compute_numel));
+      },
+      state, n);
 }
 
 ShardOptimizer::ShardOptimizer(OptimizerConfig config, int64_t numel)

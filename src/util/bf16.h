@@ -21,10 +21,11 @@ inline float bits_float(uint32_t u) {
 }
 
 inline bf16_bits float_to_bf16(float f) {
-  uint32_t u = float_bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<bf16_bits>((u >> 16) | 0x0040u);  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
-  return static_cast<bf16_bits>(u >> 16);
+  const uint32_t u = float_bits(f);
+  const uint32_t quiet_nan = (u >> 16) | 0x0040u;
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;  // round to nearest even
+  // A select, not a branch, so that loops storing bf16 vectorise.
+  return static_cast<bf16_bits>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
 inline float bf16_to_float(bf16_bits b) { return bits_float(static_cast<uint32_t>(b) << 16); }
 // Rounds a float to the nearest bf16 value, kept as float (what "compute in fp32, store bf16" does).
