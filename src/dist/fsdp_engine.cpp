@@ -552,26 +552,19 @@ void FsdpEngine::reduce_gradients_on_worker(Unit& u) {
   u.accumulate_ticket = worker_->post([this, &u, staged, copied, step, measure, scaler, lr, inv_world] {
     copied.host_wait();
     float* grad = u.grad.data();
-    const int64_t n = static_cast<int64_t>(u.grad.size());
-    if (measure && scaler != nullptr) {
-      // What unscale_grads and grad_norm compute on the main thread otherwise, the same way.
-#pragma omp parallel for if (worth_parallel(u.trainable_numel)) schedule(static)
-      for (int64_t i = 0; i < u.trainable_numel; ++i) grad[i] += staged[i] * inv_world;
-      u.found_inf = scaler->unscale(grad, n);
-      u.grad_sq = grad_sq_sum(grad, n);
-      u.measured = true;
-      return;
-    }
     if (!step && !measure) {
 #pragma omp parallel for if (worth_parallel(u.trainable_numel)) schedule(static)
       for (int64_t i = 0; i < u.trainable_numel; ++i) grad[i] += staged[i] * inv_world;
       return;
     }
-    // The step's last gradient: accumulated and measured in one pass (the elements past the
-    // trainables are padding, always zero, and add nothing to the sum).
-    u.grad_sq = accumulate_and_sq_sum(grad, staged, inv_world, u.trainable_numel);
+    // The step's last gradient: accumulated, unscaled (fp16) and measured in one pass — what
+    // unscale_grads and grad_norm compute on the main thread otherwise, the same way (the
+    // elements past the trainables are padding, always zero, and add nothing).
+    bool found_inf = false;
+    u.grad_sq = scaler ? accumulate_and_sq_sum(grad, staged, inv_world, u.trainable_numel, scaler->inv_scale(), &found_inf)
+                       : accumulate_and_sq_sum(grad, staged, inv_world, u.trainable_numel);
+    u.found_inf = found_inf;
     u.measured = measure;
-    u.found_inf = false;
     if (step) step_on_worker(u, lr, 1.0f);
   });
   const auto end = std::chrono::steady_clock::now();

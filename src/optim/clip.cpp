@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 namespace fsdpq {
@@ -10,9 +11,10 @@ namespace {
 
 // The fixed chunking both sums share: chunk c's sum in double, in element order, then the chunks'
 // sums in order. `element(i)` yields element i's value (and may write it first).
+constexpr int64_t kChunk = int64_t{1} << 16;
+
 template <class Element>
 double chunked_sq_sum(int64_t n, Element element) {
-  constexpr int64_t kChunk = 1 << 16;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
 #pragma omp parallel for schedule(static)
@@ -36,11 +38,23 @@ double grad_sq_sum(const float* grad, int64_t n) {
   return chunked_sq_sum(n, [grad](int64_t i) { return grad[i]; });
 }
 
-double accumulate_and_sq_sum(float* grad, const float* addend, float scale, int64_t n) {
-  return chunked_sq_sum(n, [grad, addend, scale](int64_t i) {
-    grad[i] += addend[i] * scale;
+double accumulate_and_sq_sum(float* grad, const float* addend, float scale, int64_t n, float unscale,
+                             bool* found_nonfinite) {
+  if (!found_nonfinite)
+    return chunked_sq_sum(n, [grad, addend, scale](int64_t i) {
+      grad[i] += addend[i] * scale;
+      return grad[i];
+    });
+  // One flag per chunk (each chunk is one thread's), or-ed afterwards.
+  std::vector<uint8_t> nonfinite(static_cast<size_t>((n + kChunk - 1) / kChunk), 0);
+  const double sum = chunked_sq_sum(n, [&](int64_t i) {
+    const float g = grad[i] + addend[i] * scale;
+    if (!std::isfinite(g)) nonfinite[static_cast<size_t>(i / kChunk)] = 1;
+    grad[i] = g * unscale;
     return grad[i];
   });
+  *found_nonfinite = std::any_of(nonfinite.begin(), nonfinite.end(), [](uint8_t f) { return f != 0; });
+  return sum;
 }
 
 double grad_sq_sum(std::span<const GradBuffer> grads) {

@@ -19,7 +19,11 @@ double grad_sq_sum(std::span<const GradBuffer> grads);
 double grad_sq_sum(const float* grad, int64_t n);
 // grad[i] += addend[i] * scale over [0, n), and the sum of squares of the result exactly as
 // grad_sq_sum computes it: one pass over memory where accumulating then measuring takes two.
-double accumulate_and_sq_sum(float* grad, const float* addend, float scale, int64_t n);
+// With `found_nonfinite` (fp16 loss scaling) each accumulated value is also checked and then
+// multiplied by `unscale`, as DynamicLossScaler::unscale does between the two passes; the sum is
+// of the unscaled values and *found_nonfinite says whether any was inf or NaN.
+double accumulate_and_sq_sum(float* grad, const float* addend, float scale, int64_t n, float unscale = 1.0f,
+                             bool* found_nonfinite = nullptr);
 
 // torch's clip_coef = max_norm / (total_norm + 1e-6), clamped to at most 1.
 double clip_coefficient(double total_norm, double max_norm);

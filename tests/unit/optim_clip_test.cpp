@@ -4,7 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <vector>
+
+#include "optim/loss_scaler.h"
 
 namespace fsdpq {
 namespace {
@@ -66,6 +70,28 @@ TEST(ClipNorm, AccumulateAndSqSumEqualsTwoPasses) {
   const double want = grad_sq_sum(two.data(), n);
   EXPECT_EQ(accumulate_and_sq_sum(one.data(), addend.data(), 0.5f, n), want);
   EXPECT_EQ(one, two);
+
+  // fp16 loss scaling: the same as accumulating, DynamicLossScaler::unscale, then measuring; an
+  // overflow anywhere (here in the third chunk) is reported.
+  LossScalerConfig config;
+  config.init_scale = 1024.0f;
+  const DynamicLossScaler scaler(config);
+  for (const bool overflow : {false, true}) {
+    SCOPED_TRACE(overflow ? "with an inf" : "finite");
+    std::vector<float> add = addend;
+    if (overflow) add[150000] = std::numeric_limits<float>::infinity();
+    std::vector<float> sep = base, fused = base;
+    for (int64_t i = 0; i < n; ++i) sep[i] += add[i] * 0.5f;
+    const bool sep_found = scaler.unscale(sep.data(), n);
+    const double sep_sum = grad_sq_sum(sep.data(), n);
+    bool found = !overflow;  // overwritten
+    const double sum = accumulate_and_sq_sum(fused.data(), add.data(), 0.5f, n, scaler.inv_scale(), &found);
+    EXPECT_EQ(found, overflow);
+    EXPECT_EQ(sep_found, overflow);
+    EXPECT_EQ(0, std::memcmp(sep.data(), fused.data(), n * sizeof(float)));
+    if (!overflow) EXPECT_EQ(sum, sep_sum);
+    if (overflow) EXPECT_TRUE(std::isinf(sum));
+  }
 }
 
 }  // namespace
