@@ -1,5 +1,6 @@
 #include "model/llama_layer.h"
 
+#include "backend/section_times.h"
 #include "ops/attention.h"
 #include "ops/elementwise.h"
 #include "ops/matmul.h"
@@ -13,19 +14,45 @@ Shape heads_shape(const LayerDims& d, int64_t heads) { return Shape{d.B, d.T, he
 
 // y = x·Wᵀ (+ scaling · dropout(x)·Aᵀ·Bᵀ), keeping xa for the backward.
 void linear_lora_forward(TensorView y, const TensorView& x, int m, const LayerCompute& w, LayerActivations& a) {
-  linear_forward(y, x, w.weight[m]);
-  if (const LoraAdapter* lora = w.lora[m])
+  {
+    ScopedSection section("linear");
+    linear_forward(y, x, w.weight[m]);
+  }
+  if (const LoraAdapter* lora = w.lora[m]) {
+    ScopedSection section("lora");
     lora_forward(y, a.xa[m], x, lora->A.compute_view(), lora->B.compute_view(), w.lora_params[m]);
+  }
+}
+
+// The GPU multiplies an fp32 activation gradient in the weights' 16-bit type (ops/matmul.cpp);
+// the three or four GEMMs that read dy then share one rounded copy instead of rounding it each.
+// The same bits as rounding per GEMM; the CPU computes in fp32 and keeps dy as it is.
+TensorView gemm_ready(const TensorView& dy, int m, const LayerCompute& w, Tensor& storage) {
+  const DType half = w.weight[m].dtype;
+  if (dy.device == Device::CPU || dy.dtype != DType::F32 || (half != DType::BF16 && half != DType::F16)) return dy;
+  if (const LoraAdapter* lora = w.lora[m])
+    if (lora->B.compute_view().dtype != half) return dy;  // the adapter's GEMMs round to another type
+  ScopedSection section("dy rounding");
+  storage = Tensor::empty(dy.shape, half, dy.device);
+  copy_convert(storage, dy);
+  return storage.view();
 }
 
 // dx (+)= dy·W (+ the adapter's part); adds dW for a trainable base weight and dA, dB for an adapter.
-void linear_lora_backward(TensorView dx, bool accumulate, const TensorView& dy, const TensorView& x, int m,
+void linear_lora_backward(TensorView dx, bool accumulate, const TensorView& dy_f32, const TensorView& x, int m,
                           const LayerCompute& w, const LayerActivations& a) {
-  linear_backward_input(dx, dy, w.weight[m], accumulate);
-  if (w.d_weight[m].data) linear_backward_weight(w.d_weight[m], dy, x, /*accumulate=*/true);
-  if (const LoraAdapter* lora = w.lora[m])
+  Tensor dy_storage;
+  const TensorView dy = gemm_ready(dy_f32, m, w, dy_storage);
+  {
+    ScopedSection section("linear bwd");
+    linear_backward_input(dx, dy, w.weight[m], accumulate);
+    if (w.d_weight[m].data) linear_backward_weight(w.d_weight[m], dy, x, /*accumulate=*/true);
+  }
+  if (const LoraAdapter* lora = w.lora[m]) {
+    ScopedSection section("lora bwd");
     lora_backward(dx, lora->A.grad.view(), lora->B.grad.view(), dy, x, a.xa[m], lora->A.compute_view(),
                   lora->B.compute_view(), w.lora_params[m]);
+  }
 }
 
 }  // namespace
@@ -86,10 +113,14 @@ void LayerGradScratch::allocate(const LayerDims& d, Device device) {
 
 void attention_inputs_forward(LayerActivations& a, const TensorView& x, const LayerCompute& w, const LayerDims& d,
                               const RopeTable& rope, int64_t position_offset) {
-  rmsnorm_forward(a.n1, a.rstd1, x, w.input_norm, d.eps);
+  {
+    ScopedSection section("rmsnorm");
+    rmsnorm_forward(a.n1, a.rstd1, x, w.input_norm, d.eps);
+  }
   linear_lora_forward(a.q, a.n1, kQProj, w, a);
   linear_lora_forward(a.k, a.n1, kKProj, w, a);
   linear_lora_forward(a.v, a.n1, kVProj, w, a);
+  ScopedSection section("rope");
   rope_forward(a.q.view().reshaped(heads_shape(d, d.H)), rope, position_offset);
   rope_forward(a.k.view().reshaped(heads_shape(d, d.KV)), rope, position_offset);
 }
@@ -98,20 +129,30 @@ void attention_output_mlp_forward(TensorView out, LayerActivations& a, const Ten
                                   const LayerDims& d) {
   // o_proj lands in x2, then the residual is added in place (each rounded once, as HF does).
   linear_lora_forward(a.x2, a.att, kOProj, w, a);
-  residual_add(a.x2, x, a.x2);
-  rmsnorm_forward(a.n2, a.rstd2, a.x2, w.post_norm, d.eps);
+  {
+    ScopedSection section("residual + rmsnorm");
+    residual_add(a.x2, x, a.x2);
+    rmsnorm_forward(a.n2, a.rstd2, a.x2, w.post_norm, d.eps);
+  }
   linear_lora_forward(a.gate, a.n2, kGateProj, w, a);
   linear_lora_forward(a.up, a.n2, kUpProj, w, a);
-  swiglu_forward(a.h, a.gate, a.up);
+  {
+    ScopedSection section("swiglu");
+    swiglu_forward(a.h, a.gate, a.up);
+  }
   linear_lora_forward(out, a.h, kDownProj, w, a);
+  ScopedSection section("residual + rmsnorm");
   residual_add(out, a.x2, out);
 }
 
 void layer_forward(TensorView out, LayerActivations& a, const TensorView& x, const LayerCompute& w,
                    const LayerDims& d, const RopeTable& rope) {
   attention_inputs_forward(a, x, w, d, rope, 0);
-  attention_forward(a.att.view().reshaped(heads_shape(d, d.H)), a.lse, a.q.view().reshaped(heads_shape(d, d.H)),
-                    a.k.view().reshaped(heads_shape(d, d.KV)), a.v.view().reshaped(heads_shape(d, d.KV)));
+  {
+    ScopedSection section("attention");
+    attention_forward(a.att.view().reshaped(heads_shape(d, d.H)), a.lse, a.q.view().reshaped(heads_shape(d, d.H)),
+                      a.k.view().reshaped(heads_shape(d, d.KV)), a.v.view().reshaped(heads_shape(d, d.KV)));
+  }
   attention_output_mlp_forward(out, a, x, w, d);
 }
 
@@ -119,24 +160,37 @@ void layer_backward(TensorView d_resid, LayerGradScratch& s, const LayerActivati
                     const LayerCompute& w, const LayerDims& d, const RopeTable& rope) {
   // MLP: out = x2 + down(h), h = silu(gate) * up, gate/up = linear(n2), n2 = rmsnorm(x2).
   linear_lora_backward(s.dh, false, d_resid, a.h, kDownProj, w, a);
-  swiglu_backward(s.dgate, s.dup, s.dh, a.gate, a.up);
+  {
+    ScopedSection section("swiglu bwd");
+    swiglu_backward(s.dgate, s.dup, s.dh, a.gate, a.up);
+  }
   linear_lora_backward(s.d_norm, false, s.dgate, a.n2, kGateProj, w, a);
   linear_lora_backward(s.d_norm, true, s.dup, a.n2, kUpProj, w, a);
-  rmsnorm_backward(s.d_norm, w.d_post_norm.data ? w.d_post_norm : s.norm_weight_sink.view(), s.d_norm, a.x2,
-                   w.post_norm, a.rstd2);
-  accumulate(d_resid, s.d_norm);  // d_resid is now the gradient of x2
+  {
+    ScopedSection section("rmsnorm + residual bwd");
+    rmsnorm_backward(s.d_norm, w.d_post_norm.data ? w.d_post_norm : s.norm_weight_sink.view(), s.d_norm, a.x2,
+                     w.post_norm, a.rstd2);
+    accumulate(d_resid, s.d_norm);  // d_resid is now the gradient of x2
+  }
 
   // Attention: x2 = x + o(att), att = attention(rope(q), rope(k), v), q/k/v = linear(n1).
   linear_lora_backward(s.d_att, false, d_resid, a.att, kOProj, w, a);
   const Shape q_heads = heads_shape(d, d.H), kv_heads = heads_shape(d, d.KV);
-  attention_backward(s.dq.view().reshaped(q_heads), s.dk.view().reshaped(kv_heads), s.dv.view().reshaped(kv_heads),
-                     s.d_att.view().reshaped(q_heads), a.q.view().reshaped(q_heads), a.k.view().reshaped(kv_heads),
-                     a.v.view().reshaped(kv_heads), a.att.view().reshaped(q_heads), a.lse);
-  rope_backward(s.dq.view().reshaped(q_heads), rope, 0);
-  rope_backward(s.dk.view().reshaped(kv_heads), rope, 0);
+  {
+    ScopedSection section("attention bwd");
+    attention_backward(s.dq.view().reshaped(q_heads), s.dk.view().reshaped(kv_heads), s.dv.view().reshaped(kv_heads),
+                       s.d_att.view().reshaped(q_heads), a.q.view().reshaped(q_heads), a.k.view().reshaped(kv_heads),
+                       a.v.view().reshaped(kv_heads), a.att.view().reshaped(q_heads), a.lse);
+  }
+  {
+    ScopedSection section("rope bwd");
+    rope_backward(s.dq.view().reshaped(q_heads), rope, 0);
+    rope_backward(s.dk.view().reshaped(kv_heads), rope, 0);
+  }
   linear_lora_backward(s.d_norm, false, s.dq, a.n1, kQProj, w, a);
   linear_lora_backward(s.d_norm, true, s.dk, a.n1, kKProj, w, a);
   linear_lora_backward(s.d_norm, true, s.dv, a.n1, kVProj, w, a);
+  ScopedSection section("rmsnorm + residual bwd");
   rmsnorm_backward(s.d_norm, w.d_input_norm.data ? w.d_input_norm : s.norm_weight_sink.view(), s.d_norm, x,
                    w.input_norm, a.rstd1);
   accumulate(d_resid, s.d_norm);  // the gradient of the layer's input

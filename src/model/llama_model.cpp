@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "backend/cuda_backend.h"
+#include "backend/section_times.h"
 #include "model/llama_cached_attention.h"
 #include "model/llama_layer.h"
 #include "model/llama_lm_head.h"
@@ -175,6 +176,7 @@ struct LlamaModel::Impl {
     c.d_input_norm = layer.input_norm.grad_view();
     c.d_post_norm = layer.post_norm.grad_view();
     for (int m = 0; m < kLinearModules; ++m) {
+      ScopedSection section("nf4 dequantize");
       c.weight[m] = layer.linear[m].dense(dequantized[m], act);
       c.d_weight[m] = layer.linear[m].grad_view();
       if (const LoraAdapter* adapter = layer.lora[m].get()) {
@@ -246,9 +248,11 @@ struct LlamaModel::Impl {
     }
 
     Tensor d_normed = train ? Tensor::empty(Shape{N, config.hidden_size}, DType::F32, device) : Tensor();
-    const CrossEntropyResult loss =
-        lm_head_loss(normed, head, i32_view(batch.labels, N), B, T, train ? grad_scale : 0.0f, d_normed.view(),
+    const CrossEntropyResult loss = [&] {
+      ScopedSection section("lm head + loss");
+      return lm_head_loss(normed, head, i32_view(batch.labels, N), B, T, train ? grad_scale : 0.0f, d_normed.view(),
                      train ? weights.head().grad_view() : TensorView{}, act, lm_head_chunk_rows(config.vocab_size, N));
+    }();
     const LossSum result{loss.loss_sum, loss.count};
     if (!backward_follows) {  // nothing to differentiate
       if (hooks) hooks->forward_end(kRootUnit, false);

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "backend/cuda_backend.h"
+#include "backend/section_times.h"
 #include "dist/device_collectives.h"
 #include "dist/fsdp_engine.h"
 #include "dist/process_groups.h"
@@ -352,6 +353,7 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
       ++step;
       position.samples_in_epoch += static_cast<int64_t>(c.batch_size * gas) * world.size;
       if (step == 1) metrics.write(memory_record("after_first_step", step, device));
+      if (step == 1 && section_times_enabled()) reset_section_times();  // the first step warms up
 
       const double seconds = seconds_since(step_start);
       if (step == 1) outcome.first_loss = position.first_loss = loss;
@@ -459,6 +461,20 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
     summary["peak_device_allocated_bytes"] = all.all_reduce_max(static_cast<double>(gpu_memory.peak_allocated));
     summary["peak_device_reserved_bytes"] = all.all_reduce_max(static_cast<double>(gpu_memory.peak_reserved));
     log::info("GPU memory (this rank): {}", format_memory_stats(gpu_memory));
+  }
+  if (section_times_enabled()) {
+    // FSDPQ_SECTION_TIMES=1: the compute stream's time by section over steps 2.. (this rank).
+    const std::vector<SectionTotal> sections = section_totals();
+    double timed = 0;
+    for (const SectionTotal& t : sections) timed += t.seconds;
+    const int64_t steps_timed = std::max<int64_t>(1, step - 1);
+    nlohmann::json by_name = nlohmann::json::object();
+    for (const SectionTotal& t : sections) {
+      by_name[t.name] = t.seconds;
+      log::info("section {:<26} {:9.2f} ms/step {:5.1f}%  ({} spans)", t.name, 1e3 * t.seconds / steps_timed,
+                timed > 0 ? 100 * t.seconds / timed : 0.0, t.count);
+    }
+    summary["section_seconds"] = by_name;
   }
   metrics.write(memory_record("end", step, device));
   metrics.write(summary);
