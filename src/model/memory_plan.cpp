@@ -357,8 +357,9 @@ MemoryPrediction predict_memory(const PlanInput& p) {
     } else {
       host_gather = recv + packed;
     }
-    // The shard loader builds one unit's shard at a time (read in the load dtype).
-    load_peak = shards + master_host + state_host + static_cast<int64_t>(layer_host.layout.frozen_shard_bytes) * 2;
+    // The shard loader builds one unit's shard at a time (read in the load dtype); on the GPU
+    // without offload each goes to the device as it is built.
+    load_peak = host_weights + master_host + state_host + static_cast<int64_t>(layer_host.layout.frozen_shard_bytes) * 2;
   }
   add("fp32 masters (engine's host copy)", 0, master_host);
   if (state_gpu) add("fp32 masters + grads + optimizer state (" + std::to_string(k) + " buffers), shards", state_dev, 0);
