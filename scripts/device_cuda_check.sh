@@ -91,10 +91,10 @@ if len(runs) == 2:
 PY
 fi
 if ! skip ranks2; then
-  echo "== 2 ranks on one GPU (MPI transport), demo model, 8 steps: full_shard, shard_grad_op, full_shard + offload"
+  echo "== 2 ranks on one GPU (MPI staged through the host), demo model, 8 steps: full_shard, shard_grad_op, full_shard + offload"
   for flags in "--sharding_strategy full_shard" "--sharding_strategy shard_grad_op" "--sharding_strategy full_shard --use_cpu_offload true"; do
     name=$(echo "$flags" | tr -c 'a-z_\n' '_')
-    timeout 120 mpirun --allow-run-as-root -np 2 -x LD_LIBRARY_PATH $B --model_name $D/model --dataset alpaca \
+    FSDPQ_SHARE_GPUS=1 timeout 120 mpirun --allow-run-as-root -np 2 -x LD_LIBRARY_PATH -x FSDPQ_SHARE_GPUS $B --model_name $D/model --dataset alpaca \
       --data_path $D/data.jsonl --dataset_samples 64 --batch_size 2 --context_length 128 --train_type qlora \
       --lora_rank 8 --lora_alpha 16 --lora_dropout 0 --lr 2e-3 --max_steps 8 --log_to stdout $flags \
       --output_dir $W/r2$name > $OUT/ranks2$name.log 2>&1
