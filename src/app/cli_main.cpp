@@ -11,6 +11,7 @@
 #include "config/config_loader.h"
 #include "config/options.h"
 #include "runtime/agreed_errors.h"
+#include "runtime/environment.h"
 #include "runtime/exit_codes.h"
 #include "runtime/log.h"
 #include "runtime/world.h"
@@ -132,6 +133,7 @@ int cli_main(int argc, char** argv) {
   const World& world = mpi.world();
   log::set_rank(world.rank, world.size);
   try {
+    run_on_all_ranks(world, [] { check_environment(); });
     const std::string& command = args[0];
     std::vector<std::string> rest(args.begin() + 1, args.end());
     if (command == "init-model") return run_init_model_command(world, rest);

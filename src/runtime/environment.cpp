@@ -1,0 +1,35 @@
+#include "runtime/environment.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "util/error.h"
+#include "util/strings.h"
+
+namespace fsdpq {
+
+const std::vector<EnvironmentKnob>& environment_knobs() {
+  static const std::vector<EnvironmentKnob> knobs = {
+      {"FSDPQ_SHARE_GPUS", {"0", "1"}, "let several ranks share a GPU"},
+      {"FSDPQ_COLLECTIVES", {"nccl", "mpi"}, "the transport of the collectives over GPU memory"},
+      {"FSDPQ_ATTENTION", {"mma", "simt"}, "the GPU attention kernels"},
+      {"FSDPQ_SECTION_TIMES", {"0", "1"}, "log the compute stream's time per section of the pass"},
+  };
+  return knobs;
+}
+
+void check_environment(const std::function<const char*(const char*)>& get) {
+  for (const EnvironmentKnob& knob : environment_knobs()) {
+    const char* value = get(knob.name.c_str());
+    if (value == nullptr || *value == '\0') continue;
+    if (std::find(knob.values.begin(), knob.values.end(), value) != knob.values.end()) continue;
+    fail("environment: {} = '{}' is not a value it takes (expected {}; {}); unset it for the default", knob.name,
+         value, join(knob.values, " or "), knob.meaning);
+  }
+}
+
+void check_environment() {
+  check_environment([](const char* name) { return static_cast<const char*>(std::getenv(name)); });
+}
+
+}  // namespace fsdpq

@@ -1,0 +1,28 @@
+// The environment variables that change what fsdpq does, checked once at start-up: a mistyped
+// value is an error naming the variable and what it takes, not a setting silently ignored.
+// (FSDPQ_INJECT_FAULT, the tests' fault injection, checks its own value.)
+//   FSDPQ_SHARE_GPUS     0 | 1          let ranks share GPUs (runtime/gpu.h)
+//   FSDPQ_COLLECTIVES    nccl | mpi     the GPU-memory collectives' transport (dist/device_collectives.h)
+//   FSDPQ_ATTENTION      mma | simt     the GPU attention kernels (ops/attention.h)
+//   FSDPQ_SECTION_TIMES  0 | 1          per-section timing of the pass (backend/section_times.h)
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace fsdpq {
+
+struct EnvironmentKnob {
+  std::string name;
+  std::vector<std::string> values;  // what it accepts; unset and empty mean the default
+  std::string meaning;
+};
+
+const std::vector<EnvironmentKnob>& environment_knobs();
+
+// Throws UserError for the first knob whose value `get(name)` (nullptr: unset) is not one it
+// accepts.
+void check_environment(const std::function<const char*(const char*)>& get);
+void check_environment();  // the process's environment
+
+}  // namespace fsdpq
