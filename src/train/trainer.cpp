@@ -283,6 +283,7 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
   TrainingOutcome outcome;
   outcome.first_loss = position.first_loss;
   int64_t& step = position.step;  // optimizer steps done
+  const int64_t first_step = step;  // where this process began (after a resume, not 0)
   for (; position.epoch < c.num_epochs && step < total_steps; ++position.epoch, position.samples_in_epoch = 0) {
     const int64_t epoch = position.epoch;
     EpochBatches batches(plan.dataset.train, sampler, epoch, c.batch_size, pad_id, c.context_length,
@@ -353,7 +354,7 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
       ++step;
       position.samples_in_epoch += static_cast<int64_t>(c.batch_size * gas) * world.size;
       if (step == 1) metrics.write(memory_record("after_first_step", step, device));
-      if (step == 1 && section_times_enabled()) reset_section_times();  // the first step warms up
+      if (step == first_step + 1 && section_times_enabled()) reset_section_times();  // the first step warms up
 
       const double seconds = seconds_since(step_start);
       if (step == 1) outcome.first_loss = position.first_loss = loss;
@@ -463,11 +464,12 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
     log::info("GPU memory (this rank): {}", format_memory_stats(gpu_memory));
   }
   if (section_times_enabled()) {
-    // FSDPQ_SECTION_TIMES=1: the compute stream's time by section over steps 2.. (this rank).
+    // FSDPQ_SECTION_TIMES=1: the compute stream's time by section over this process's steps
+    // after its first (this rank).
     const std::vector<SectionTotal> sections = section_totals();
     double timed = 0;
     for (const SectionTotal& t : sections) timed += t.seconds;
-    const int64_t steps_timed = std::max<int64_t>(1, step - 1);
+    const int64_t steps_timed = std::max<int64_t>(1, step - first_step - 1);
     nlohmann::json by_name = nlohmann::json::object();
     for (const SectionTotal& t : sections) {
       by_name[t.name] = t.seconds;
