@@ -160,6 +160,10 @@ def analyse(run, name, warmup, peak_override):
                             else peak(run, "-", "host_peak_resident_bytes")),
         "complete": run.complete, "resumed": len(run.headers) > 1, "preempted": bool(run.preempted),
     })
+    # FSDPQ_SECTION_TIMES=1 runs: the compute stream's seconds per section of the pass (docs/cuda.md).
+    sections = run.summary.get("section_seconds") if run.summary else None
+    row["sections"] = ({k: float(v) for k, v in sections.items() if isinstance(v, (int, float))}
+                       if isinstance(sections, dict) else None)
     # Mean seconds per step of each phase, over the steps that record it.
     for column, key, legacy in (("gather", "gather_wait", "gather_wait_seconds"), ("reduce", "reduce", "reduce_seconds"),
                                 ("optimizer", "optimizer", None), ("offload", "offload_copies", None),
@@ -274,6 +278,26 @@ def report(rows, failures, failed_points, warmup):
             "(what is left: the forward and backward math, data preparation); offload copies are the host⇄GPU "
             "copies inside reduce and optimizer, shown on their own; a phase is — when the metrics do not record "
             "it. Rank 0's times.", ""]
+
+    timed_rows = [r for r in rows if r.get("sections")]
+    if timed_rows:
+        out += ["## Where the GPU's time goes", ""]
+        totals = {}
+        for r in timed_rows:
+            for k, v in r["sections"].items():
+                totals[k] = totals.get(k, 0.0) + v
+        names = sorted(totals, key=lambda k: -totals[k])
+        cols = heads + names + ["Sections (s)"]
+        body = []
+        for r in timed_rows:
+            total = sum(r["sections"].values())
+            cells = [f"{100 * r['sections'][k] / total:.1f}%" if k in r["sections"] and total > 0 else "—"
+                     for k in names]
+            body.append([r[c] for c in lead] + cells + [fmt(total, ",.2f")])
+        out += [markdown_table(cols, body), "",
+                "Share of the compute stream's time per section of the pass, from runs made with "
+                "FSDPQ_SECTION_TIMES=1 (the summary's section_seconds, over each run's steps after its first; "
+                "docs/cuda.md). Rank 0's times; runs without it are left out.", ""]
 
     if failed_points:
         out += ["## Failed points", ""]

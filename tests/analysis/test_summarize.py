@@ -221,6 +221,24 @@ def test_gpu_fields_memory_mfu_and_offload_copies():
     assert row["MFU"] == summarize.fmt_mfu(tps * flops / 100e12)
 
 
+def test_section_times_table_from_the_summary(tmp_path):
+    # A copy of the GPU fixture whose summary carries FSDPQ_SECTION_TIMES' section_seconds.
+    run = tmp_path / "runs" / "timed"
+    shutil.copytree(os.path.join(GPU, "llama2-7b_qlora_offload_bs4"), run)
+    recs = records(run / "metrics.jsonl")
+    assert recs[-1]["type"] == "summary"
+    recs[-1]["section_seconds"] = {"linear": 3.0, "attention": 1.0, "lora bwd": 0.5, "bad": "x"}
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    out = tables(run_script("summarize.py", str(tmp_path / "runs")).stdout)
+    rows = out["Where the GPU's time goes"]
+    assert len(rows) == 1
+    assert rows[0]["linear"] == "66.7%" and rows[0]["attention"] == "22.2%" and rows[0]["lora bwd"] == "11.1%"
+    assert rows[0]["Sections (s)"] == "4.50"
+    assert "bad" not in rows[0]
+    # Runs without section times have no such table.
+    assert "Where the GPU's time goes" not in tables(run_script("summarize.py", GPU).stdout)
+
+
 def test_flop_convention_by_hand_for_the_tiny_shape():
     # tiny: hidden 64, intermediate 176, 2 layers, 4 heads (head_dim 16), 2 kv heads, vocab 32000.
     per_layer = 64 * 64 + 2 * (64 * 32) + 64 * 64 + 3 * (64 * 176)          # q, k, v, o, gate/up/down
