@@ -9,7 +9,8 @@ namespace fsdpq {
 namespace {
 
 // The host operation in flight, then the copy of its result into the caller's buffer; the
-// staging buffers live until then.
+// staging buffers live until then. A handle destroyed unwaited still waits for the host
+// operation, but its result is dropped: the caller never asked for it.
 class StagedPending final : public CollectiveHandle::Pending {
  public:
   StagedPending(CollectiveHandle host, std::function<void()> copy_back)
