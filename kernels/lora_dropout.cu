@@ -16,11 +16,14 @@ __device__ __forceinline__ bool keeps(uint64_t mixed_key, uint64_t index, uint32
 }
 
 template <class T>
-__global__ void apply_kernel(T* out, const T* in, int64_t n, uint64_t key, uint32_t threshold, float keep_scale) {
+__global__ void apply_kernel(DropoutOutputs outs, const T* in, int64_t n, uint32_t threshold, float keep_scale) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    out[i] = keeps(key, static_cast<uint64_t>(i), threshold) ? from_float<T>(to_float(in[i]) * keep_scale)
-                                                              : from_float<T>(0.0f);
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const T kept = from_float<T>(to_float(in[i]) * keep_scale);
+    for (int j = 0; j < outs.count; ++j)
+      static_cast<T*>(outs.out[j])[i] = keeps(outs.mixed_key[j], static_cast<uint64_t>(i), threshold) ? kept
+                                                                                                    : from_float<T>(0.0f);
+  }
 }
 
 template <class T>
@@ -33,13 +36,12 @@ __global__ void accumulate_kernel(T* dx, const float* g, int64_t n, uint64_t key
 
 }  // namespace
 
-void lora_dropout_apply(KType type, void* out, const void* in, int64_t n, uint64_t mixed_key, uint32_t threshold,
+void lora_dropout_apply(KType type, const DropoutOutputs& outs, const void* in, int64_t n, uint32_t threshold,
                         float keep_scale, cudaStream_t stream) {
-  if (n == 0) return;
+  if (n == 0 || outs.count == 0) return;
   with_ktype(type, [&](auto tag) {
     using T = decltype(tag);
-    apply_kernel<T><<<blocks_for(n), 256, 0, stream>>>(static_cast<T*>(out), static_cast<const T*>(in), n, mixed_key,
-                                                      threshold, keep_scale);
+    apply_kernel<T><<<blocks_for(n), 256, 0, stream>>>(outs, static_cast<const T*>(in), n, threshold, keep_scale);
   });
   check_launch("lora_dropout_apply");
 }

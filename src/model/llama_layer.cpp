@@ -7,21 +7,49 @@
 #include "ops/rmsnorm.h"
 #include "ops/swiglu.h"
 
+#include <stdexcept>
+#include <string>
+#include <vector>
+
 namespace fsdpq {
 namespace {
 
 Shape heads_shape(const LayerDims& d, int64_t heads) { return Shape{d.B, d.T, heads, d.D}; }
 
-// y = x·Wᵀ (+ scaling · dropout(x)·Aᵀ·Bᵀ), keeping xa for the backward.
-void linear_lora_forward(TensorView y, const TensorView& x, int m, const LayerCompute& w, LayerActivations& a) {
+constexpr int kQkv[] = {kQProj, kKProj, kVProj}, kO[] = {kOProj}, kGateUp[] = {kGateProj, kUpProj},
+              kDown[] = {kDownProj};
+
+// The adapters of a group's modules, in module order (modules without one left out).
+struct GroupAdapters {
+  std::vector<LoraSite> sites;
+  std::vector<int> site_of;  // per module of the group: its index in sites, or -1
+};
+
+GroupAdapters group_adapters(int group, const LayerCompute& w) {
+  GroupAdapters g;
+  for (int m : group_modules(group)) {
+    const LoraAdapter* lora = w.lora[m];
+    g.site_of.push_back(lora ? static_cast<int>(g.sites.size()) : -1);
+    if (lora) g.sites.push_back(LoraSite{lora->A.compute_view(), lora->B.compute_view(), w.lora_params[m]});
+  }
+  return g;
+}
+
+// ys[j] = x·W_mᵀ (+ scaling · dropout(x)·Aᵀ·Bᵀ) for the group's j-th module m, keeping xa.
+void linear_group_forward(std::span<const TensorView> ys, const TensorView& x, int group, const LayerCompute& w,
+                          LayerActivations& a) {
+  const std::span<const int> modules = group_modules(group);
   {
     ScopedSection section("linear");
-    linear_forward(y, x, w.weight[m]);
+    for (size_t j = 0; j < modules.size(); ++j) linear_forward(ys[j], x, w.weight[modules[j]]);
   }
-  if (const LoraAdapter* lora = w.lora[m]) {
-    ScopedSection section("lora");
-    lora_forward(y, a.xa[m], x, lora->A.compute_view(), lora->B.compute_view(), w.lora_params[m]);
-  }
+  const GroupAdapters g = group_adapters(group, w);
+  if (g.sites.empty()) return;
+  std::vector<TensorView> adapted;
+  for (size_t j = 0; j < modules.size(); ++j)
+    if (g.site_of[j] >= 0) adapted.push_back(ys[j]);
+  ScopedSection section("lora");
+  lora_forward_group(adapted, a.xa[group], x, g.sites);
 }
 
 // The GPU multiplies an fp32 activation gradient in the weights' 16-bit type (ops/matmul.cpp);
@@ -38,24 +66,47 @@ TensorView gemm_ready(const TensorView& dy, int m, const LayerCompute& w, Tensor
   return storage.view();
 }
 
-// dx (+)= dy·W (+ the adapter's part); adds dW for a trainable base weight and dA, dB for an adapter.
-void linear_lora_backward(TensorView dx, bool accumulate, const TensorView& dy_f32, const TensorView& x, int m,
-                          const LayerCompute& w, const LayerActivations& a) {
-  Tensor dy_storage;
-  const TensorView dy = gemm_ready(dy_f32, m, w, dy_storage);
-  {
-    ScopedSection section("linear bwd");
-    linear_backward_input(dx, dy, w.weight[m], accumulate);
-    if (w.d_weight[m].data) linear_backward_weight(w.d_weight[m], dy, x, /*accumulate=*/true);
-  }
-  if (const LoraAdapter* lora = w.lora[m]) {
+// dx (+)= Σ_j dys[j]·W_m (+ the adapters' part), adding dW for trainable base weights and dA, dB
+// for adapters. Each module's dy is let go of once its own GEMMs have read it.
+void linear_group_backward(TensorView dx, bool accumulate, std::span<const TensorView> dys, const TensorView& x,
+                           int group, const LayerCompute& w, const LayerActivations& a) {
+  const std::span<const int> modules = group_modules(group);
+  const GroupAdapters g = group_adapters(group, w);
+  Tensor dxa = g.sites.empty() ? Tensor() : Tensor::empty(a.xa[group].shape(), DType::F32, x.device);
+  for (size_t j = 0; j < modules.size(); ++j) {
+    const int m = modules[j];
+    Tensor dy_storage;
+    const TensorView dy = gemm_ready(dys[j], m, w, dy_storage);
+    {
+      ScopedSection section("linear bwd");
+      linear_backward_input(dx, dy, w.weight[m], accumulate || j > 0);
+      if (w.d_weight[m].data) linear_backward_weight(w.d_weight[m], dy, x, /*accumulate=*/true);
+    }
+    if (g.site_of[j] < 0) continue;
     ScopedSection section("lora bwd");
-    lora_backward(dx, lora->A.grad.view(), lora->B.grad.view(), dy, x, a.xa[m], lora->A.compute_view(),
-                  lora->B.compute_view(), w.lora_params[m]);
+    lora_backward_output(dxa, static_cast<size_t>(g.site_of[j]), w.lora[m]->B.grad.view(), dy, x, a.xa[group],
+                         g.sites);
   }
+  if (g.sites.empty()) return;
+  std::vector<TensorView> dAs;
+  for (int m : modules)
+    if (w.lora[m]) dAs.push_back(w.lora[m]->A.grad.view());
+  ScopedSection section("lora bwd");
+  lora_backward_input(dx, dAs, dxa, x, a.xa[group], g.sites);
 }
 
 }  // namespace
+
+std::span<const int> group_modules(int group) {
+  switch (group) {
+    case kQkvGroup: return kQkv;
+    case kOGroup: return kO;
+    case kGateUpGroup: return kGateUp;
+    case kDownGroup: return kDown;
+    default: break;
+  }
+  throw std::logic_error("group_modules: no linear group " + std::to_string(group));
+}
 
 LayerDims layer_dims(const LlamaConfig& config, int64_t batch, int64_t seq_len) {
   LayerDims d;
@@ -86,8 +137,11 @@ void LayerActivations::allocate(const LayerDims& d, DType dtype, const std::arra
   gate = Tensor::empty(Shape{N, d.I}, dtype, device);
   up = Tensor::empty(Shape{N, d.I}, dtype, device);
   h = Tensor::empty(Shape{N, d.I}, dtype, device);
-  for (int m = 0; m < kLinearModules; ++m)
-    xa[m] = lora_ranks[m] > 0 ? Tensor::empty(Shape{N, lora_ranks[m]}, dtype, device) : Tensor();
+  for (int group = 0; group < kLinearGroups; ++group) {
+    int64_t rank = 0;
+    for (int m : group_modules(group)) rank += lora_ranks[m];
+    xa[group] = rank > 0 ? Tensor::empty(Shape{N, rank}, dtype, device) : Tensor();
+  }
 }
 
 int64_t LayerActivations::nbytes() const {
@@ -117,9 +171,8 @@ void attention_inputs_forward(LayerActivations& a, const TensorView& x, const La
     ScopedSection section("rmsnorm");
     rmsnorm_forward(a.n1, a.rstd1, x, w.input_norm, d.eps);
   }
-  linear_lora_forward(a.q, a.n1, kQProj, w, a);
-  linear_lora_forward(a.k, a.n1, kKProj, w, a);
-  linear_lora_forward(a.v, a.n1, kVProj, w, a);
+  const TensorView qkv[] = {a.q, a.k, a.v};
+  linear_group_forward(qkv, a.n1, kQkvGroup, w, a);
   ScopedSection section("rope");
   rope_forward(a.q.view().reshaped(heads_shape(d, d.H)), rope, position_offset);
   rope_forward(a.k.view().reshaped(heads_shape(d, d.KV)), rope, position_offset);
@@ -128,19 +181,21 @@ void attention_inputs_forward(LayerActivations& a, const TensorView& x, const La
 void attention_output_mlp_forward(TensorView out, LayerActivations& a, const TensorView& x, const LayerCompute& w,
                                   const LayerDims& d) {
   // o_proj lands in x2, then the residual is added in place (each rounded once, as HF does).
-  linear_lora_forward(a.x2, a.att, kOProj, w, a);
+  const TensorView o[] = {a.x2};
+  linear_group_forward(o, a.att, kOGroup, w, a);
   {
     ScopedSection section("residual + rmsnorm");
     residual_add(a.x2, x, a.x2);
     rmsnorm_forward(a.n2, a.rstd2, a.x2, w.post_norm, d.eps);
   }
-  linear_lora_forward(a.gate, a.n2, kGateProj, w, a);
-  linear_lora_forward(a.up, a.n2, kUpProj, w, a);
+  const TensorView gate_up[] = {a.gate, a.up};
+  linear_group_forward(gate_up, a.n2, kGateUpGroup, w, a);
   {
     ScopedSection section("swiglu");
     swiglu_forward(a.h, a.gate, a.up);
   }
-  linear_lora_forward(out, a.h, kDownProj, w, a);
+  const TensorView down[] = {out};
+  linear_group_forward(down, a.h, kDownGroup, w, a);
   ScopedSection section("residual + rmsnorm");
   residual_add(out, a.x2, out);
 }
@@ -159,13 +214,14 @@ void layer_forward(TensorView out, LayerActivations& a, const TensorView& x, con
 void layer_backward(TensorView d_resid, LayerGradScratch& s, const LayerActivations& a, const TensorView& x,
                     const LayerCompute& w, const LayerDims& d, const RopeTable& rope) {
   // MLP: out = x2 + down(h), h = silu(gate) * up, gate/up = linear(n2), n2 = rmsnorm(x2).
-  linear_lora_backward(s.dh, false, d_resid, a.h, kDownProj, w, a);
+  const TensorView d_down[] = {d_resid};
+  linear_group_backward(s.dh, false, d_down, a.h, kDownGroup, w, a);
   {
     ScopedSection section("swiglu bwd");
     swiglu_backward(s.dgate, s.dup, s.dh, a.gate, a.up);
   }
-  linear_lora_backward(s.d_norm, false, s.dgate, a.n2, kGateProj, w, a);
-  linear_lora_backward(s.d_norm, true, s.dup, a.n2, kUpProj, w, a);
+  const TensorView d_gate_up[] = {s.dgate, s.dup};
+  linear_group_backward(s.d_norm, false, d_gate_up, a.n2, kGateUpGroup, w, a);
   {
     ScopedSection section("rmsnorm + residual bwd");
     rmsnorm_backward(s.d_norm, w.d_post_norm.data ? w.d_post_norm : s.norm_weight_sink.view(), s.d_norm, a.x2,
@@ -174,7 +230,8 @@ void layer_backward(TensorView d_resid, LayerGradScratch& s, const LayerActivati
   }
 
   // Attention: x2 = x + o(att), att = attention(rope(q), rope(k), v), q/k/v = linear(n1).
-  linear_lora_backward(s.d_att, false, d_resid, a.att, kOProj, w, a);
+  const TensorView d_o[] = {d_resid};
+  linear_group_backward(s.d_att, false, d_o, a.att, kOGroup, w, a);
   const Shape q_heads = heads_shape(d, d.H), kv_heads = heads_shape(d, d.KV);
   {
     ScopedSection section("attention bwd");
@@ -187,9 +244,8 @@ void layer_backward(TensorView d_resid, LayerGradScratch& s, const LayerActivati
     rope_backward(s.dq.view().reshaped(q_heads), rope, 0);
     rope_backward(s.dk.view().reshaped(kv_heads), rope, 0);
   }
-  linear_lora_backward(s.d_norm, false, s.dq, a.n1, kQProj, w, a);
-  linear_lora_backward(s.d_norm, true, s.dk, a.n1, kKProj, w, a);
-  linear_lora_backward(s.d_norm, true, s.dv, a.n1, kVProj, w, a);
+  const TensorView d_qkv[] = {s.dq, s.dk, s.dv};
+  linear_group_backward(s.d_norm, false, d_qkv, a.n1, kQkvGroup, w, a);
   ScopedSection section("rmsnorm + residual bwd");
   rmsnorm_backward(s.d_norm, w.d_input_norm.data ? w.d_input_norm : s.norm_weight_sink.view(), s.d_norm, x,
                    w.input_norm, a.rstd1);

@@ -5,6 +5,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <span>
 
 #include "backend/tensor.h"
 #include "model/llama_weights.h"
@@ -22,6 +23,13 @@ struct LayerDims {
   int64_t N() const { return B * T; }
 };
 LayerDims layer_dims(const LlamaConfig& config, int64_t batch, int64_t seq_len);
+
+// The linear modules that read one input: q/k/v read input_layernorm's output, gate/up read
+// post_attention_layernorm's. A group's adapters run as one LoRA group (ops/lora.h), which reads
+// the shared input once.
+enum LinearGroup : int { kQkvGroup, kOGroup, kGateUpGroup, kDownGroup };
+inline constexpr int kLinearGroups = 4;
+std::span<const int> group_modules(int group);
 
 // What a layer computes with: dense weights (NF4 already dequantised), adapters with their
 // dropout settings, and the fp32 gradients of trainable weights (empty views when frozen).
@@ -43,7 +51,8 @@ struct LayerActivations {
   Tensor x2;                 // residual after attention [N, C]
   Tensor n2, rstd2;          // post_attention_layernorm output [N, C], 1/rms [N]
   Tensor gate, up, h;        // [N, I] each; h = silu(gate) * up
-  std::array<Tensor, kLinearModules> xa;  // LoRA dropout(x)·Aᵀ [N, r], where an adapter exists
+  // Per group, its adapters' dropout(x)·Aᵀ side by side [N, Σr] (empty where the group has none).
+  std::array<Tensor, kLinearGroups> xa;
 
   // lora_ranks[m] = r of module m's adapter, 0 where there is none.
   void allocate(const LayerDims& d, DType dtype, const std::array<int64_t, kLinearModules>& lora_ranks,

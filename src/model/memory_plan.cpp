@@ -6,6 +6,7 @@
 
 #include "backend/caching_allocator.h"
 #include "config/train_config.h"
+#include "model/llama_layer.h"
 #include "model/llama_model.h"
 #include "dist/frozen_layout.h"
 #include "model/footprint.h"
@@ -189,7 +190,13 @@ ActivationBytes activation_bytes(const PlanInput& p) {
   layer.add(N * C * a, 2);         // x2, n2
   layer.add(N * kF32);             // rstd2
   layer.add(N * I * a, 3);         // gate, up, h
-  for (const Linear& l : lin) layer.add(N * l.rank * a);  // xa
+  // xa: one [N, Σr] per group of modules that share an input (model/llama_layer.h).
+  for (int g = 0; g < kLinearGroups; ++g) {
+    const std::span<const int> group = group_modules(g);  // indices into linear_module_names()
+    int64_t rank = 0;
+    for (int m : group) rank += lin[static_cast<size_t>(m)].rank;
+    if (rank > 0) layer.add(N * rank * a);
+  }
   x.layer = layer.sum;
   x.kept_layers = p.setting.gradient_checkpointing ? 1 : L;
 
@@ -219,20 +226,32 @@ ActivationBytes activation_bytes(const PlanInput& p) {
   const int64_t recompute = p.setting.gradient_checkpointing ? one_input : 0;
   x.grad_scratch = scratch.sum + d_resid + recompute + final_rstd;
 
-  // What ops allocate for themselves (src/ops/lora.cpp, matmul.cpp): the LoRA dropout copy of the
-  // input in forward; in backward d(xa) (fp32) with the dropout copy or dx_dropped (fp32 [N, in]);
-  // on the GPU the fp32 activation gradients cast to the compute dtype for each GEMM.
+  // What ops allocate for themselves (src/ops/lora.cpp, matmul.cpp, model/llama_layer.cpp), per
+  // group of modules that share an input. Forward: with dropout, each adapter's dropped copy of the
+  // input (one pass writes them all); without, the stacked A. Backward: the group's d(xa) (fp32
+  // [N, Σr]) throughout, with each module's dy cast to the compute dtype in turn (GPU), then for
+  // the dA and dx GEMMs d(xa) rounded (GPU) beside the dropped copies, or beside one dx_dropped
+  // (fp32 [N, in]) at a time, or beside the stacked A and dA.
   const bool dropout = p.lora_dropout > 0;
+  const bool cast = gpu && half;
   int64_t forward_temp = 0, backward_temp = 0;
-  for (const Linear& l : lin) {
-    if (gpu && half) backward_temp = std::max(backward_temp, R(N * l.out * a));  // dy cast for the base GEMM
-    if (l.rank == 0) continue;
-    const int64_t dxa = R(N * l.rank * kF32), dxa_cast = gpu && half ? R(N * l.rank * a) : 0;
-    if (dropout) forward_temp = std::max(forward_temp, R(N * l.in * a));
-    int64_t t = dxa + (gpu && half ? R(N * l.out * a) : 0);
-    if (dropout) t = std::max({t, dxa + R(N * l.in * a) + dxa_cast, dxa + R(N * l.in * kF32) + dxa_cast});
-    else t = std::max(t, dxa + dxa_cast);
-    backward_temp = std::max(backward_temp, t);
+  for (int g = 0; g < kLinearGroups; ++g) {
+    const std::span<const int> group = group_modules(g);
+    int64_t adapters = 0, rank = 0, dy_cast = 0;
+    const int64_t in = lin[static_cast<size_t>(group[0])].in;
+    for (int m : group) {
+      const Linear& l = lin[static_cast<size_t>(m)];
+      if (cast) dy_cast = std::max(dy_cast, R(N * l.out * a));
+      if (l.rank > 0) ++adapters, rank += l.rank;
+    }
+    backward_temp = std::max(backward_temp, dy_cast);
+    if (adapters == 0) continue;
+    const int64_t stacked = adapters > 1 ? R(rank * in * a) : 0;
+    forward_temp = std::max(forward_temp, dropout ? adapters * R(N * in * a) : stacked);
+    const int64_t dxa = R(N * rank * kF32), dxa_cast = cast ? R(N * rank * a) : 0;
+    const int64_t input_phase = dropout ? std::max(adapters * R(N * in * a), R(N * in * kF32))
+                                        : stacked + (adapters > 1 ? R(rank * in * kF32) : 0);
+    backward_temp = std::max(backward_temp, dxa + std::max(dy_cast, dxa_cast + input_phase));
   }
   x.op_temporary = std::max(forward_temp, backward_temp);
 

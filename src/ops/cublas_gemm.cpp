@@ -51,18 +51,24 @@ void cublas_gemm(const MatrixOutput& c, const MatrixOperand& a, const MatrixOper
       (a.dtype != DType::F32 && c.dtype != DType::F32 && c.dtype != a.dtype))
     throw std::logic_error(fmt::format("cublas_gemm: cuBLAS cannot multiply {} by {} into {}", dtype_name(a.dtype),
                                        dtype_name(b.dtype), dtype_name(c.dtype)));
+  if (c.stride() < N)
+    throw std::logic_error(fmt::format("cublas_gemm: C's row stride {} is below its {} columns", c.stride(), N));
   if (M == 0 || N == 0) return;
   const float alpha = scale, beta = accumulate ? 1.0f : 0.0f;
   if (K == 0) {
     // An empty sum: C = beta·C. cuBLAS handles k = 0 that way too, but say it plainly.
-    if (!accumulate) cuda::check(cudaMemsetAsync(c.data, 0, static_cast<size_t>(M * N) * dtype_size(c.dtype), cuda::stream()), "memset");
+    const size_t element = dtype_size(c.dtype);
+    if (!accumulate)
+      cuda::check(cudaMemset2DAsync(c.data, static_cast<size_t>(c.stride()) * element, 0, static_cast<size_t>(N) * element,
+                                    static_cast<size_t>(M), cuda::stream()),
+                  "memset");
     return;
   }
   const ColumnMajor bt = column_major(b, "B"), at = column_major(a, "A");
   cuda::check_cublas(cuda::cublas_api().gemm_ex(cuda::cublas(), bt.op, at.op, static_cast<int>(N), static_cast<int>(M),
                                   static_cast<int>(K), &alpha, b.data, cuda_type(b.dtype), static_cast<int>(bt.ld),
                                   a.data, cuda_type(a.dtype), static_cast<int>(at.ld), &beta, c.data,
-                                  cuda_type(c.dtype), static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                                  cuda_type(c.dtype), static_cast<int>(c.stride()), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                      "GemmEx");
 }
 

@@ -180,7 +180,7 @@ void store_tile_typed(const MatrixOutput& c, const float* tile, int64_t tile_str
                       int64_t j0, int64_t cols, bool accumulate, float scale) {
   S* dst = static_cast<S*>(c.data);
   for (int64_t i = 0; i < rows; ++i) {
-    S* row = dst + (i0 + i) * c.cols + j0;
+    S* row = dst + (i0 + i) * c.stride() + j0;
     const float* t = tile + i * tile_stride;
     if (accumulate)
       for (int64_t j = 0; j < cols; ++j) row[j] = from_f32<S>(to_f32(row[j]) + scale * t[j]);
@@ -215,6 +215,8 @@ void gemm(const MatrixOutput& c, const MatrixOperand& a, const MatrixOperand& b,
   check_float("A", a.dtype);
   check_float("B", b.dtype);
   check_float("C", c.dtype);
+  if (c.stride() < N)
+    throw std::logic_error(fmt::format("gemm: C's row stride {} is below its {} columns", c.stride(), N));
   if (M == 0 || N == 0) return;
 
   const MicroKernel kernel = pick_micro_kernel();

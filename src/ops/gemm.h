@@ -16,11 +16,14 @@ struct MatrixOperand {
   int64_t row_stride = 0, col_stride = 1;
 };
 
-// A row-major output matrix [rows, cols] (F32 or BF16).
+// A row-major output matrix [rows, cols] (F32 or BF16); row r starts at data + r * stride(),
+// so a block of columns of a wider matrix can be written in place.
 struct MatrixOutput {
   void* data = nullptr;
   DType dtype = DType::F32;
   int64_t rows = 0, cols = 0;
+  int64_t row_stride = 0;  // 0: cols (contiguous rows)
+  int64_t stride() const { return row_stride > 0 ? row_stride : cols; }
 };
 
 // C = (accumulate ? C : 0) + scale * A·B, with A [M, K], B [K, N], C [M, N]. Each element of C is

@@ -1,6 +1,7 @@
 #include "ops/lora.h"
 
 #include "ops/checks.h"
+#include "ops/elementwise.h"
 #include "ops/parallel.h"
 #include "ops/matmul.h"
 #include "ops/storage.h"
@@ -9,9 +10,12 @@
 #ifdef FSDPQ_WITH_CUDA
 #include "kernels/lora_dropout.cuh"
 #include "ops/cuda_dispatch.h"
+static_assert(fsdpq::cuda::kMaxDropoutOutputs == static_cast<int>(fsdpq::kMaxLoraGroup));
 #endif
 
+#include <array>
 #include <cmath>
+#include <vector>
 
 namespace fsdpq {
 
@@ -35,59 +39,72 @@ inline bool keeps(uint64_t mixed_key, uint64_t index, uint32_t threshold) {
 
 bool dropout_active(const LoraParams& params) { return params.training && params.dropout > 0.0f; }
 
-// dst = x * keep / (1 - p), rounded to dst's dtype (x's), as the adapter sees its input.
-void apply_dropout(TensorView dst, const TensorView& x, const LoraParams& params) {
-  const uint64_t mixed_key = mix64(params.dropout_key);
-  const uint32_t threshold = drop_threshold(params.dropout);
-  const float keep_scale = 1.0f / (1.0f - params.dropout);
+// outs[i] = x * keep_i / (1 - p), rounded to x's dtype, as adapter i sees its input: one pass over
+// x for every adapter of a group, each with its own key.
+void apply_dropout(std::span<const TensorView> outs, const TensorView& x, std::span<const LoraSite> sites) {
+  const float probability = sites[0].params.dropout;
+  const uint32_t threshold = drop_threshold(probability);
+  const float keep_scale = 1.0f / (1.0f - probability);
   const int64_t n = x.numel();
-  if (runs_on_cuda("lora_dropout", {dst, x})) {
+  const size_t count = sites.size();
+  std::array<uint64_t, kMaxLoraGroup> keys{};
+  for (size_t i = 0; i < count; ++i) keys[i] = mix64(sites[i].params.dropout_key);
+  if (runs_on_cuda("lora_dropout", {x, outs[0]})) {
 #ifdef FSDPQ_WITH_CUDA
-    cuda::lora_dropout_apply(ktype("lora_dropout", x), dst.data, x.data, n, mixed_key, threshold, keep_scale,
-                             cuda::stream());
+    cuda::DropoutOutputs targets{};
+    targets.count = static_cast<int>(count);
+    for (size_t i = 0; i < count; ++i) {
+      targets.out[i] = outs[i].data;
+      targets.mixed_key[i] = keys[i];
+    }
+    cuda::lora_dropout_apply(ktype("lora_dropout", x), targets, x.data, n, threshold, keep_scale, cuda::stream());
 #endif
     return;
   }
   with_storage(x.dtype, "lora_dropout", [&](auto tag) {
     using S = decltype(tag);
     const S* in = x.as<const S>();
-    S* out = dst.as<S>();
+    std::array<S*, kMaxLoraGroup> out{};
+    for (size_t i = 0; i < count; ++i) out[i] = outs[i].as<S>();
 #pragma omp parallel for if (worth_parallel(n)) schedule(static)
-    for (int64_t i = 0; i < n; ++i)
-      out[i] = keeps(mixed_key, static_cast<uint64_t>(i), threshold) ? from_f32<S>(to_f32(in[i]) * keep_scale)
-                                                                      : from_f32<S>(0.0f);
+    for (int64_t e = 0; e < n; ++e) {
+      const S kept = from_f32<S>(to_f32(in[e]) * keep_scale);
+      for (size_t i = 0; i < count; ++i)
+        out[i][e] = keeps(keys[i], static_cast<uint64_t>(e), threshold) ? kept : from_f32<S>(0.0f);
+    }
   });
 }
 
-// The adapter input dropout(x), or x itself when dropout is off (no copy, bit-exact).
-struct AdapterInput {
-  Tensor storage;
-  TensorView view;
+// What each adapter of a group multiplies by A: dropout(x) per adapter, or x itself for all when
+// dropout is off (no copy, bit-exact).
+struct AdapterInputs {
+  std::vector<Tensor> storage;
+  std::vector<TensorView> views;
 };
 
-AdapterInput adapter_input(const TensorView& x, const LoraParams& params) {
-  AdapterInput input;
-  if (!dropout_active(params)) {
-    input.view = x;
-    return input;
+AdapterInputs adapter_inputs(const TensorView& x, std::span<const LoraSite> sites) {
+  AdapterInputs inputs;
+  if (!dropout_active(sites[0].params)) {
+    inputs.views.assign(sites.size(), x);
+    return inputs;
   }
-  input.storage = Tensor::empty(x.shape, x.dtype, x.device);
-  input.view = input.storage.view();
-  apply_dropout(input.view, x, params);
-  return input;
+  for (size_t i = 0; i < sites.size(); ++i) {
+    inputs.storage.push_back(Tensor::empty(x.shape, x.dtype, x.device));
+    inputs.views.push_back(inputs.storage.back().view());
+  }
+  apply_dropout(inputs.views, x, sites);
+  return inputs;
 }
 
 struct LoraDims {
   int64_t rows, in, out, rank;
 };
 
-LoraDims check_lora(const char* op, const TensorView& x, const TensorView& xa, const TensorView& A,
-                    const TensorView& B, const LoraParams& params) {
-  check_float(op, "x", x);
-  check_float(op, "xa", xa);
+LoraDims check_site(const char* op, const TensorView& x, const LoraSite& site) {
+  const TensorView &A = site.A, &B = site.B;
   check_float(op, "A", A);
   check_float(op, "B", B);
-  runs_on_cuda(op, {x, xa, A, B});  // all on one device (the linear ops do the work)
+  runs_on_cuda(op, {x, A, B});  // all on one device (the linear ops do the work)
   check_that(A.shape.rank == 2 && B.shape.rank == 2 && x.shape.rank >= 1,
              "{}: A {} and B {} must be matrices and x {} at least a vector", op, A.shape.to_string(),
              B.shape.to_string(), x.shape.to_string());
@@ -95,10 +112,84 @@ LoraDims check_lora(const char* op, const TensorView& x, const TensorView& xa, c
   check_that(x.shape.last() == d.in && B.shape[1] == d.rank,
              "{}: x {}, A {} [r, in] and B {} [out, r] do not fit together", op, x.shape.to_string(),
              A.shape.to_string(), B.shape.to_string());
-  check_shape(op, "xa", xa, Shape{d.rows, d.rank});
-  if (!(params.dropout >= 0.0f && params.dropout < 1.0f))
-    fail("lora_dropout must be in [0, 1), got {}", params.dropout);
+  if (!(site.params.dropout >= 0.0f && site.params.dropout < 1.0f))
+    fail("lora_dropout must be in [0, 1), got {}", site.params.dropout);
   return d;
+}
+
+// The group's dims per adapter and where each adapter's columns of xa begin; checks the group.
+struct GroupDims {
+  std::vector<LoraDims> site;
+  std::vector<int64_t> first_column;
+  int64_t total_rank = 0;
+};
+
+GroupDims check_group(const char* op, const TensorView& x, const TensorView& xa, std::span<const LoraSite> sites) {
+  check_float(op, "x", x);
+  check_float(op, "xa", xa);
+  check_that(!sites.empty() && sites.size() <= kMaxLoraGroup, "{}: a group holds 1 to {} adapters, got {}", op,
+             kMaxLoraGroup, sites.size());
+  GroupDims g;
+  for (const LoraSite& site : sites) {
+    g.site.push_back(check_site(op, x, site));
+    g.first_column.push_back(g.total_rank);
+    g.total_rank += g.site.back().rank;
+    check_that(site.params.dropout == sites[0].params.dropout && site.params.training == sites[0].params.training,
+               "{}: the adapters of a group must share the dropout probability and the training flag", op);
+  }
+  runs_on_cuda(op, {x, xa});
+  check_shape(op, "xa", xa, Shape{x.shape.rows(), g.total_rank});
+  return g;
+}
+
+// The group's A matrices stacked into one [Σr, in] (A itself for a group of one), or an empty view
+// when they cannot be: dropout gives each adapter its own input, and one GEMM needs one dtype.
+struct StackedA {
+  Tensor storage;
+  TensorView view;
+};
+
+StackedA stack_a(std::span<const LoraSite> sites, const GroupDims& g) {
+  StackedA stacked;
+  if (dropout_active(sites[0].params)) return stacked;
+  if (sites.size() == 1) {
+    stacked.view = sites[0].A;
+    return stacked;
+  }
+  for (const LoraSite& site : sites)
+    if (site.A.dtype != sites[0].A.dtype) return stacked;
+  stacked.storage = Tensor::empty(Shape{g.total_rank, g.site[0].in}, sites[0].A.dtype, sites[0].A.device);
+  stacked.view = stacked.storage.view();
+  for (size_t i = 0; i < sites.size(); ++i)
+    copy_convert(stacked.view.slice_rows(g.first_column[i], g.site[i].rank), sites[i].A);
+  return stacked;
+}
+
+MatrixView columns_of(const TensorView& xa, const GroupDims& g, size_t i) {
+  return MatrixView(xa, g.first_column[i], g.site[i].rank);
+}
+
+// dx += mask / (1 - p) ⊙ g, with the mask of `params`' key.
+void accumulate_dropped(TensorView dx, const Tensor& g_storage, const LoraParams& params) {
+  constexpr const char* op = "lora_backward";
+  const uint64_t mixed_key = mix64(params.dropout_key);
+  const uint32_t threshold = drop_threshold(params.dropout);
+  const float keep_scale = 1.0f / (1.0f - params.dropout);
+  const float* g = g_storage.data<float>();
+  const int64_t n = dx.numel();
+  if (runs_on_cuda(op, {dx, g_storage.view()})) {
+#ifdef FSDPQ_WITH_CUDA
+    cuda::lora_dropout_accumulate(ktype(op, dx), dx.data, g, n, mixed_key, threshold, keep_scale, cuda::stream());
+#endif
+    return;
+  }
+  with_storage(dx.dtype, op, [&](auto tag) {
+    using S = decltype(tag);
+    S* out = dx.as<S>();
+#pragma omp parallel for if (worth_parallel(n)) schedule(static)
+    for (int64_t i = 0; i < n; ++i)
+      if (keeps(mixed_key, static_cast<uint64_t>(i), threshold)) out[i] = from_f32<S>(to_f32(out[i]) + keep_scale * g[i]);
+  });
 }
 
 }  // namespace
@@ -109,73 +200,135 @@ bool lora_dropout_keeps(uint64_t key, uint64_t index, float probability) {
   return keeps(mix64(key), index, drop_threshold(probability));
 }
 
+void lora_forward_group(std::span<const TensorView> ys, TensorView xa, const TensorView& x,
+                        std::span<const LoraSite> sites) {
+  constexpr const char* op = "lora_forward";
+  const GroupDims g = check_group(op, x, xa, sites);
+  check_that(ys.size() == sites.size(), "{}: {} outputs for {} adapters", op, ys.size(), sites.size());
+  for (size_t i = 0; i < sites.size(); ++i) {
+    check_float(op, "y", ys[i]);
+    check_that(ys[i].shape.rows() == g.site[i].rows && ys[i].shape.last() == g.site[i].out,
+               "{}: y {} does not match x {} and B {}", op, ys[i].shape.to_string(), x.shape.to_string(),
+               sites[i].B.shape.to_string());
+  }
+  // xa = dropout(x) · Aᵀ: one GEMM over the stacked A, or one per adapter.
+  if (const StackedA stacked = stack_a(sites, g); stacked.view.data != nullptr) {
+    linear_forward(xa, x, stacked.view);
+  } else {
+    const AdapterInputs inputs = adapter_inputs(x, sites);
+    for (size_t i = 0; i < sites.size(); ++i) linear_forward(columns_of(xa, g, i), inputs.views[i], sites[i].A);
+  }
+  for (size_t i = 0; i < sites.size(); ++i)
+    linear_forward(ys[i], columns_of(xa, g, i), sites[i].B, /*accumulate=*/true,
+                   lora_scaling(sites[i].params, g.site[i].rank));
+}
+
+void lora_backward_output(TensorView dxa, size_t i, TensorView dB, const TensorView& dy, const TensorView& x,
+                          const TensorView& xa, std::span<const LoraSite> sites) {
+  constexpr const char* op = "lora_backward";
+  const GroupDims g = check_group(op, x, xa, sites);
+  check_that(i < sites.size(), "{}: adapter {} of a group of {}", op, i, sites.size());
+  check_float(op, "dy", dy);
+  check_dtype(op, "dB", dB, DType::F32);
+  check_dtype(op, "dxa", dxa, DType::F32);
+  runs_on_cuda(op, {dxa, dB, dy, x});  // every operand on one device
+  check_shape(op, "dB", dB, sites[i].B.shape);
+  check_shape(op, "dxa", dxa, xa.shape);
+  check_that(dy.shape.rows() == g.site[i].rows && dy.shape.last() == g.site[i].out,
+             "{}: dy {} does not match x {} and B {}", op, dy.shape.to_string(), x.shape.to_string(),
+             sites[i].B.shape.to_string());
+  const float scaling = lora_scaling(sites[i].params, g.site[i].rank);
+  linear_backward_weight(dB, dy, columns_of(xa, g, i), /*accumulate=*/true, scaling);
+  linear_backward_input(columns_of(dxa, g, i), dy, sites[i].B, /*accumulate=*/false, scaling);
+}
+
+void lora_backward_input(TensorView dx, std::span<const TensorView> dAs, const TensorView& dxa_f32,
+                         const TensorView& x, const TensorView& xa, std::span<const LoraSite> sites) {
+  constexpr const char* op = "lora_backward";
+  const GroupDims g = check_group(op, x, xa, sites);
+  check_that(dAs.size() == sites.size(), "{}: {} dA for {} adapters", op, dAs.size(), sites.size());
+  check_dtype(op, "dxa", dxa_f32, DType::F32);
+  check_shape(op, "dxa", dxa_f32, xa.shape);
+  for (size_t i = 0; i < sites.size(); ++i) {
+    check_dtype(op, "dA", dAs[i], DType::F32);
+    check_shape(op, "dA", dAs[i], sites[i].A.shape);
+    runs_on_cuda(op, {dx, dAs[i], dxa_f32, x});  // every operand on one device
+  }
+  if (dx.data != nullptr) {
+    check_float(op, "dx", dx);
+    check_that(dx.shape.rows() == x.shape.rows() && dx.shape.last() == x.shape.last(),
+               "{}: dx {} does not match x {}", op, dx.shape.to_string(), x.shape.to_string());
+  }
+  const int64_t rows = x.shape.rows(), in = g.site[0].in;
+
+  // The GPU multiplies d(xa) in A's 16-bit type: round it once for the GEMMs that read it (the
+  // same bits as each GEMM rounding it).
+  Tensor dxa_rounded;
+  TensorView dxa = dxa_f32;
+  const DType a_dtype = sites[0].A.dtype;
+  if (x.device != Device::CPU && (a_dtype == DType::BF16 || a_dtype == DType::F16)) {
+    dxa_rounded = Tensor::empty(dxa_f32.shape, a_dtype, x.device);
+    copy_convert(dxa_rounded, dxa_f32);
+    dxa = dxa_rounded.view();
+  }
+
+  if (const StackedA stacked = stack_a(sites, g); stacked.view.data != nullptr) {
+    // dA += d(xa)ᵀ · x for the whole stack, and dx += d(xa) · A: one GEMM each.
+    if (sites.size() == 1) {
+      linear_backward_weight(dAs[0], dxa, x, /*accumulate=*/true);
+    } else {
+      Tensor dA_stacked = Tensor::empty(Shape{g.total_rank, in}, DType::F32, x.device);
+      linear_backward_weight(dA_stacked, dxa, x);
+      for (size_t i = 0; i < sites.size(); ++i)
+        accumulate(dAs[i], dA_stacked.view().slice_rows(g.first_column[i], g.site[i].rank));
+    }
+    if (dx.data != nullptr) linear_backward_input(dx, dxa, stacked.view, /*accumulate=*/true);
+    return;
+  }
+
+  // Per adapter: dA += d(xa)ᵀ · dropout(x), the masks regenerated from the keys.
+  {
+    const AdapterInputs inputs = adapter_inputs(x, sites);
+    for (size_t i = 0; i < sites.size(); ++i)
+      linear_backward_weight(dAs[i], columns_of(dxa, g, i), inputs.views[i], /*accumulate=*/true);
+  }
+  if (dx.data == nullptr) return;
+  for (size_t i = 0; i < sites.size(); ++i) {
+    if (!dropout_active(sites[i].params)) {
+      linear_backward_input(dx, columns_of(dxa, g, i), sites[i].A, /*accumulate=*/true);
+      continue;
+    }
+    // dx += mask / (1 - p) ⊙ (d(xa) · A)
+    Tensor dx_dropped = Tensor::empty(Shape{rows, in}, DType::F32, x.device);
+    linear_backward_input(dx_dropped, columns_of(dxa, g, i), sites[i].A);
+    accumulate_dropped(dx, dx_dropped, sites[i].params);
+  }
+}
+
+void lora_backward_group(TensorView dx, std::span<const LoraSiteGrads> grads, std::span<const TensorView> dys,
+                         const TensorView& x, const TensorView& xa, std::span<const LoraSite> sites) {
+  check_that(grads.size() == sites.size() && dys.size() == sites.size(),
+             "lora_backward: {} gradients and {} dy for {} adapters", grads.size(), dys.size(), sites.size());
+  Tensor dxa = Tensor::empty(xa.shape, DType::F32, x.device);
+  std::vector<TensorView> dAs;
+  for (size_t i = 0; i < sites.size(); ++i) {
+    lora_backward_output(dxa, i, grads[i].dB, dys[i], x, xa, sites);
+    dAs.push_back(grads[i].dA);
+  }
+  lora_backward_input(dx, dAs, dxa, x, xa, sites);
+}
+
 void lora_forward(TensorView y, TensorView xa, const TensorView& x, const TensorView& A, const TensorView& B,
                   const LoraParams& params) {
-  constexpr const char* op = "lora_forward";
-  const LoraDims d = check_lora(op, x, xa, A, B, params);
-  check_float(op, "y", y);
-  check_that(y.shape.rows() == d.rows && y.shape.last() == d.out, "{}: y {} does not match x {} and B {}", op,
-             y.shape.to_string(), x.shape.to_string(), B.shape.to_string());
-  const AdapterInput input = adapter_input(x, params);
-  linear_forward(xa, input.view, A);
-  linear_forward(y, xa, B, /*accumulate=*/true, lora_scaling(params, d.rank));
+  const LoraSite site{A, B, params};
+  lora_forward_group(std::span(&y, 1), xa, x, std::span(&site, 1));
 }
 
 void lora_backward(TensorView dx, TensorView dA, TensorView dB, const TensorView& dy, const TensorView& x,
                    const TensorView& xa, const TensorView& A, const TensorView& B, const LoraParams& params) {
-  constexpr const char* op = "lora_backward";
-  const LoraDims d = check_lora(op, x, xa, A, B, params);
-  check_float(op, "dy", dy);
-  check_that(dA.dtype == DType::F32 && dB.dtype == DType::F32, "{}: dA {} and dB {} must be F32", op, dA.describe(),
-             dB.describe());
-  runs_on_cuda(op, {dx, dA, dB, dy, x});  // every operand on one device
-  check_shape(op, "dA", dA, A.shape);
-  check_shape(op, "dB", dB, B.shape);
-  check_that(dy.shape.rows() == d.rows && dy.shape.last() == d.out, "{}: dy {} does not match x {} and B {}", op,
-             dy.shape.to_string(), x.shape.to_string(), B.shape.to_string());
-  const float scaling = lora_scaling(params, d.rank);
-
-  // dB += scaling · dyᵀ · xa
-  linear_backward_weight(dB, dy, xa, /*accumulate=*/true, scaling);
-  // d(xa) = scaling · dy · B, kept in fp32
-  Tensor dxa = Tensor::empty(Shape{d.rows, d.rank}, DType::F32, x.device);
-  linear_backward_input(dxa, dy, B, /*accumulate=*/false, scaling);
-  // dA += d(xa)ᵀ · dropout(x): the mask is regenerated from the key
-  {
-    const AdapterInput input = adapter_input(x, params);
-    linear_backward_weight(dA, dxa, input.view, /*accumulate=*/true);
-  }
-  if (dx.data == nullptr) return;
-  check_float(op, "dx", dx);
-  check_that(dx.shape.rows() == d.rows && dx.shape.last() == d.in, "{}: dx {} does not match x {}", op,
-             dx.shape.to_string(), x.shape.to_string());
-  if (!dropout_active(params)) {
-    linear_backward_input(dx, dxa, A, /*accumulate=*/true);
-    return;
-  }
-  // dx += mask / (1 - p) ⊙ (d(xa) · A)
-  Tensor dx_dropped = Tensor::empty(Shape{d.rows, d.in}, DType::F32, x.device);
-  linear_backward_input(dx_dropped, dxa, A);
-  const uint64_t mixed_key = mix64(params.dropout_key);
-  const uint32_t threshold = drop_threshold(params.dropout);
-  const float keep_scale = 1.0f / (1.0f - params.dropout);
-  const float* g = dx_dropped.data<float>();
-  const int64_t n = dx.numel();
-  if (runs_on_cuda(op, {dx, dx_dropped})) {
-#ifdef FSDPQ_WITH_CUDA
-    cuda::lora_dropout_accumulate(ktype(op, dx), dx.data, dx_dropped.data<float>(), n, mixed_key, threshold,
-                                  keep_scale, cuda::stream());
-#endif
-    return;
-  }
-  with_storage(dx.dtype, op, [&](auto tag) {
-    using S = decltype(tag);
-    S* out = dx.as<S>();
-#pragma omp parallel for if (worth_parallel(n)) schedule(static)
-    for (int64_t i = 0; i < n; ++i)
-      if (keeps(mixed_key, static_cast<uint64_t>(i), threshold))
-        out[i] = from_f32<S>(to_f32(out[i]) + keep_scale * g[i]);
-  });
+  const LoraSite site{A, B, params};
+  const LoraSiteGrads grads{dA, dB};
+  lora_backward_group(dx, std::span(&grads, 1), std::span(&dy, 1), x, xa, std::span(&site, 1));
 }
 
 }  // namespace fsdpq

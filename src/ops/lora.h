@@ -7,6 +7,7 @@
 #include "backend/tensor.h"
 
 #include <cstdint>
+#include <span>
 
 namespace fsdpq {
 
@@ -34,5 +35,35 @@ void lora_forward(TensorView y, TensorView xa, const TensorView& x, const Tensor
 // (including the dropout key) must be the forward's.
 void lora_backward(TensorView dx, TensorView dA, TensorView dB, const TensorView& dy, const TensorView& x,
                    const TensorView& xa, const TensorView& A, const TensorView& B, const LoraParams& params);
+
+// Adapters on modules that read one input (q/k/v read input_layernorm's output, gate/up read
+// post_attention_layernorm's) run as a group that reads x once. Without dropout their A matrices
+// are stacked and one GEMM gives every adapter's x·Aᵀ (in the backward one GEMM each gives the
+// stacked dA and the adapters' part of dx). With dropout every adapter keeps a mask of its own, as
+// PEFT draws one per module, and one pass over x writes each adapter's dropped input.
+// xa: [M, Σr], adapter i's columns right after adapter i-1's. lora_forward is a group of one.
+inline constexpr size_t kMaxLoraGroup = 4;  // q, k, v is the largest group a Llama layer has
+struct LoraSite {
+  TensorView A, B;    // [r, in], [out, r]
+  LoraParams params;  // each adapter's own dropout key; probability and training alike in a group
+};
+struct LoraSiteGrads {
+  TensorView dA, dB;  // F32, accumulated
+};
+
+// ys[i] += adapter i's output.
+void lora_forward_group(std::span<const TensorView> ys, TensorView xa, const TensorView& x,
+                        std::span<const LoraSite> sites);
+// dys[i]: the gradient at ys[i]. dx (+)= every adapter's part (skipped when dx.data is null).
+void lora_backward_group(TensorView dx, std::span<const LoraSiteGrads> grads, std::span<const TensorView> dys,
+                         const TensorView& x, const TensorView& xa, std::span<const LoraSite> sites);
+
+// lora_backward_group in two steps, so a caller can let go of each dy after its step: for each
+// adapter i, lora_backward_output (dB_i += …, and adapter i's columns of dxa, F32 [M, Σr]); then
+// lora_backward_input once (every dA += …, and dx (+)= the adapters' part unless dx.data is null).
+void lora_backward_output(TensorView dxa, size_t i, TensorView dB, const TensorView& dy, const TensorView& x,
+                          const TensorView& xa, std::span<const LoraSite> sites);
+void lora_backward_input(TensorView dx, std::span<const TensorView> dAs, const TensorView& dxa, const TensorView& x,
+                         const TensorView& xa, std::span<const LoraSite> sites);
 
 }  // namespace fsdpq

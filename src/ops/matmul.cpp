@@ -9,15 +9,17 @@ namespace fsdpq {
 
 namespace {
 
-// A tensor read as a row-major matrix [rows, last dim], optionally transposed.
-MatrixOperand matrix(const TensorView& view, bool transposed = false) {
-  const int64_t rows = view.shape.rows(), cols = view.shape.last();
-  if (transposed) return MatrixOperand{view.data, view.dtype, cols, rows, 1, cols};
-  return MatrixOperand{view.data, view.dtype, rows, cols, cols, 1};
+// A matrix view as a gemm operand, optionally transposed.
+MatrixOperand matrix(const MatrixView& view, bool transposed = false) {
+  const int64_t rows = view.rows(), cols = view.cols(), stride = view.row_stride();
+  if (transposed) return MatrixOperand{view.data(), view.tensor.dtype, cols, rows, 1, stride};
+  return MatrixOperand{view.data(), view.tensor.dtype, rows, cols, stride, 1};
 }
 
-MatrixOutput output(const TensorView& view) {
-  return MatrixOutput{view.data, view.dtype, view.shape.rows(), view.shape.last()};
+MatrixOperand matrix(const TensorView& view, bool transposed = false) { return matrix(MatrixView(view), transposed); }
+
+MatrixOutput output(const MatrixView& view) {
+  return MatrixOutput{view.data(), view.tensor.dtype, view.rows(), view.cols(), view.row_stride()};
 }
 
 void check_weight(const char* op, const char* name, const TensorView& w) {
@@ -25,9 +27,17 @@ void check_weight(const char* op, const char* name, const TensorView& w) {
   check_that(w.shape.rank == 2, "{}: {} must be a matrix [out, in], got {}", op, name, w.shape.to_string());
 }
 
-void check_activation(const char* op, const char* name, const TensorView& x) {
-  check_float(op, name, x);
-  check_that(x.shape.rank >= 1, "{}: {} must have at least one dimension", op, name);
+void check_activation(const char* op, const char* name, const MatrixView& x) {
+  check_float(op, name, x.tensor);
+  check_that(x.tensor.shape.rank >= 1, "{}: {} must have at least one dimension", op, name);
+  check_that(x.first_column >= 0 && x.cols() >= 0 && x.first_column + x.cols() <= x.row_stride(),
+             "{}: {}'s columns [{}, {}) lie outside {}", op, name, x.first_column, x.first_column + x.cols(),
+             x.tensor.describe());
+}
+
+std::string describe(const MatrixView& x) {
+  if (x.whole()) return x.tensor.shape.to_string();
+  return fmt::format("{} columns [{}, {})", x.tensor.shape.to_string(), x.first_column, x.first_column + x.cols());
 }
 
 // The one storage type cuBLAS multiplies the inputs in: half precision wins, as under autocast
@@ -39,20 +49,20 @@ DType gpu_operand_dtype(const TensorView& out, const TensorView& p, const Tensor
   return DType::F32;
 }
 
-// `view` in `dtype`: itself, or a converted copy kept alive by `storage`.
-TensorView as_dtype(const TensorView& view, DType dtype, Tensor& storage) {
-  if (view.dtype == dtype) return view;
-  storage = Tensor::empty(view.shape, dtype, view.device);
-  copy_convert(storage, view);
-  return storage.view();
+// `view` in `dtype`: itself, or a converted copy (of the whole tensor) kept alive by `storage`.
+MatrixView as_dtype(const MatrixView& view, DType dtype, Tensor& storage) {
+  if (view.tensor.dtype == dtype) return view;
+  storage = Tensor::empty(view.tensor.shape, dtype, view.tensor.device);
+  copy_convert(storage, view.tensor);
+  return MatrixView(storage.view(), view.first_column, view.columns);
 }
 
 // Runs the product on the GPU when the operands live there; false for the CPU path.
 // `product` builds the gemm operands from the (converted) views.
 template <class Product>
-bool gemm_on_cuda(const char* op, TensorView out, const TensorView& p, const TensorView& q, Product&& product) {
-  if (!runs_on_cuda(op, {out, p, q})) return false;
-  const DType dtype = gpu_operand_dtype(out, p, q);
+bool gemm_on_cuda(const char* op, const TensorView& out, const MatrixView& p, const MatrixView& q, Product&& product) {
+  if (!runs_on_cuda(op, {out, p.tensor, q.tensor})) return false;
+  const DType dtype = gpu_operand_dtype(out, p.tensor, q.tensor);
   check_that(out.dtype == DType::F32 || out.dtype == dtype, "{}: cannot write {} from {} operands on the GPU", op,
              out.describe(), dtype_name(dtype));
   Tensor p_storage, q_storage;
@@ -62,45 +72,47 @@ bool gemm_on_cuda(const char* op, TensorView out, const TensorView& p, const Ten
 
 }  // namespace
 
-void linear_forward(TensorView out, const TensorView& x, const TensorView& W, bool accumulate, float scale) {
+void* MatrixView::data() const {
+  return static_cast<char*>(tensor.data) + first_column * static_cast<int64_t>(dtype_size(tensor.dtype));
+}
+
+void linear_forward(const MatrixView& out, const MatrixView& x, const TensorView& W, bool accumulate, float scale) {
   constexpr const char* op = "linear_forward";
   check_activation(op, "x", x);
   check_activation(op, "out", out);
   check_weight(op, "W", W);
-  check_that(x.shape.last() == W.shape[1] && out.shape.last() == W.shape[0] && out.shape.rows() == x.shape.rows(),
-             "{}: out {} = x {} · W {}ᵀ does not fit", op, out.shape.to_string(), x.shape.to_string(),
-             W.shape.to_string());
-  if (gemm_on_cuda(op, out, x, W, [&](const TensorView& xc, const TensorView& Wc) {
+  check_that(x.cols() == W.shape[1] && out.cols() == W.shape[0] && out.rows() == x.rows(),
+             "{}: out {} = x {} · W {}ᵀ does not fit", op, describe(out), describe(x), W.shape.to_string());
+  if (gemm_on_cuda(op, out.tensor, x, W, [&](const MatrixView& xc, const MatrixView& Wc) {
         cublas_gemm(output(out), matrix(xc), matrix(Wc, /*transposed=*/true), accumulate, scale);
       }))
     return;
   gemm(output(out), matrix(x), matrix(W, /*transposed=*/true), accumulate, scale);
 }
 
-void linear_backward_input(TensorView dx, const TensorView& dy, const TensorView& W, bool accumulate, float scale) {
+void linear_backward_input(const MatrixView& dx, const MatrixView& dy, const TensorView& W, bool accumulate,
+                           float scale) {
   constexpr const char* op = "linear_backward_input";
   check_activation(op, "dx", dx);
   check_activation(op, "dy", dy);
   check_weight(op, "W", W);
-  check_that(dy.shape.last() == W.shape[0] && dx.shape.last() == W.shape[1] && dx.shape.rows() == dy.shape.rows(),
-             "{}: dx {} = dy {} · W {} does not fit", op, dx.shape.to_string(), dy.shape.to_string(),
-             W.shape.to_string());
-  if (gemm_on_cuda(op, dx, dy, W, [&](const TensorView& dyc, const TensorView& Wc) {
+  check_that(dy.cols() == W.shape[0] && dx.cols() == W.shape[1] && dx.rows() == dy.rows(),
+             "{}: dx {} = dy {} · W {} does not fit", op, describe(dx), describe(dy), W.shape.to_string());
+  if (gemm_on_cuda(op, dx.tensor, dy, W, [&](const MatrixView& dyc, const MatrixView& Wc) {
         cublas_gemm(output(dx), matrix(dyc), matrix(Wc), accumulate, scale);
       }))
     return;
   gemm(output(dx), matrix(dy), matrix(W), accumulate, scale);
 }
 
-void linear_backward_weight(TensorView dW, const TensorView& dy, const TensorView& x, bool accumulate, float scale) {
+void linear_backward_weight(TensorView dW, const MatrixView& dy, const MatrixView& x, bool accumulate, float scale) {
   constexpr const char* op = "linear_backward_weight";
   check_weight(op, "dW", dW);
   check_activation(op, "dy", dy);
   check_activation(op, "x", x);
-  check_that(dW.shape[0] == dy.shape.last() && dW.shape[1] == x.shape.last() && dy.shape.rows() == x.shape.rows(),
-             "{}: dW {} = dy {}ᵀ · x {} does not fit", op, dW.shape.to_string(), dy.shape.to_string(),
-             x.shape.to_string());
-  if (gemm_on_cuda(op, dW, dy, x, [&](const TensorView& dyc, const TensorView& xc) {
+  check_that(dW.shape[0] == dy.cols() && dW.shape[1] == x.cols() && dy.rows() == x.rows(),
+             "{}: dW {} = dy {}ᵀ · x {} does not fit", op, dW.shape.to_string(), describe(dy), describe(x));
+  if (gemm_on_cuda(op, dW, dy, x, [&](const MatrixView& dyc, const MatrixView& xc) {
         cublas_gemm(output(dW), matrix(dyc, /*transposed=*/true), matrix(xc), accumulate, scale);
       }))
     return;

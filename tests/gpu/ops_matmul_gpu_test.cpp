@@ -105,5 +105,63 @@ TEST(GpuOpsLora, ForwardAndBackwardWithDropoutMatchTheCpu) {
   }
 }
 
+// A group of three adapters on one input (q/k/v: one stacked GEMM without dropout, one pass of
+// three masks with it), with its strided xa and d(xa) columns, against the CPU's group.
+TEST(GpuOpsLora, GroupMatchesTheCpu) {
+  test::use_gpu();
+  const int64_t M = 77, in = 96;
+  const std::vector<int64_t> outs = {80, 40, 40}, ranks = {8, 4, 8};
+  for (DType dtype : {DType::F32, DType::BF16})
+    for (float dropout : {0.0f, 0.1f}) {
+      SCOPED_TRACE(fmt::format("{} dropout {}", dtype_name(dtype), dropout));
+      const double tol = dtype == DType::F32 ? 1e-5 : 2e-2;
+      Tensor x = random_tensor(Shape{M, in}, dtype, 11), gx = on_gpu(x);
+      std::vector<Tensor> A, B, y, gA, gB, gy, dy, gdy, dA, dB, gdA, gdB;
+      std::vector<LoraSite> sites, gsites;
+      int64_t total_rank = 0;
+      for (size_t i = 0; i < outs.size(); ++i) {
+        A.push_back(random_tensor(Shape{ranks[i], in}, dtype, 12 + i, -0.2f, 0.2f));
+        B.push_back(random_tensor(Shape{outs[i], ranks[i]}, dtype, 22 + i, -0.2f, 0.2f));
+        y.push_back(random_tensor(Shape{M, outs[i]}, dtype, 32 + i));
+        dy.push_back(random_tensor(Shape{M, outs[i]}, dtype, 42 + i));
+        dA.push_back(random_tensor(Shape{ranks[i], in}, DType::F32, 52 + i));
+        dB.push_back(random_tensor(Shape{outs[i], ranks[i]}, DType::F32, 62 + i));
+        gA.push_back(on_gpu(A[i]));
+        gB.push_back(on_gpu(B[i]));
+        gy.push_back(on_gpu(y[i]));
+        gdy.push_back(on_gpu(dy[i]));
+        gdA.push_back(on_gpu(dA[i]));
+        gdB.push_back(on_gpu(dB[i]));
+        const LoraParams params{16.0f, dropout, /*training=*/true, 0xabc0ull + i};
+        sites.push_back(LoraSite{A[i], B[i], params});
+        gsites.push_back(LoraSite{gA[i], gB[i], params});
+        total_rank += ranks[i];
+      }
+      auto views = [](const std::vector<Tensor>& ts) {
+        std::vector<TensorView> v;
+        for (const Tensor& t : ts) v.push_back(t.view());
+        return v;
+      };
+      auto grads = [](const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+        std::vector<LoraSiteGrads> g;
+        for (size_t i = 0; i < a.size(); ++i) g.push_back(LoraSiteGrads{a[i].view(), b[i].view()});
+        return g;
+      };
+      Tensor xa = Tensor::empty(Shape{M, total_rank}, dtype), gxa = Tensor::empty(Shape{M, total_rank}, dtype, Device::CUDA);
+      lora_forward_group(views(y), xa, x, sites);
+      lora_forward_group(views(gy), gxa, gx, gsites);
+      expect_close(gxa, xa, tol, "xa");
+      Tensor dx = random_tensor(Shape{M, in}, DType::F32, 70), gdx = on_gpu(dx);
+      lora_backward_group(dx, grads(dA, dB), views(dy), x, xa, sites);
+      lora_backward_group(gdx, grads(gdA, gdB), views(gdy), gx, gxa, gsites);
+      expect_close(gdx, dx, tol, "dx");
+      for (size_t i = 0; i < outs.size(); ++i) {
+        expect_close(gy[i], y[i], tol, fmt::format("y {}", i));
+        expect_close(gdA[i], dA[i], tol, fmt::format("dA {}", i));
+        expect_close(gdB[i], dB[i], tol, fmt::format("dB {}", i));
+      }
+    }
+}
+
 }  // namespace
 }  // namespace fsdpq

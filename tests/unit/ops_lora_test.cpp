@@ -161,6 +161,87 @@ TEST(OpsLora, BackwardMatchesFiniteDifferences) {
   }
 }
 
+// Three adapters on one input (q/k/v): the group reads x once, and computes what the adapters
+// compute one by one: xa, y, dA and dB bit for bit (per element the same sums), dx to fp32
+// rounding without dropout (one GEMM sums over the stacked ranks) and bit for bit with it (each
+// adapter's masked part is added in turn, as one by one).
+TEST(OpsLora, GroupEqualsItsAdaptersOneByOne) {
+  const int64_t M = 9, in = 24;
+  const std::vector<int64_t> outs = {16, 8, 8}, ranks = {4, 2, 4};
+  for (DType dtype : {DType::F32, DType::BF16})
+    for (float dropout : {0.0f, 0.25f}) {
+      SCOPED_TRACE(fmt::format("{} dropout {}", dtype_name(dtype), dropout));
+      Tensor x = random_tensor(Shape{M, in}, dtype, 90);
+      std::vector<Tensor> As, Bs, ys, dys, ys_alone, xas_alone;
+      std::vector<LoraSite> sites;
+      std::vector<TensorView> y_views, dy_views;
+      int64_t total_rank = 0;
+      for (size_t i = 0; i < outs.size(); ++i) {
+        As.push_back(random_tensor(Shape{ranks[i], in}, dtype, 91 + 10 * i));
+        Bs.push_back(random_tensor(Shape{outs[i], ranks[i]}, dtype, 92 + 10 * i));
+        ys.push_back(random_tensor(Shape{M, outs[i]}, dtype, 93 + 10 * i));
+        ys_alone.push_back(random_tensor(Shape{M, outs[i]}, dtype, 93 + 10 * i));
+        dys.push_back(random_tensor(Shape{M, outs[i]}, DType::F32, 94 + 10 * i));
+        xas_alone.push_back(Tensor::empty(Shape{M, ranks[i]}, dtype));
+        sites.push_back(LoraSite{As[i].view(), Bs[i].view(), LoraParams{8.0f, dropout, true, 700 + i}});
+        y_views.push_back(ys[i].view());
+        dy_views.push_back(dys[i].view());
+        total_rank += ranks[i];
+      }
+      Tensor xa = Tensor::empty(Shape{M, total_rank}, dtype);
+      lora_forward_group(y_views, xa, x, sites);
+      for (size_t i = 0; i < sites.size(); ++i)
+        lora_forward(ys_alone[i], xas_alone[i], x, As[i], Bs[i], sites[i].params);
+
+      Tensor dx = random_tensor(Shape{M, in}, DType::F32, 95), dx_alone = random_tensor(Shape{M, in}, DType::F32, 95);
+      std::vector<Tensor> dA, dB, dA_alone, dB_alone;
+      std::vector<LoraSiteGrads> grads;
+      for (size_t i = 0; i < sites.size(); ++i) {
+        dA.push_back(random_tensor(As[i].shape(), DType::F32, 96 + i));
+        dB.push_back(random_tensor(Bs[i].shape(), DType::F32, 97 + i));
+        dA_alone.push_back(random_tensor(As[i].shape(), DType::F32, 96 + i));
+        dB_alone.push_back(random_tensor(Bs[i].shape(), DType::F32, 97 + i));
+        grads.push_back(LoraSiteGrads{dA[i].view(), dB[i].view()});
+      }
+      lora_backward_group(dx, grads, dy_views, x, xa, sites);
+      for (size_t i = 0; i < sites.size(); ++i)
+        lora_backward(dx_alone, dA_alone[i], dB_alone[i], dys[i], x, xas_alone[i], As[i], Bs[i], sites[i].params);
+
+      int64_t first = 0;
+      for (size_t i = 0; i < sites.size(); ++i) {
+        EXPECT_EQ(to_doubles(ys[i]), to_doubles(ys_alone[i])) << "y " << i;
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t r = 0; r < ranks[i]; ++r)
+            ASSERT_EQ(load_f32(xa.view(), m * total_rank + first + r), load_f32(xas_alone[i].view(), m * ranks[i] + r))
+                << "xa " << i;
+        EXPECT_EQ(to_doubles(dA[i]), to_doubles(dA_alone[i])) << "dA " << i;
+        EXPECT_EQ(to_doubles(dB[i]), to_doubles(dB_alone[i])) << "dB " << i;
+        first += ranks[i];
+      }
+      if (dropout > 0.0f)
+        EXPECT_EQ(to_doubles(dx), to_doubles(dx_alone));
+      else
+        EXPECT_LE(test::relative_error(to_doubles(dx), to_doubles(dx_alone)), 1e-6);
+    }
+}
+
+TEST(OpsLora, GroupChecksItsArguments) {
+  Tensor x = random_tensor(Shape{5, 8}, DType::F32, 1);
+  Tensor A0 = random_tensor(Shape{2, 8}, DType::F32, 2), B0 = random_tensor(Shape{4, 2}, DType::F32, 3);
+  Tensor A1 = random_tensor(Shape{3, 8}, DType::F32, 4), B1 = random_tensor(Shape{4, 3}, DType::F32, 5);
+  Tensor y0 = Tensor::zeros(Shape{5, 4}, DType::F32), y1 = Tensor::zeros(Shape{5, 4}, DType::F32);
+  const TensorView ys[] = {y0, y1};
+  LoraSite sites[] = {{A0, B0, LoraParams{}}, {A1, B1, LoraParams{}}};
+  Tensor narrow_xa = Tensor::empty(Shape{5, 4}, DType::F32);  // Σr is 5
+  EXPECT_THROW(lora_forward_group(ys, narrow_xa, x, sites), std::logic_error);
+  Tensor xa = Tensor::empty(Shape{5, 5}, DType::F32);
+  sites[1].params.dropout = 0.5f;  // a group shares one probability
+  EXPECT_THROW(lora_forward_group(ys, xa, x, sites), std::logic_error);
+  sites[1].params.dropout = 0.0f;
+  EXPECT_THROW(lora_forward_group(std::span(ys, 1), xa, x, sites), std::logic_error);
+  lora_forward_group(ys, xa, x, sites);
+}
+
 TEST(OpsLora, DropoutOfOneIsRejected) {
   LoraSetup s(DType::F32, 89);
   LoraParams p;
