@@ -31,6 +31,7 @@ def peer_command(a, peer, shape, ctx, bs, ckpt, workdir):
     cmd = [sys.executable, os.path.join(HERE, "peer_train.py"), "--peer", peer, "--shape", shape,
            "--batch-size", str(bs), "--context-length", str(ctx), "--warmup", str(a.warmup),
            "--steps", str(a.steps), "--device", a.device, "--peak-tflops", str(a.peak_tflops),
+           "--lora-dropout", str(a.lora_dropout),
            "--grad-ckpt" if ckpt else "--no-grad-ckpt"]
     return cmd + shlex.split(a.peer_args), lambda proc: last_json_line(proc.stdout)
 
@@ -42,7 +43,7 @@ def fsdpq_command(a, peer, shape, ctx, bs, ckpt, workdir):
            "--train_type", FSDPQ_PEERS[peer], "--dataset", "dummy", "--dataset_samples", str(bs * steps),
            "--context_length", str(ctx), "--pad_to_context_length", "true", "--batch_size", str(bs),
            "--max_steps", str(steps), "--use_gradient_checkpointing", "true" if ckpt else "false",
-           "--lora_rank", "64", "--lora_alpha", "16", "--lora_dropout", "0.1", "--lr", "1e-5",
+           "--lora_rank", "64", "--lora_alpha", "16", "--lora_dropout", str(a.lora_dropout), "--lr", "1e-5",
            "--log_to", "stdout", "--output_dir", workdir]
     return cmd + shlex.split(a.fsdpq_args), lambda proc: fsdpq_record(a, workdir, shape, ctx, proc)
 
@@ -103,7 +104,7 @@ def install_bnb(a):
 
 def key(r):
     return (r.get("peer"), r.get("model_shape"), r.get("context_length"), r.get("batch_size"),
-            r.get("gradient_checkpointing"))
+            r.get("gradient_checkpointing"), r.get("lora_dropout", 0.1))
 
 
 def main(argv=None):
@@ -126,6 +127,7 @@ def main(argv=None):
     p.add_argument("--log", default="bench/bench.log", help="every run's stderr, one after another")
     p.add_argument("--resume", action="store_true", help="skip points already in --results (OOM included)")
     p.add_argument("--wheels", default=".device/wheels")
+    p.add_argument("--lora-dropout", type=float, default=0.1, help="every peer's LoRA dropout (fsdp_qlora's 0.1)")
     p.add_argument("--peer-args", default="", help="extra flags for peer_train.py")
     p.add_argument("--fsdpq", help="the fsdpq binary: adds the fsdpq_lora and fsdpq_qlora entries")
     p.add_argument("--fsdpq-args", default="", help="extra flags for fsdpq (e.g. a device setting)")
@@ -162,7 +164,7 @@ def main(argv=None):
                         sizes = [int(b) for b in a.bs.split(",")] if a.bs else \
                             [1 << i for i in range(a.max_bs.bit_length()) if 1 << i <= a.max_bs]
                         for bs in sizes:
-                            k = (peer, shape, ctx, bs, ckpt)
+                            k = (peer, shape, ctx, bs, ckpt, a.lora_dropout)
                             rec = done.get(k) or run_one(a, peer, shape, ctx, bs, ckpt, start, results, logf)
                             if rec is None or rec.get("oom") or rec.get("error") or rec.get("timeout"):
                                 break  # a larger batch would fail the same way
@@ -197,7 +199,7 @@ def run_one(a, peer, shape, ctx, bs, ckpt, start, results, logf):
         except (OSError, ValueError, KeyError, TypeError) as e:  # e.g. fsdpq wrote no metrics.jsonl
             rec = {"error": f"no result readable: {type(e).__name__}: {e}"}
     rec.update(peer=peer, model_shape=shape, context_length=ctx, batch_size=bs, gradient_checkpointing=ckpt,
-               rc=None if timed_out else proc.returncode, wall_s=round(time.time() - t0, 1),
+               lora_dropout=a.lora_dropout, rc=None if timed_out else proc.returncode, wall_s=round(time.time() - t0, 1),
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                command=shlex.join(cmd))
     results.write(json.dumps(rec) + "\n")

@@ -96,6 +96,11 @@ AdapterInputs adapter_inputs(const TensorView& x, std::span<const LoraSite> site
   return inputs;
 }
 
+// A gradient buffer's dtype, on any device (checks.h's check_dtype is for CPU implementations).
+void check_f32(const char* op, const char* name, const TensorView& view) {
+  check_that(view.dtype == DType::F32, "{}: {} is {}; expected F32", op, name, view.describe());
+}
+
 struct LoraDims {
   int64_t rows, in, out, rank;
 };
@@ -229,8 +234,8 @@ void lora_backward_output(TensorView dxa, size_t i, TensorView dB, const TensorV
   const GroupDims g = check_group(op, x, xa, sites);
   check_that(i < sites.size(), "{}: adapter {} of a group of {}", op, i, sites.size());
   check_float(op, "dy", dy);
-  check_dtype(op, "dB", dB, DType::F32);
-  check_dtype(op, "dxa", dxa, DType::F32);
+  check_f32(op, "dB", dB);
+  check_f32(op, "dxa", dxa);
   runs_on_cuda(op, {dxa, dB, dy, x});  // every operand on one device
   check_shape(op, "dB", dB, sites[i].B.shape);
   check_shape(op, "dxa", dxa, xa.shape);
@@ -247,10 +252,10 @@ void lora_backward_input(TensorView dx, std::span<const TensorView> dAs, const T
   constexpr const char* op = "lora_backward";
   const GroupDims g = check_group(op, x, xa, sites);
   check_that(dAs.size() == sites.size(), "{}: {} dA for {} adapters", op, dAs.size(), sites.size());
-  check_dtype(op, "dxa", dxa_f32, DType::F32);
+  check_f32(op, "dxa", dxa_f32);
   check_shape(op, "dxa", dxa_f32, xa.shape);
   for (size_t i = 0; i < sites.size(); ++i) {
-    check_dtype(op, "dA", dAs[i], DType::F32);
+    check_f32(op, "dA", dAs[i]);
     check_shape(op, "dA", dAs[i], sites[i].A.shape);
     runs_on_cuda(op, {dx, dAs[i], dxa_f32, x});  // every operand on one device
   }
