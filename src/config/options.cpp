@@ -149,7 +149,8 @@ std::vector<OptionSpec> build_specs() {
        {{"wandb", "Weights & Biases needs the network; use tqdm, stdout or file and the metrics.jsonl"}}},
       {"verbose", "output", OptionType::Bool, &T::verbose, "false", "Print per-rank details."},
       {"profile", "output", OptionType::Bool, &T::profile, "false",
-       "Write a chrome-trace / Perfetto timeline of each step's phases, gathers and reductions: "
+       "Write a chrome-trace / Perfetto timeline of each step's phases, gathers, reductions and CPU-offload "
+       "worker jobs (analysis/offload_trace.py sums those): "
        "output_dir/trace.rank<R>.json per rank."},
       {"profile_memory", "output", OptionType::Bool, &T::profile_memory, "false",
        "Also write a memory record to metrics.jsonl before and after every micro-batch's pass and after "

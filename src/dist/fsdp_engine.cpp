@@ -550,7 +550,21 @@ void FsdpEngine::reduce_gradients_on_worker(Unit& u) {
   const double lr = step_lr_;
   const float inv_world = 1.0f / static_cast<float>(groups_.world->size());
   u.accumulate_ticket = worker_->post([this, &u, staged, copied, step, measure, scaler, lr, inv_world] {
+    const auto copy_wait = std::chrono::steady_clock::now();
     copied.host_wait();
+    const auto work = std::chrono::steady_clock::now();
+    if (event_sink_) event_sink_("host copy-out wait", u.name, copy_wait, work);
+    struct Span {  // "host accumulate" from here to the job's end (the update, if any, is its own span)
+      const FsdpEngine& engine;
+      const Unit& unit;
+      std::chrono::steady_clock::time_point begin;
+      bool done = false;
+      void end() {
+        if (!done && engine.event_sink_) engine.event_sink_("host accumulate", unit.name, begin, std::chrono::steady_clock::now());
+        done = true;
+      }
+      ~Span() { end(); }
+    } span{*this, u, work};
     float* grad = u.grad.data();
     if (!step && !measure) {
 #pragma omp parallel for if (worth_parallel(u.trainable_numel)) schedule(static)
@@ -565,6 +579,7 @@ void FsdpEngine::reduce_gradients_on_worker(Unit& u) {
                        : accumulate_and_sq_sum(grad, staged, inv_world, u.trainable_numel);
     u.found_inf = found_inf;
     u.measured = measure;
+    span.end();
     if (step) step_on_worker(u, lr, 1.0f);
   });
   const auto end = std::chrono::steady_clock::now();
@@ -576,6 +591,7 @@ void FsdpEngine::reduce_gradients_on_worker(Unit& u) {
 // scale_grads would), then its new compute copies into the model's tensors (which the GPU no
 // longer reads this step: the unit's backward is done). One pass over the shard's memory.
 void FsdpEngine::step_on_worker(Unit& u, double lr, float grad_scale) {
+  const auto start = std::chrono::steady_clock::now();
   const size_t element = dtype_size(options_.compute_dtype);
   auto* compute = static_cast<uint8_t*>(u.compute_in.reserve(static_cast<size_t>(u.trainable_numel) * element));
   StepFusion fusion;
@@ -592,6 +608,7 @@ void FsdpEngine::step_on_worker(Unit& u, double lr, float grad_scale) {
   }
   u.uploaded = upload_copies_->mark();
   u.stepped = true;
+  if (event_sink_) event_sink_("host update", u.name, start, std::chrono::steady_clock::now());
 }
 
 void FsdpEngine::drain_worker() {
@@ -618,7 +635,9 @@ void FsdpEngine::wait_for_step(Unit& u) {
   if (u.step_ticket == 0) return;
   const uint64_t ticket = u.step_ticket;
   u.step_ticket = 0;
+  const auto start = std::chrono::steady_clock::now();
   worker_->wait_for(ticket);
+  if (event_sink_) event_sink_("update wait", u.name, start, std::chrono::steady_clock::now());
   u.uploaded.compute_waits();
   u.uploaded = {};
   u.stepped = false;
@@ -637,7 +656,9 @@ CommTimes FsdpEngine::take_times() {
 }
 
 double FsdpEngine::grad_norm() {
+  const auto start = std::chrono::steady_clock::now();
   settle_steps();
+  if (event_sink_ && worker_) event_sink_("norm wait", "all units", start, std::chrono::steady_clock::now());
   if (stepped_during_backward() || measure_in_backward_) {
     // The units the worker measured (before stepping them, if it did) add what it found; the
     // others (no backward this step) what they hold. Unit by unit, in order, as below.

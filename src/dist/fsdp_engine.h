@@ -155,7 +155,11 @@ class FsdpEngine final : public UnitHooks {
   std::span<const float> master_shard(int unit);
   CommTimes take_times();
   // Profiling (profile = true): called after each all-gather wait and gradient reduction with
-  // what it was ("gather wait", "reduce"), the unit's name ("layer 3") and when it ran.
+  // what it was ("gather wait", "reduce"), the unit's name ("layer 3") and when it ran. With the
+  // CPU-offload worker also for what it does ("host copy-out wait", "host accumulate", "host
+  // update"; from the worker thread: the sink must be thread-safe) and for the main thread's
+  // waits on it ("update wait": a forward waiting for a unit's queued update; "norm wait": the
+  // gradient norm waiting for the last measurements).
   using EventSink = std::function<void(const char* what, const std::string& unit,
                                        std::chrono::steady_clock::time_point begin,
                                        std::chrono::steady_clock::time_point end)>;

@@ -1,5 +1,7 @@
 #include "train/trace_writer.h"
 
+#include <mutex>
+
 #include <fmt/format.h>
 
 #include <utility>
@@ -37,6 +39,8 @@ TraceWriter& TraceWriter::operator=(TraceWriter&& other) noexcept {
 void TraceWriter::span(const std::string& name, const char* lane, Clock::time_point begin, Clock::time_point end,
                        const nlohmann::json& args) {
   if (!file_) return;
+  static std::mutex one_writer;  // the CPU-offload worker writes spans from its own thread
+  const std::lock_guard<std::mutex> lock(one_writer);
   auto us = [&](Clock::time_point t) { return std::chrono::duration<double, std::micro>(t - origin_).count(); };
   const nlohmann::json event = {{"name", name}, {"cat", lane},          {"ph", "X"},
                                 {"pid", rank_}, {"tid", std::string(lane)}, {"ts", us(begin)},

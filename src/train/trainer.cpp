@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <memory>
 
 #include "backend/cuda_backend.h"
 #include "backend/section_times.h"
@@ -254,13 +255,18 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
   metrics.write(header);
   metrics.write(memory_record("after_load", position.step, device));
   Progress progress = world.is_root() ? Progress(c.log_to, c.output_dir) : Progress();
-  TraceWriter trace;
+  // Shared with the engine's sink: the CPU-offload worker may still write spans of the last
+  // step's queued updates after this function's loop, until the engine is gone.
+  auto trace_owner = std::make_shared<TraceWriter>();
+  TraceWriter& trace = *trace_owner;
   if (c.profile) {
     std::filesystem::create_directories(c.output_dir);
     trace = TraceWriter(std::filesystem::path(c.output_dir) / fmt::format("trace.rank{}.json", world.rank), world.rank);
-    engine.set_event_sink([&trace](const char* what, const std::string& unit, TraceWriter::Clock::time_point begin,
+    engine.set_event_sink([trace_owner](const char* what, const std::string& unit, TraceWriter::Clock::time_point begin,
                                    TraceWriter::Clock::time_point end) {
-      trace.span(fmt::format("{} ({})", what, unit), "comm", begin, end);
+      // The CPU-offload worker's own spans get a lane of their own (they come from its thread).
+      const bool worker = std::string_view(what).starts_with("host ");
+      trace_owner->span(fmt::format("{} ({})", what, unit), worker ? "host worker" : "comm", begin, end);
     });
   }
   // profile_memory: a memory record around every micro-batch's pass and optimizer step, not only

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -498,6 +499,35 @@ TEST_F(DistTrain, ProfileWritesAPerRankTraceAndMemoryRecords) {
   EXPECT_EQ(memory_at["after_first_forward"], 1);
   EXPECT_EQ(memory_at["after_optimizer"], 3);
   EXPECT_EQ(memory_at["after_load"], 1);
+}
+
+// With use_cpu_offload on one rank the worker thread's jobs are on the trace too, on a lane of
+// their own, with the main thread's waits on them: what an offload run's step time is made of.
+TEST_F(DistTrain, ProfileTracesTheOffloadWorker) {
+  auto r = mpirun(1, args("qlora", 2, "profiled_offload", 3) +
+                         " --profile true --use_cpu_offload true --apply_gradient_clipping true");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream in(dir_ / "profiled_offload" / "trace.rank0.json");
+  ASSERT_TRUE(in);
+  const nlohmann::json events = nlohmann::json::parse(in);
+  std::map<std::string, int> count;
+  std::map<std::string, std::set<std::string>> lanes;
+  for (const auto& e : events) {
+    if (e.at("ph") != "X") continue;
+    EXPECT_GE(e.at("dur").get<double>(), 0.0) << e.dump();
+    const std::string name = e.at("name");
+    const std::string what = name.starts_with("step ") ? "step" : name.substr(0, name.find(" ("));
+    count[what]++;
+    lanes[what].insert(e.at("tid").get<std::string>());
+  }
+  for (const char* worker_job : {"host copy-out wait", "host accumulate", "host update"}) {
+    EXPECT_GT(count[worker_job], 0) << worker_job;
+    EXPECT_EQ(lanes[worker_job], std::set<std::string>{"host worker"}) << worker_job;
+  }
+  // Clipping queues each unit's update after the norm; the next step's forward waits for them.
+  EXPECT_EQ(count["norm wait"], 3);
+  EXPECT_GT(count["update wait"], 0);
+  EXPECT_EQ(count["step"], 3);
 }
 
 }  // namespace
