@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cmath>
 #include <memory>
+#include <omp.h>
+#include <thread>
 
 #include "backend/cuda_backend.h"
 #include "backend/section_times.h"
@@ -66,6 +68,10 @@ nlohmann::json run_header(const ResolvedConfig& resolved, const RunPlan& plan, c
       {"nodes", world.num_nodes},
       {"launcher", world.launcher},
       {"host", world.hostname},
+      // What the host's parallel loops (the CPU-offload update above all) run on: the OpenMP
+      // team size and the CPUs this process may use.
+      {"host_threads", omp_get_max_threads()},
+      {"host_cpus", std::thread::hardware_concurrency()},
       {"device", gpu.has_gpu() ? gpu.name : "cpu"},
       {"total_steps", total_steps},
       {"start_unix_time", std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()},
