@@ -1,5 +1,6 @@
-// LoRA dropout on the GPU: the same mask as the CPU's (ops/lora.cpp) — element i survives when
-// mix64(mixed_key + (i + 1)·golden) >> 40 ≥ threshold — so both devices drop the same elements.
+// LoRA dropout on the GPU: the same mask as the CPU's (ops/lora.h) — element i survives when the
+// 16-bit field i % 4 of mix64(mixed_key + (i / 4 + 1)·golden) is ≥ threshold (round(p · 2^16)) —
+// so both devices drop the same elements. One thread per 4 elements: one hash each.
 #pragma once
 #include "kernels/kernel_types.cuh"
 

@@ -29,12 +29,15 @@ inline uint64_t mix64(uint64_t z) {  // splitmix64's finalizer: a bijection with
   return z ^ (z >> 31);
 }
 
+// 16 bits of one hash decide each element: a splitmix64 word covers 4 consecutive elements, so
+// the GPU hashes once per 4 (docs/ops.md: a hash per element cost more than the memory traffic).
 inline uint32_t drop_threshold(float probability) {
-  return static_cast<uint32_t>(std::llround(static_cast<double>(probability) * 16777216.0));
+  return static_cast<uint32_t>(std::llround(static_cast<double>(probability) * 65536.0));
 }
 
 inline bool keeps(uint64_t mixed_key, uint64_t index, uint32_t threshold) {
-  return static_cast<uint32_t>(mix64(mixed_key + (index + 1) * kGolden) >> 40) >= threshold;
+  const uint64_t word = mix64(mixed_key + (index / 4 + 1) * kGolden);
+  return static_cast<uint32_t>((word >> (16 * (index % 4))) & 0xFFFFu) >= threshold;
 }
 
 bool dropout_active(const LoraParams& params) { return params.training && params.dropout > 0.0f; }

@@ -20,8 +20,9 @@ struct LoraParams {
 
 float lora_scaling(const LoraParams& params, int64_t rank);
 
-// Whether element `index` (flattened over the adapter input x) survives dropout with probability p.
-// keep ⇔ (hash(key, index) >> 40) >= round(p · 2^24); the hash is splitmix64's mixer applied twice.
+// Whether element `index` (flattened over the adapter input x) survives dropout with probability p:
+// with w = mix64(mix64(key) + (index / 4 + 1) · golden) (splitmix64's mixer, golden 0x9E3779B97F4A7C15),
+// keep ⇔ 16-bit field index % 4 of w, (w >> 16 · (index % 4)) & 0xFFFF, is ≥ round(p · 2^16).
 bool lora_dropout_keeps(uint64_t key, uint64_t index, float probability);
 
 // x: [..., in] (rows M = x.numel() / in); A: [r, in]; B: [out, r]; y: [..., out] with M rows,

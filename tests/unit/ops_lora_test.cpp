@@ -86,6 +86,24 @@ TEST(OpsLora, DropoutZeroIsExactlyTheUndroppedPath) {
   EXPECT_EQ(to_doubles(y), reference);
 }
 
+// The mask's definition (ops/lora.h), written out again: the GPU kernel implements the same
+// function, and a change to it changes every run's masks, so it must be deliberate.
+TEST(OpsLora, DropoutMaskIsTheDocumentedFunction) {
+  auto mix = [](uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  const float p = 0.3f;
+  const uint32_t threshold = static_cast<uint32_t>(std::llround(0.3 * 65536.0));
+  for (uint64_t key : {0ull, 12345ull, 0xFFFFFFFFFFFFFFFFull})
+    for (uint64_t index = 0; index < 4000; ++index) {
+      const uint64_t word = mix(mix(key) + (index / 4 + 1) * 0x9E3779B97F4A7C15ull);
+      const bool keep = ((word >> (16 * (index % 4))) & 0xFFFF) >= threshold;
+      ASSERT_EQ(lora_dropout_keeps(key, index, p), keep) << "key " << key << " index " << index;
+    }
+}
+
 TEST(OpsLora, DropoutMaskIsDeterministicPerKey) {
   const int64_t n = 100000;
   const float p = 0.1f;
