@@ -127,21 +127,24 @@ void rmsnorm_backward(void* dx, KType dx_type, float* dweight, const void* dy, K
   if (rows <= 0 || C <= 0) return;
   check_rows(rows, "rmsnorm_backward");
   const int64_t chunks = (rows + kRowChunk - 1) / kRowChunk;
-  if (chunks > 65535) throw std::logic_error("rmsnorm_backward: too many row chunks for one grid");
+  if (dweight != nullptr && chunks > 65535) throw std::logic_error("rmsnorm_backward: too many row chunks for one grid");
   const dim3 partial_grid(static_cast<unsigned>((C + kColumnThreads - 1) / kColumnThreads), static_cast<unsigned>(chunks));
-  // dweight first: it reads dy, which the dx kernel may overwrite (dx aliasing dy).
-  with_ktype(x_type, [&](auto x_tag) {
-    with_ktype(dy_type, [&](auto dy_tag) {
-      using X = decltype(x_tag);
-      using DY = decltype(dy_tag);
-      rmsnorm_dweight_partial_kernel<X, DY><<<partial_grid, kColumnThreads, 0, stream>>>(
-          workspace, static_cast<const DY*>(dy), static_cast<const X*>(x), rstd, rows, C);
+  // dweight first: it reads dy, which the dx kernel may overwrite (dx aliasing dy). A frozen
+  // weight (dweight null) has none.
+  if (dweight != nullptr) {
+    with_ktype(x_type, [&](auto x_tag) {
+      with_ktype(dy_type, [&](auto dy_tag) {
+        using X = decltype(x_tag);
+        using DY = decltype(dy_tag);
+        rmsnorm_dweight_partial_kernel<X, DY><<<partial_grid, kColumnThreads, 0, stream>>>(
+            workspace, static_cast<const DY*>(dy), static_cast<const X*>(x), rstd, rows, C);
+      });
     });
-  });
-  check_launch("rmsnorm_dweight_partial");
-  rmsnorm_dweight_finish_kernel<<<static_cast<unsigned>((C + kColumnThreads - 1) / kColumnThreads), kColumnThreads, 0,
-                                  stream>>>(dweight, workspace, chunks, C);
-  check_launch("rmsnorm_dweight_finish");
+    check_launch("rmsnorm_dweight_partial");
+    rmsnorm_dweight_finish_kernel<<<static_cast<unsigned>((C + kColumnThreads - 1) / kColumnThreads), kColumnThreads, 0,
+                                    stream>>>(dweight, workspace, chunks, C);
+    check_launch("rmsnorm_dweight_finish");
+  }
   with_ktype(x_type, [&](auto x_tag) {
     with_ktype(weight_type, [&](auto w_tag) {
       with_ktype(dy_type, [&](auto dy_tag) {

@@ -16,6 +16,7 @@ void rmsnorm_forward(void* y, KType y_type, float* rstd, const void* x, KType x_
 // The fp32 elements rmsnorm_backward's workspace needs.
 int64_t rmsnorm_backward_workspace(int64_t rows, int64_t C);
 // dx = rstd * (g - n * mean(g * n)) with g = dy * w, n = x * rstd; dweight[c] += Σ_r dy * round(n).
+// dweight (and workspace) null: a frozen weight, dx only.
 void rmsnorm_backward(void* dx, KType dx_type, float* dweight, const void* dy, KType dy_type, const void* x,
                       KType x_type, const void* weight, KType weight_type, const float* rstd, int64_t rows,
                       int64_t C, float* workspace, cudaStream_t stream);

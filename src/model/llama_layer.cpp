@@ -162,7 +162,6 @@ void LayerGradScratch::allocate(const LayerDims& d, Device device) {
   dh = Tensor::empty(Shape{N, d.I}, DType::F32, device);
   dgate = Tensor::empty(Shape{N, d.I}, DType::F32, device);
   dup = Tensor::empty(Shape{N, d.I}, DType::F32, device);
-  norm_weight_sink = Tensor::zeros(Shape{d.C}, DType::F32, device);
 }
 
 void attention_inputs_forward(LayerActivations& a, const TensorView& x, const LayerCompute& w, const LayerDims& d,
@@ -224,8 +223,7 @@ void layer_backward(TensorView d_resid, LayerGradScratch& s, const LayerActivati
   linear_group_backward(s.d_norm, false, d_gate_up, a.n2, kGateUpGroup, w, a);
   {
     ScopedSection section("rmsnorm + residual bwd");
-    rmsnorm_backward(s.d_norm, w.d_post_norm.data ? w.d_post_norm : s.norm_weight_sink.view(), s.d_norm, a.x2,
-                     w.post_norm, a.rstd2);
+    rmsnorm_backward(s.d_norm, w.d_post_norm, s.d_norm, a.x2, w.post_norm, a.rstd2);  // frozen: no dweight
     accumulate(d_resid, s.d_norm);  // d_resid is now the gradient of x2
   }
 
@@ -247,8 +245,7 @@ void layer_backward(TensorView d_resid, LayerGradScratch& s, const LayerActivati
   const TensorView d_qkv[] = {s.dq, s.dk, s.dv};
   linear_group_backward(s.d_norm, false, d_qkv, a.n1, kQkvGroup, w, a);
   ScopedSection section("rmsnorm + residual bwd");
-  rmsnorm_backward(s.d_norm, w.d_input_norm.data ? w.d_input_norm : s.norm_weight_sink.view(), s.d_norm, x,
-                   w.input_norm, a.rstd1);
+  rmsnorm_backward(s.d_norm, w.d_input_norm, s.d_norm, x, w.input_norm, a.rstd1);
   accumulate(d_resid, s.d_norm);  // the gradient of the layer's input
 }
 

@@ -66,7 +66,6 @@ struct LayerGradScratch {
   Tensor d_att;             // [N, H*D]
   Tensor dq, dk, dv;        // [N, H*D], [N, KV*D], [N, KV*D]
   Tensor dh, dgate, dup;    // [N, I]
-  Tensor norm_weight_sink;  // [C]: rmsnorm_backward's dweight for a frozen norm (discarded)
   void allocate(const LayerDims& d, Device device = Device::CPU);
 };
 

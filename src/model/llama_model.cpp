@@ -126,20 +126,16 @@ struct LlamaModel::Impl {
   DType act = DType::BF16;
   RopeTable rope;
   std::array<Tensor, kLinearModules> dequantized;  // one layer's NF4 weights made dense, reused
-  Tensor norm_sink;                                // rmsnorm_backward's dweight for the frozen final norm
   UnitHooks* hooks = nullptr;                      // sharding; null: weights always present
   Device device = Device::CPU;                     // where activations live and the ops run
   // activation_offload: each layer input's host copy, kept (pinned on a GPU) from pass to pass.
   std::vector<std::unique_ptr<HostStaging>> offloaded_inputs;
 
   Impl(const LlamaConfig& c, const ModelOptions& o, LlamaWeights w)
-      : config(c), options(o), weights(std::move(w)), act(weights.activation) {
-    norm_sink = Tensor::zeros(Shape{config.hidden_size}, DType::F32);
-  }
+      : config(c), options(o), weights(std::move(w)), act(weights.activation) {}
 
   void place_on(Device target) {
     weights.place_on(target);
-    norm_sink = Tensor::zeros(Shape{config.hidden_size}, DType::F32, target);
     for (Tensor& t : dequantized) t = Tensor();
     device = target;
   }
@@ -261,9 +257,8 @@ struct LlamaModel::Impl {
 
     // Backward, layer by layer in reverse; d_resid carries the residual stream's gradient.
     Tensor d_resid = Tensor::empty(Shape{N, config.hidden_size}, DType::F32, device);
-    const TensorView d_final_norm = weights.final_norm.grad_view();
-    rmsnorm_backward(d_resid, d_final_norm.data ? d_final_norm : norm_sink.view(), d_normed, stream_at(L), final_norm,
-                     rstd);
+    // A frozen final norm's grad_view has no data: rmsnorm_backward computes no dweight for it.
+    rmsnorm_backward(d_resid, weights.final_norm.grad_view(), d_normed, stream_at(L), final_norm, rstd);
     d_normed = Tensor();
     normed = Tensor();
     LayerGradScratch scratch;

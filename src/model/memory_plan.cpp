@@ -222,7 +222,6 @@ ActivationBytes activation_bytes(const PlanInput& p) {
   scratch.add(N * H * D * kF32, 2);         // d_att, dq
   scratch.add(N * KV * D * kF32, 2);        // dk, dv
   scratch.add(N * I * kF32, 3);             // dh, dgate, dup
-  scratch.add(C * kF32);                    // norm_weight_sink
   const int64_t recompute = p.setting.gradient_checkpointing ? one_input : 0;
   x.grad_scratch = scratch.sum + d_resid + recompute + final_rstd;
 

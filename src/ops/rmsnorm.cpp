@@ -110,16 +110,20 @@ void rmsnorm_backward(TensorView dx, TensorView dweight, const TensorView& dy, c
   check_float(op, "dx", dx);
   check_shape(op, "dy", dy, x.shape);
   check_shape(op, "dx", dx, x.shape);
-  check_that(dweight.dtype == DType::F32, "{}: dweight is {}; expected F32", op, dweight.describe());
-  check_shape(op, "dweight", dweight, weight.shape);
+  const bool with_dweight = dweight.data != nullptr;
+  if (with_dweight) {
+    check_that(dweight.dtype == DType::F32, "{}: dweight is {}; expected F32", op, dweight.describe());
+    check_shape(op, "dweight", dweight, weight.shape);
+  }
   if (runs_on_cuda(op, {dx, dweight, dy, x, weight, rstd})) {
 #ifdef FSDPQ_WITH_CUDA
     // Per-row-chunk dweight partials (deterministic: summed in chunk order by a second kernel).
-    Tensor workspace = Tensor::empty(Shape{cuda::rmsnorm_backward_workspace(layout.rows, layout.channels)}, DType::F32,
-                                     Device::CUDA);
-    cuda::rmsnorm_backward(dx.data, ktype(op, dx), dweight.as<float>(), dy.data, ktype(op, dy), x.data, ktype(op, x),
-                           weight.data, ktype(op, weight), rstd.as<const float>(), layout.rows, layout.channels,
-                           workspace.data<float>(), cuda::stream());
+    Tensor workspace = with_dweight ? Tensor::empty(Shape{cuda::rmsnorm_backward_workspace(layout.rows, layout.channels)},
+                                                    DType::F32, Device::CUDA)
+                                    : Tensor();
+    cuda::rmsnorm_backward(dx.data, ktype(op, dx), with_dweight ? dweight.as<float>() : nullptr, dy.data, ktype(op, dy),
+                           x.data, ktype(op, x), weight.data, ktype(op, weight), rstd.as<const float>(), layout.rows,
+                           layout.channels, with_dweight ? workspace.data<float>() : nullptr, cuda::stream());
     return;
 #else
     no_cuda(op);
@@ -145,7 +149,7 @@ void rmsnorm_backward(TensorView dx, TensorView dweight, const TensorView& dy, c
           // dweight first: dx may alias dy, and dweight needs dy. Threads own column blocks
           // (rows are summed in order), so the result is deterministic.
           constexpr int64_t kColumnBlock = 64;
-          const int64_t blocks = (C + kColumnBlock - 1) / kColumnBlock;
+          const int64_t blocks = with_dweight ? (C + kColumnBlock - 1) / kColumnBlock : 0;
 #pragma omp parallel for if (worth_parallel(rows * C)) schedule(static)
           for (int64_t block = 0; block < blocks; ++block) {
             const int64_t c0 = block * kColumnBlock, c1 = std::min(C, c0 + kColumnBlock);

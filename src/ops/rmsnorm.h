@@ -10,8 +10,8 @@ namespace fsdpq {
 // row (numel = x.numel() / C), saved for the backward. x, y, weight: F32 or BF16.
 void rmsnorm_forward(TensorView y, TensorView rstd, const TensorView& x, const TensorView& weight, float eps);
 
-// dx = d/dx (sum dy * y) and dweight += sum over rows of dy * n (dweight F32 [C], accumulated).
-// dx may alias dy. The rounding of n in the forward is treated as the identity (straight-through).
+// dx = d/dx (sum dy * y) and dweight += sum over rows of dy * n (dweight F32 [C], accumulated;
+// not computed when dweight.data is null: a frozen weight). dx may alias dy. The rounding of n in the forward is treated as the identity (straight-through).
 void rmsnorm_backward(TensorView dx, TensorView dweight, const TensorView& dy, const TensorView& x,
                       const TensorView& weight, const TensorView& rstd);
 

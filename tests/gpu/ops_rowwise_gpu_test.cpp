@@ -253,6 +253,10 @@ TEST(GpuOpsRmsnorm, BackwardMatchesCpuWithDxAliasingDy) {
         Tensor cpu_twice = on_cpu(dweight.view());
         rmsnorm_backward(dx, cpu_twice, dy, x, w, rstd);
         expect_close(twice, cpu_twice, 1e-5, what + " dweight accumulated twice");
+        // A frozen weight: no dweight, the same dx bits.
+        Tensor gdx_frozen = Tensor::empty(x.shape(), x_t, Device::CUDA);
+        rmsnorm_backward(gdx_frozen, TensorView{}, on_gpu(dy), gx, gw, grstd);
+        expect_exact(gdx_frozen, gdx, what + " dx without dweight");
       }
 }
 

@@ -114,5 +114,20 @@ TEST(OpsRmsNorm, BackwardAllowsDxToAliasDy) {
   EXPECT_EQ(to_doubles(dw1), to_doubles(dw2));
 }
 
+// A frozen weight (dweight without data) gets no dweight pass; dx is the same bits.
+TEST(OpsRmsNorm, BackwardWithoutDweightGivesTheSameDx) {
+  const int64_t C = 80, rows = 5;
+  Tensor x = random_tensor(Shape{rows, C}, DType::BF16, 22);
+  Tensor w = random_tensor(Shape{C}, DType::BF16, 23);
+  Tensor y = Tensor::empty(x.shape(), DType::BF16), rstd = Tensor::empty(Shape{rows}, DType::F32);
+  rmsnorm_forward(y, rstd, x, w, kEps);
+  Tensor dy = random_tensor(x.shape(), DType::F32, 24);
+  Tensor dx = Tensor::empty(x.shape(), DType::F32), dx_frozen = Tensor::empty(x.shape(), DType::F32);
+  Tensor dw = Tensor::zeros(Shape{C}, DType::F32);
+  rmsnorm_backward(dx, dw, dy, x, w, rstd);
+  rmsnorm_backward(dx_frozen, TensorView{}, dy, x, w, rstd);
+  EXPECT_EQ(to_doubles(dx_frozen), to_doubles(dx));
+}
+
 }  // namespace
 }  // namespace fsdpq
