@@ -12,8 +12,18 @@ import json
 import sys
 
 KEY = ("model_shape", "context_length", "gradient_checkpointing", "batch_size")
-HEADER = ("| shape | ctx | ckpt | bs | peer | tokens/s | MFU | peak alloc GiB | peak reserved GiB "
-          "| fsdpq / best peer |\n|---|---|---|---|---|---|---|---|---|---|")
+HEADER = ("| shape | ctx | ckpt | dropout | bs | peer | tokens/s | MFU | peak alloc GiB | peak reserved GiB "
+          "| fsdpq / best peer |\n|---|---|---|---|---|---|---|---|---|---|---|")
+DEFAULT_DROPOUT = 0.1  # what bench.py ran before its results recorded lora_dropout
+
+
+def dropout(r):
+    return r.get("lora_dropout", DEFAULT_DROPOUT)
+
+
+def same_point(a, b, keys=KEY):
+    """Runs that compare: the same shape, context, checkpointing (and batch), and LoRA dropout."""
+    return all(a[k] == b[k] for k in keys) and dropout(a) == dropout(b)
 
 
 def load(paths, warn):
@@ -36,7 +46,7 @@ def load(paths, warn):
             if missing:
                 warn(f"{path}:{n}: skipped, no {', '.join(missing)}")
                 continue
-            rows[(r["peer"],) + tuple(r[k] for k in KEY)] = r
+            rows[(r["peer"],) + tuple(r[k] for k in KEY) + (dropout(r),)] = r
     return list(rows.values())
 
 
@@ -72,30 +82,30 @@ def ratio_text(r, peers):
 
 def line(r, ratio):
     ckpt = "on" if r["gradient_checkpointing"] else "off"
-    return (f"| {r['model_shape']} | {r['context_length']} | {ckpt} | {r['batch_size']} | {r['peer']} "
+    return (f"| {r['model_shape']} | {r['context_length']} | {ckpt} | {dropout(r):g} | {r['batch_size']} | {r['peer']} "
             f"| {outcome(r)} | {num(r.get('mfu') if tps(r) else None, '.1%')} | {num(r.get('peak_allocated_gib'), '.1f')} "
             f"| {num(r.get('peak_reserved_gib'), '.1f')} | {ratio} |")
 
 
 def order(r):
-    return (str(r["model_shape"]), r["context_length"], not r["gradient_checkpointing"], r["batch_size"],
+    return (str(r["model_shape"]), r["context_length"], not r["gradient_checkpointing"], dropout(r), r["batch_size"],
             is_fsdpq(r), r["peer"])
 
 
 def tables(rows):
     out = ["## Every run", "", HEADER]
     for r in sorted(rows, key=order):
-        same = [p for p in rows if not is_fsdpq(p) and all(p[k] == r[k] for k in KEY)]
+        same = [p for p in rows if not is_fsdpq(p) and same_point(p, r)]
         out.append(line(r, ratio_text(r, same)))
     # Each peer at its own best batch size: fsdpq may fit (and need) a larger batch than the peers.
     best = {}
     for r in rows:
-        k = (r["peer"],) + tuple(r[k] for k in KEY[:3])
+        k = (r["peer"],) + tuple(r[k] for k in KEY[:3]) + (dropout(r),)
         if tps(r) is not None and (k not in best or tps(r) > tps(best[k])):
             best[k] = r
     out += ["", "## Best batch size of each", "", HEADER]
     for r in sorted(best.values(), key=order):
-        same = [p for p in best.values() if not is_fsdpq(p) and all(p[k] == r[k] for k in KEY[:3])]
+        same = [p for p in best.values() if not is_fsdpq(p) and same_point(p, r, KEY[:3])]
         out.append(line(r, ratio_text(r, same)))
     return "\n".join(out)
 

@@ -44,7 +44,7 @@ def test_every_run_rows_and_ratios(tmp_path):
     assert any("| 2 | hf_lora_compile | timeout |" in r for r in rows)
     assert any("| 4 | fsdpq_qlora | 8,000 |" in r and r.endswith("| — |") for r in rows)  # no peer at bs 4
     # peers come before fsdpq within a point, points in bs order
-    assert [r.split("|")[4].strip() for r in rows[:3]] == ["1"] * 3 and "fsdpq" in rows[3]
+    assert [r.split("|")[5].strip() for r in rows[:3]] == ["1"] * 3 and "fsdpq" in rows[3]  # column 5: bs
     eager = next(r for r in rows if "| 1 | hf_lora_eager |" in r)
     assert "| 2,000 | 25.0% | 5.0 | 6.0 | — |" in eager
     assert "| error | — |" in rows[0]  # no MFU without a measurement
@@ -55,6 +55,16 @@ def test_best_batch_size_table(tmp_path):
     rows = table_lines(text, "Best batch size of each")
     assert len(rows) == 3  # eager, bnb, fsdpq; compile has no measurement
     assert any("| 4 | fsdpq_qlora | 8,000 |" in r and "2.67× (hf_lora_eager)" in r for r in rows)
+
+
+def test_runs_at_another_dropout_are_their_own_rows(tmp_path):
+    rows = FIXTURE[:3] + [rec("hf_lora_eager", 1, 4000.0, lora_dropout=0.0), rec("fsdpq_qlora", 1, 6000.0, lora_dropout=0.0)]
+    text = compare.tables(compare.load([write(tmp_path, rows)], print))
+    every = table_lines(text, "Every run")
+    assert len(every) == 5  # nothing overwritten: the dropout-0 runs are other points
+    # Each fsdpq row is compared with the peers at its own dropout (0.1 where none is recorded).
+    assert any("| 0.1 | 1 | fsdpq_qlora | 5,000 |" in r and "2.00× (hf_qlora_bnb)" in r for r in every)
+    assert any("| 0 | 1 | fsdpq_qlora | 6,000 |" in r and "1.50× (hf_lora_eager)" in r for r in every)
 
 
 def test_corrupt_and_incomplete_lines_are_reported_not_raised(tmp_path):
