@@ -4,6 +4,7 @@
 #include <string>
 #include <type_traits>
 
+#include "kernels/adam_scalars.h"
 #include "kernels/convert.cuh"
 #include "kernels/optimizer.cuh"
 
@@ -18,11 +19,8 @@ __device__ __forceinline__ float lerp(float self, float end, float weight) {
                               : __fsub_rn(end, __fmul_rn(__fsub_rn(end, self), __fsub_rn(1.0f, weight)));
 }
 
-struct AdamOp {
+struct AdamOp : AdamScalars {
   static constexpr int kStates = 2;
-  bool decoupled;  // decay && decoupled_decay
-  bool l2;         // decay && !decoupled_decay
-  float decay_factor, l2_weight, avg_weight, beta2, sq_weight, bias_correction2_sqrt, eps, neg_step_size;
 
   __device__ __forceinline__ float operator()(float p, float g, float& m, float& v) const {
     if (decoupled) p = __fmul_rn(p, decay_factor);  // p = p * decay_factor
@@ -167,23 +165,12 @@ void launch_with_compute(const Op& op, float* param, const float* grad, float* s
   });
 }
 
-// The scalars of the CPU's adam_step / sgd_step / adadelta_step, computed the same way (in
-// double on the host, then rounded to fp32), so both devices apply the same fp32 constants.
+// The scalars of the CPU's steps, computed the same way (in double on the host, then rounded to
+// fp32), so both devices apply the same fp32 constants; Adam's come from the one function both
+// devices share (adam_scalars.h).
 AdamOp adam_op(const OptimizerHyper& c, bool decoupled_decay, double lr, int64_t step) {
-  const double bias_correction1 = 1.0 - std::pow(c.beta1, static_cast<double>(step));
-  const double bias_correction2 = 1.0 - std::pow(c.beta2, static_cast<double>(step));
-  const bool decay = c.weight_decay != 0.0;
   AdamOp op;
-  op.decoupled = decay && decoupled_decay;
-  op.l2 = decay && !decoupled_decay;
-  op.decay_factor = static_cast<float>(1.0 - lr * c.weight_decay);
-  op.l2_weight = static_cast<float>(c.weight_decay);
-  op.avg_weight = static_cast<float>(1.0 - c.beta1);
-  op.beta2 = static_cast<float>(c.beta2);
-  op.sq_weight = static_cast<float>(1.0 - c.beta2);
-  op.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
-  op.eps = static_cast<float>(c.eps);
-  op.neg_step_size = static_cast<float>(-(lr / bias_correction1));
+  static_cast<AdamScalars&>(op) = adam_scalars(c.beta1, c.beta2, c.eps, c.weight_decay, decoupled_decay, lr, step);
   return op;
 }
 

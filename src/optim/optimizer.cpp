@@ -5,6 +5,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "kernels/adam_scalars.h"
 #include "util/bf16.h"
 #include "util/error.h"
 
@@ -27,28 +28,6 @@ inline float lerp(float self, float end, float weight) {
                                   : end - (end - self) * (1.0f - weight);
 }
 
-struct AdamScalars {
-  bool decay, decoupled;
-  float decay_factor, l2, avg_weight, beta2, sq_weight, bias_correction2_sqrt, eps, neg_step_size;
-};
-
-AdamScalars adam_scalars(const OptimizerConfig& c, bool decoupled, double lr, int64_t step) {
-  const double bias_correction1 = 1.0 - std::pow(c.beta1, static_cast<double>(step));
-  const double bias_correction2 = 1.0 - std::pow(c.beta2, static_cast<double>(step));
-  AdamScalars s;
-  s.decay = c.weight_decay != 0.0;
-  s.decoupled = decoupled;
-  s.decay_factor = static_cast<float>(1.0 - lr * c.weight_decay);
-  s.l2 = static_cast<float>(c.weight_decay);
-  s.avg_weight = static_cast<float>(1.0 - c.beta1);
-  s.beta2 = static_cast<float>(c.beta2);
-  s.sq_weight = static_cast<float>(1.0 - c.beta2);
-  s.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
-  s.eps = static_cast<float>(c.eps);
-  s.neg_step_size = static_cast<float>(-(lr / bias_correction1));
-  return s;
-}
-
 template <class Load>
 void adam_range(const AdamScalars& scalars, float* param, Load load, float* exp_avg, float* exp_avg_sq, int64_t begin,
                 int64_t end) {
@@ -57,8 +36,8 @@ void adam_range(const AdamScalars& scalars, float* param, Load load, float* exp_
   for (int64_t i = begin; i < end; ++i) {
     float p = param[i];
     float g = load(i);
-    if (s.decay && s.decoupled) p = p * s.decay_factor;  // param.mul_(1 - lr * wd)
-    if (s.decay && !s.decoupled) g = g + s.l2 * p;       // grad.add(param, alpha=wd)
+    if (s.decoupled) p = p * s.decay_factor;  // param.mul_(1 - lr * wd)
+    if (s.l2) g = g + s.l2_weight * p;        // grad.add(param, alpha=wd)
     const float m = lerp(exp_avg[i], g, s.avg_weight);   // exp_avg.lerp_(grad, 1 - beta1)
     float v = exp_avg_sq[i] * s.beta2;                   // exp_avg_sq.mul_(beta2)
     v = v + s.sq_weight * g * g;                         //   .addcmul_(grad, grad, 1 - beta2)
@@ -129,7 +108,8 @@ void step_with(const OptimizerConfig& config, double lr, int64_t step, float* pa
   switch (config.kind) {
     case OptimizerKind::adamw:
     case OptimizerKind::adam: {
-      const AdamScalars s = adam_scalars(config, config.kind == OptimizerKind::adamw, lr, step);
+      const AdamScalars s = adam_scalars(config.beta1, config.beta2, config.eps, config.weight_decay,
+                                         config.kind == OptimizerKind::adamw, lr, step);
       in_blocks(n, [&](int64_t b, int64_t e) { adam_range(s, param, load, state[0], state[1], b, e); }, after);
       return;
     }
