@@ -13,6 +13,7 @@
 static_assert(fsdpq::cuda::kMaxDropoutOutputs == static_cast<int>(fsdpq::kMaxLoraGroup));
 #endif
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <vector>
@@ -35,9 +36,20 @@ inline uint32_t drop_threshold(float probability) {
   return static_cast<uint32_t>(std::llround(static_cast<double>(probability) * 65536.0));
 }
 
-inline bool keeps(uint64_t mixed_key, uint64_t index, uint32_t threshold) {
-  const uint64_t word = mix64(mixed_key + (index / 4 + 1) * kGolden);
-  return static_cast<uint32_t>((word >> (16 * (index % 4))) & 0xFFFFu) >= threshold;
+// The word of elements 4·quad … 4·quad + 3, and element 4·quad + lane's decision in it.
+inline uint64_t keep_word(uint64_t mixed_key, int64_t quad) {
+  return mix64(mixed_key + static_cast<uint64_t>(quad + 1) * kGolden);
+}
+inline bool keeps_lane(uint64_t word, int64_t lane, uint32_t threshold) {
+  return static_cast<uint32_t>((word >> (16 * lane)) & 0xFFFFu) >= threshold;
+}
+
+// For every element e of [0, n), in quads (one word per quad and key), parallel over the quads.
+template <class Body>
+void for_each_quad(int64_t n, Body&& body) {
+  const int64_t quads = (n + 3) / 4;
+#pragma omp parallel for if (worth_parallel(n)) schedule(static)
+  for (int64_t q = 0; q < quads; ++q) body(q, 4 * q, std::min(n, 4 * q + 4));
 }
 
 bool dropout_active(const LoraParams& params) { return params.training && params.dropout > 0.0f; }
@@ -69,12 +81,13 @@ void apply_dropout(std::span<const TensorView> outs, const TensorView& x, std::s
     const S* in = x.as<const S>();
     std::array<S*, kMaxLoraGroup> out{};
     for (size_t i = 0; i < count; ++i) out[i] = outs[i].as<S>();
-#pragma omp parallel for if (worth_parallel(n)) schedule(static)
-    for (int64_t e = 0; e < n; ++e) {
-      const S kept = from_f32<S>(to_f32(in[e]) * keep_scale);
-      for (size_t i = 0; i < count; ++i)
-        out[i][e] = keeps(keys[i], static_cast<uint64_t>(e), threshold) ? kept : from_f32<S>(0.0f);
-    }
+    for_each_quad(n, [&](int64_t q, int64_t begin, int64_t end) {
+      for (size_t i = 0; i < count; ++i) {
+        const uint64_t word = keep_word(keys[i], q);
+        for (int64_t e = begin; e < end; ++e)
+          out[i][e] = keeps_lane(word, e - begin, threshold) ? from_f32<S>(to_f32(in[e]) * keep_scale) : from_f32<S>(0.0f);
+      }
+    });
   });
 }
 
@@ -194,9 +207,11 @@ void accumulate_dropped(TensorView dx, const Tensor& g_storage, const LoraParams
   with_storage(dx.dtype, op, [&](auto tag) {
     using S = decltype(tag);
     S* out = dx.as<S>();
-#pragma omp parallel for if (worth_parallel(n)) schedule(static)
-    for (int64_t i = 0; i < n; ++i)
-      if (keeps(mixed_key, static_cast<uint64_t>(i), threshold)) out[i] = from_f32<S>(to_f32(out[i]) + keep_scale * g[i]);
+    for_each_quad(n, [&](int64_t q, int64_t begin, int64_t end) {
+      const uint64_t word = keep_word(mixed_key, q);
+      for (int64_t e = begin; e < end; ++e)
+        if (keeps_lane(word, e - begin, threshold)) out[e] = from_f32<S>(to_f32(out[e]) + keep_scale * g[e]);
+    });
   });
 }
 
@@ -205,7 +220,8 @@ void accumulate_dropped(TensorView dx, const Tensor& g_storage, const LoraParams
 float lora_scaling(const LoraParams& params, int64_t rank) { return params.alpha / static_cast<float>(rank); }
 
 bool lora_dropout_keeps(uint64_t key, uint64_t index, float probability) {
-  return keeps(mix64(key), index, drop_threshold(probability));
+  return keeps_lane(keep_word(mix64(key), static_cast<int64_t>(index / 4)), static_cast<int64_t>(index % 4),
+                    drop_threshold(probability));
 }
 
 void lora_forward_group(std::span<const TensorView> ys, TensorView xa, const TensorView& x,
