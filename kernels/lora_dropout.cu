@@ -20,34 +20,68 @@ __device__ __forceinline__ bool keeps(uint64_t word, int lane, uint32_t threshol
   return static_cast<uint32_t>((word >> (16 * lane)) & 0xFFFFu) >= threshold;
 }
 
-// Each thread takes a quad: elements 4q .. 4q + 3 (fewer at the end of the tensor).
+// Four consecutive elements, loaded and stored as one access (8 bytes for bf16/f16, 16 for fp32).
 template <class T>
+struct alignas(4 * sizeof(T)) Quad {
+  T v[4];
+};
+
+template <class T>
+bool quad_aligned(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % sizeof(Quad<T>) == 0;
+}
+
+// Each thread takes a quad: elements 4q .. 4q + 3. Full quads go through registers as one vector
+// access each (`Vector`: every pointer is Quad-aligned); the tensor's last, partial quad (and every
+// quad when a pointer is not aligned) element by element. Loops over the 4 lanes have constant
+// bounds, so the quad stays in registers.
+template <class T, bool Vector>
 __global__ void apply_kernel(DropoutOutputs outs, const T* in, int64_t n, uint32_t threshold, float keep_scale) {
   const int64_t quads = (n + 3) / 4;
   for (int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; q < quads;
        q += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t base = q * 4;
-    const int count = static_cast<int>(n - base < 4 ? n - base : 4);
-    T kept[4];
-    for (int e = 0; e < count; ++e) kept[e] = from_float<T>(to_float(in[base + e]) * keep_scale);
-    for (int j = 0; j < outs.count; ++j) {
-      const uint64_t word = keep_word(outs.mixed_key[j], q);
-      T* out = static_cast<T*>(outs.out[j]) + base;
-      for (int e = 0; e < count; ++e) out[e] = keeps(word, e, threshold) ? kept[e] : from_float<T>(0.0f);
+    if (Vector && base + 4 <= n) {
+      Quad<T> kept = reinterpret_cast<const Quad<T>*>(in)[q];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) kept.v[e] = from_float<T>(to_float(kept.v[e]) * keep_scale);
+      for (int j = 0; j < outs.count; ++j) {
+        const uint64_t word = keep_word(outs.mixed_key[j], q);
+        Quad<T> out;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) out.v[e] = keeps(word, e, threshold) ? kept.v[e] : from_float<T>(0.0f);
+        reinterpret_cast<Quad<T>*>(outs.out[j])[q] = out;
+      }
+      continue;
+    }
+    for (int e = 0; e < 4 && base + e < n; ++e) {
+      const T kept = from_float<T>(to_float(in[base + e]) * keep_scale);
+      for (int j = 0; j < outs.count; ++j)
+        static_cast<T*>(outs.out[j])[base + e] = keeps(keep_word(outs.mixed_key[j], q), e, threshold) ? kept
+                                                                                                     : from_float<T>(0.0f);
     }
   }
 }
 
-template <class T>
+template <class T, bool Vector>
 __global__ void accumulate_kernel(T* dx, const float* g, int64_t n, uint64_t key, uint32_t threshold,
                                   float keep_scale) {
   const int64_t quads = (n + 3) / 4;
   for (int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; q < quads;
        q += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t base = q * 4;
-    const int count = static_cast<int>(n - base < 4 ? n - base : 4);
     const uint64_t word = keep_word(key, q);
-    for (int e = 0; e < count; ++e)
+    if (Vector && base + 4 <= n) {
+      Quad<T> d = reinterpret_cast<Quad<T>*>(dx)[q];
+      const float4 gq = reinterpret_cast<const float4*>(g)[q];
+      const float gv[4] = {gq.x, gq.y, gq.z, gq.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (keeps(word, e, threshold)) d.v[e] = from_float<T>(to_float(d.v[e]) + keep_scale * gv[e]);
+      reinterpret_cast<Quad<T>*>(dx)[q] = d;
+      continue;
+    }
+    for (int e = 0; e < 4 && base + e < n; ++e)
       if (keeps(word, e, threshold)) dx[base + e] = from_float<T>(to_float(dx[base + e]) + keep_scale * g[base + e]);
   }
 }
@@ -59,8 +93,10 @@ void lora_dropout_apply(KType type, const DropoutOutputs& outs, const void* in, 
   if (n == 0 || outs.count == 0) return;
   with_ktype(type, [&](auto tag) {
     using T = decltype(tag);
-    apply_kernel<T><<<blocks_for((n + 3) / 4), 256, 0, stream>>>(outs, static_cast<const T*>(in), n, threshold,
-                                                                keep_scale);
+    bool aligned = quad_aligned<T>(in);
+    for (int j = 0; j < outs.count; ++j) aligned = aligned && quad_aligned<T>(outs.out[j]);
+    const auto kernel = aligned ? apply_kernel<T, true> : apply_kernel<T, false>;
+    kernel<<<blocks_for((n + 3) / 4), 256, 0, stream>>>(outs, static_cast<const T*>(in), n, threshold, keep_scale);
   });
   check_launch("lora_dropout_apply");
 }
@@ -70,8 +106,9 @@ void lora_dropout_accumulate(KType type, void* dx, const float* g, int64_t n, ui
   if (n == 0) return;
   with_ktype(type, [&](auto tag) {
     using T = decltype(tag);
-    accumulate_kernel<T><<<blocks_for((n + 3) / 4), 256, 0, stream>>>(static_cast<T*>(dx), g, n, mixed_key, threshold,
-                                                                     keep_scale);
+    const bool aligned = quad_aligned<T>(dx) && quad_aligned<float>(g);
+    const auto kernel = aligned ? accumulate_kernel<T, true> : accumulate_kernel<T, false>;
+    kernel<<<blocks_for((n + 3) / 4), 256, 0, stream>>>(static_cast<T*>(dx), g, n, mixed_key, threshold, keep_scale);
   });
   check_launch("lora_dropout_accumulate");
 }

@@ -5,8 +5,9 @@
 # into .device/lib (../shared/device/README.md). Run there with carry [".device/lib", A, B]:
 #   A=old/fsdpq B=build/fsdpq bash scripts/device_lora_ab.sh
 # env: POINTS ("ctx:bs:dropout ..."), STEPS (default 7), EXTRA (flags for every run, e.g.
-# "--use_cpu_offload true"), TAG (names the runs), SECTIONS=1 adds B's FSDPQ_SECTION_TIMES run of
-# the first point.
+# "--use_cpu_offload true"), ENV_A / ENV_B (environment for one side's runs, e.g.
+# ENV_B="OMP_NUM_THREADS=15"), REPS (A B A B ... rounds per point, default 1: more rounds show the
+# run-to-run noise), TAG (names the runs), SECTIONS=1 adds B's FSDPQ_SECTION_TIMES run of the first point.
 export LD_LIBRARY_PATH=$PWD/.device/lib:$LD_LIBRARY_PATH
 A=${A:?the baseline binary}; B=${B:?the candidate binary}; W=$(mktemp -d)
 POINTS=${POINTS:-"512:4:0.1 2048:8:0.1 512:4:0 2048:8:0"}; STEPS=${STEPS:-7}
@@ -35,7 +36,12 @@ PY
 }
 for p in $POINTS; do
   IFS=: read -r ctx bs drop <<< "$p"
-  for side in A B; do run "${side}${TAG:-}_c${ctx}_b${bs}_d${drop}" "${!side}" "$ctx" "$bs" "$drop"; done
+  for rep in $(seq "${REPS:-1}"); do
+    for side in A B; do
+      envvar=ENV_$side
+      run "${side}${TAG:-}_c${ctx}_b${bs}_d${drop}_r$rep" "${!side}" "$ctx" "$bs" "$drop" ${!envvar:-}
+    done
+  done
 done
 if [ "${SECTIONS:-0}" = 1 ]; then
   IFS=: read -r ctx bs drop <<< "${POINTS%% *}"

@@ -148,6 +148,14 @@ struct FsdpEngine::Unit {
   double grad_sq = 0;         // the sum of squares of the gradient the step uses
   uint64_t step_ticket = 0;   // the worker job updating this unit, until waited for
   uint64_t accumulate_ticket = 0;  // the last worker job reading grads_out
+  // `grad` holds zeros: since it was made, zeroed, or stepped with (the fused update zeroes it).
+  bool grad_zero = true;
+  // The step's gradient where it was copied out (grads_out) instead of added into `grad`, which
+  // still holds zeros: a step's only micro-batch on one rank, measured on the worker. Its update
+  // reads it there, which saves a write and a read of `grad` and its zeroing (12 of the 46 bytes
+  // per parameter the worker moves; bench/RESULTS.md, "CPU offload").
+  float* staged_gradient = nullptr;
+  float* step_gradient() { return staged_gradient ? staged_gradient : grad.data(); }
   StreamMark uploaded;   // the new compute copies are in the model's tensors
 };
 
@@ -357,7 +365,7 @@ void FsdpEngine::attach(LlamaModel& model) {
     // The staging buffers are sized once here: the worker thread never allocates.
     const size_t element = dtype_size(options_.compute_dtype);
     for (auto& up : units_) {
-      up->grads_out.reserve(static_cast<size_t>(up->trainable_numel) * sizeof(float));
+      up->grads_out.reserve(static_cast<size_t>(up->shard_numel) * sizeof(float));
       up->compute_in.reserve(static_cast<size_t>(up->trainable_numel) * element);
     }
   }
@@ -521,6 +529,7 @@ void FsdpEngine::reduce_gradients(Unit& u) {
       float* grad = u.grad.data();
 #pragma omp parallel for if (worth_parallel(u.shard_numel)) schedule(static)
       for (int64_t i = 0; i < u.shard_numel; ++i) grad[i] += mine[i] * inv_world;
+      u.grad_zero = false;
     }
   }
   for (const TrainableEntry& e : u.trainables) e.tensor->grad = Tensor();
@@ -534,9 +543,14 @@ void FsdpEngine::reduce_gradients_on_worker(Unit& u) {
   const auto start = std::chrono::steady_clock::now();
   // Copy out behind the unit's backward, on a side stream; the compute stream may reuse the
   // gradients' memory (freed below) only once the copy has read it.
-  // The previous micro-batch's job may still be reading this unit's staging buffer.
+  // The previous micro-batch's job may still be reading this unit's staging buffer, and so may the
+  // last step's update (when it took its gradient from there; the forward waited for it already).
   if (u.accumulate_ticket) worker_->wait_for(u.accumulate_ticket);
-  auto* staged = static_cast<float*>(u.grads_out.reserve(static_cast<size_t>(u.trainable_numel) * sizeof(float)));
+  wait_for_step(u);
+  // The whole shard: an update that reads its gradient here reads the padding past the trainables
+  // too, zero as in `grad`.
+  auto* staged = static_cast<float*>(u.grads_out.reserve(static_cast<size_t>(u.shard_numel) * sizeof(float)));
+  std::fill(staged + u.trainable_numel, staged + u.shard_numel, 0.0f);
   grad_copies_->wait_for_compute();
   for (const TrainableEntry& e : u.trainables)
     grad_copies_->copy(staged + e.offset, Device::CPU, e.tensor->grad.view().data, e.tensor->grad.device(),
@@ -569,6 +583,19 @@ void FsdpEngine::reduce_gradients_on_worker(Unit& u) {
     if (!step && !measure) {
 #pragma omp parallel for if (worth_parallel(u.trainable_numel)) schedule(static)
       for (int64_t i = 0; i < u.trainable_numel; ++i) grad[i] += staged[i] * inv_world;
+      u.grad_zero = false;
+      return;
+    }
+    if (u.grad_zero && inv_world == 1.0f && !scaler) {
+      // 0 + staged is staged: the gradient stays where it is, and only its sum of squares is taken
+      // (the same values, the same order as accumulate_and_sq_sum's; the padding past the
+      // trainables is zero in `grad` and adds nothing).
+      u.grad_sq = grad_sq_sum(staged, u.trainable_numel);
+      u.staged_gradient = staged;
+      u.found_inf = false;
+      u.measured = measure;
+      span.end();
+      if (step) step_on_worker(u, lr, 1.0f);
       return;
     }
     // The step's last gradient: accumulated, unscaled (fp16) and measured in one pass — what
@@ -579,6 +606,7 @@ void FsdpEngine::reduce_gradients_on_worker(Unit& u) {
                        : accumulate_and_sq_sum(grad, staged, inv_world, u.trainable_numel);
     u.found_inf = found_inf;
     u.measured = measure;
+    u.grad_zero = false;
     span.end();
     if (step) step_on_worker(u, lr, 1.0f);
   });
@@ -596,11 +624,13 @@ void FsdpEngine::step_on_worker(Unit& u, double lr, float grad_scale) {
   auto* compute = static_cast<uint8_t*>(u.compute_in.reserve(static_cast<size_t>(u.trainable_numel) * element));
   StepFusion fusion;
   fusion.grad_scale = grad_scale;
-  fusion.zero_grad = true;
+  fusion.zero_grad = u.staged_gradient == nullptr;  // a staged gradient left `grad` at zero
   fusion.compute = compute;
   fusion.compute_dtype = options_.compute_dtype;
   fusion.compute_numel = u.trainable_numel;
-  u.optimizer->step(u.master.data(), u.grad.data(), lr, fusion);
+  u.optimizer->step(u.master.data(), u.step_gradient(), lr, fusion);
+  u.staged_gradient = nullptr;
+  u.grad_zero = true;
   for (const TrainableEntry& e : u.trainables) {
     Tensor& t = compute_tensor(*e.tensor, options_.compute_dtype);
     upload_copies_->copy(t.view().data, t.device(), compute + static_cast<size_t>(e.offset) * element, Device::CPU,
@@ -730,6 +760,8 @@ void FsdpEngine::zero_grad_shard(Unit& u) {
     device_fill_zero(u.grad_d.data<float>(), u.grad_d.numel());
   else
     std::fill(u.grad.begin(), u.grad.end(), 0.0f);
+  u.grad_zero = true;
+  u.staged_gradient = nullptr;
 }
 
 void FsdpEngine::optimizer_step(double lr) {
@@ -756,7 +788,7 @@ void FsdpEngine::optimizer_step(double lr) {
     if (u.state_on_device())
       u.device_optimizer->step(u.master_d.data<float>(), u.grad_d.data<float>(), lr);
     else
-      u.optimizer->step(u.master.data(), u.grad.data(), lr);
+      u.optimizer->step(u.master.data(), u.step_gradient(), lr);
     zero_grad_shard(u);
   }
   refresh_compute_copies();

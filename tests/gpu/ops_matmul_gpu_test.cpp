@@ -75,32 +75,45 @@ TEST(GpuOpsMatmul, ForwardAndBothBackwardsMatchTheCpu) {
                     [&] { linear_forward(y, x, W); });
 }
 
+// Shapes: n = M·in a multiple of 4 (every dropout quad whole, vector accesses) and not (the last
+// quad partial); `shifted` views x and dx one row into a larger tensor, so with in = 95 their
+// data are not quad-aligned and the kernels take their element-by-element path.
 TEST(GpuOpsLora, ForwardAndBackwardWithDropoutMatchTheCpu) {
   test::use_gpu();
-  for (DType dtype : {DType::F32, DType::BF16}) {
-    for (float dropout : {0.0f, 0.1f}) {
-      SCOPED_TRACE(fmt::format("{} dropout {}", dtype_name(dtype), dropout));
-      const int64_t M = 77, in = 96, out = 80, r = 8;
-      LoraParams params{16.0f, dropout, /*training=*/true, 0x1234abcdull};
-      Tensor x = random_tensor(Shape{M, in}, dtype, 1), A = random_tensor(Shape{r, in}, dtype, 2, -0.2f, 0.2f);
-      Tensor B = random_tensor(Shape{out, r}, dtype, 3, -0.2f, 0.2f);
-      Tensor y = random_tensor(Shape{M, out}, dtype, 4), xa = Tensor::empty(Shape{M, r}, dtype);
-      Tensor gx = on_gpu(x), gA = on_gpu(A), gB = on_gpu(B), gy = on_gpu(y);
-      Tensor gxa = Tensor::empty(Shape{M, r}, dtype, Device::CUDA);
-      lora_forward(y, xa, x, A, B, params);
-      lora_forward(gy, gxa, gx, gA, gB, params);
-      const double tol = dtype == DType::F32 ? 1e-5 : 2e-2;
-      expect_close(gxa, xa, tol, "xa");
-      expect_close(gy, y, tol, "y");
+  struct Shape2 {
+    int64_t in;
+    bool shifted;
+  };
+  for (const Shape2 shape : {Shape2{96, false}, Shape2{95, false}, Shape2{95, true}}) {
+    for (DType dtype : {DType::F32, DType::BF16}) {
+      for (float dropout : {0.0f, 0.1f}) {
+        SCOPED_TRACE(fmt::format("{} dropout {} in {}{}", dtype_name(dtype), dropout, shape.in,
+                                 shape.shifted ? " shifted" : ""));
+        const int64_t M = 77, in = shape.in, out = 80, r = 8, first = shape.shifted ? 1 : 0;
+        LoraParams params{16.0f, dropout, /*training=*/true, 0x1234abcdull};
+        Tensor x_all = random_tensor(Shape{M + first, in}, dtype, 1), gx_all = on_gpu(x_all);
+        const TensorView x = x_all.view().slice_rows(first, M), gx = gx_all.view().slice_rows(first, M);
+        Tensor A = random_tensor(Shape{r, in}, dtype, 2, -0.2f, 0.2f);
+        Tensor B = random_tensor(Shape{out, r}, dtype, 3, -0.2f, 0.2f);
+        Tensor y = random_tensor(Shape{M, out}, dtype, 4), xa = Tensor::empty(Shape{M, r}, dtype);
+        Tensor gA = on_gpu(A), gB = on_gpu(B), gy = on_gpu(y);
+        Tensor gxa = Tensor::empty(Shape{M, r}, dtype, Device::CUDA);
+        lora_forward(y, xa, x, A, B, params);
+        lora_forward(gy, gxa, gx, gA, gB, params);
+        const double tol = dtype == DType::F32 ? 1e-5 : 2e-2;
+        expect_close(gxa, xa, tol, "xa");
+        expect_close(gy, y, tol, "y");
 
-      Tensor dy = random_tensor(Shape{M, out}, dtype, 5), dx = random_tensor(Shape{M, in}, DType::F32, 6);
-      Tensor dA = random_tensor(Shape{r, in}, DType::F32, 7), dB = random_tensor(Shape{out, r}, DType::F32, 8);
-      Tensor gdy = on_gpu(dy), gdx = on_gpu(dx), gdA = on_gpu(dA), gdB = on_gpu(dB);
-      lora_backward(dx, dA, dB, dy, x, xa, A, B, params);
-      lora_backward(gdx, gdA, gdB, gdy, gx, gxa, gA, gB, params);
-      expect_close(gdx, dx, tol, "dx");
-      expect_close(gdA, dA, tol, "dA");
-      expect_close(gdB, dB, tol, "dB");
+        // dx in the adapters' dtype: the dropout's accumulate kernel in fp32 and bf16 quads.
+        Tensor dy = random_tensor(Shape{M, out}, dtype, 5), dx_all = random_tensor(Shape{M + first, in}, dtype, 6);
+        Tensor dA = random_tensor(Shape{r, in}, DType::F32, 7), dB = random_tensor(Shape{out, r}, DType::F32, 8);
+        Tensor gdy = on_gpu(dy), gdx_all = on_gpu(dx_all), gdA = on_gpu(dA), gdB = on_gpu(dB);
+        lora_backward(dx_all.view().slice_rows(first, M), dA, dB, dy, x, xa, A, B, params);
+        lora_backward(gdx_all.view().slice_rows(first, M), gdA, gdB, gdy, gx, gxa, gA, gB, params);
+        expect_close(gdx_all, dx_all, tol, "dx");
+        expect_close(gdA, dA, tol, "dA");
+        expect_close(gdB, dB, tol, "dB");
+      }
     }
   }
 }

@@ -215,7 +215,12 @@ TEST_F(Train, CpuOffloadTrainsBitIdentically) {
   struct Case {
     std::string name, flags, saved;
   };
-  for (const Case& c : {Case{"qlora_gas2", "--train_type qlora --gradient_accumulation_steps 2", "adapter_model.safetensors"},
+  // One micro-batch per step: the update reads the gradient where it was copied out (no
+  // accumulation into the shard's gradient), during backward or, with clipping, the next forward.
+  for (const Case& c : {Case{"qlora", "--train_type qlora", "adapter_model.safetensors"},
+                        Case{"lora_clip", "--train_type lora --apply_gradient_clipping true --grad_norm 0.1",
+                             "adapter_model.safetensors"},
+                        Case{"qlora_gas2", "--train_type qlora --gradient_accumulation_steps 2", "adapter_model.safetensors"},
                         Case{"lora_clip_gas2_cosine",
                              "--train_type lora --apply_gradient_clipping true --grad_norm 0.1 "
                              "--gradient_accumulation_steps 2 --lr_scheduler cosine",
