@@ -74,6 +74,20 @@ def read_records(path):
         yield number, record
 
 
+def _drop_redone_steps(run, header):
+    """A run continued from step S redoes the steps after S: their earlier records no longer count.
+
+    fsdpq marks them "superseded" itself (docs/metrics.md); files written before it did still hold
+    them as "step" records, and the header of the continuing segment says where it resumed.
+    """
+    resumed = header.get("resumed_from")
+    if not isinstance(resumed, dict) or not _number(resumed, "step"):
+        return
+    last_kept = resumed["step"]
+    run.steps = [(segment, r) for segment, r in run.steps if not _number(r, "step") or r["step"] <= last_kept]
+    run.evals = [r for r in run.evals if not _number(r, "step") or r["step"] <= last_kept]
+
+
 def read_run(path):
     """Reads and checks one metrics.jsonl; RunError (one line, file and line) when it cannot be used."""
     run = None
@@ -89,6 +103,8 @@ def read_run(path):
                     raise RunError(path, number, f"the header has no '{key}' object")
             if run is None:
                 run = Run(path=path, header=record)
+            else:
+                _drop_redone_steps(run, record)
             run.headers.append(record)
         elif kind == "step":
             for key in ("step_seconds", "tokens"):

@@ -38,24 +38,6 @@ fsdpq_source_site_env() {
   fi
 }
 
-# The key of an fsdpq command-line token (`--key`, `--key=value`), or nothing for a value.
-fsdpq_key_of() {
-  [[ $1 == --* ]] || return 0
-  local key=${1#--}
-  echo "${key%%=*}"
-}
-
-# fsdpq_drop_keys "given keys" TOKENS...: TOKENS (--key value pairs) without the pairs whose key is
-# in the space-separated list, printed one token a line.
-fsdpq_drop_keys() {
-  local given=" $1 " key="" token
-  shift
-  for token in "$@"; do
-    if [[ $token == --* ]]; then key=$(fsdpq_key_of "$token"); fi
-    [[ $given == *" $key "* ]] || printf '%s\n' "$token"
-  done
-}
-
 # fsdpq_job CONFIG.ini [SETTING...] -- [USER ARG...]
 fsdpq_job() {
   local config=$1
@@ -85,14 +67,9 @@ fsdpq_job() {
   [[ -z ${FSDPQ_DATASET:-} ]] || env_settings+=(--dataset "$FSDPQ_DATASET")
   [[ -z ${FSDPQ_DATA:-} ]] || env_settings+=(--data_path "$FSDPQ_DATA")
 
-  local user_keys="" env_keys="" token
-  for token in "${user[@]}"; do user_keys+=" $(fsdpq_key_of "$token")"; done
-  for token in "${env_settings[@]}"; do env_keys+=" $(fsdpq_key_of "$token")"; done
-  local -a merged=()
-  mapfile -t merged < <(fsdpq_drop_keys "$user_keys $env_keys" "${settings[@]}")
-  command=("$config" "${merged[@]}")
-  mapfile -t merged < <(fsdpq_drop_keys "$user_keys" "${env_settings[@]}")
-  command+=("${merged[@]}" "${user[@]}")
+  # fsdpq takes the last of a repeated --key: the user's arguments win over the environment's, which
+  # win over the script's settings.
+  command=("$config" "${settings[@]}" "${env_settings[@]}" "${user[@]}")
 
   if [[ -z ${SLURM_JOB_ID:-} ]]; then
     [[ ${FSDPQ_NO_SRUN:-0} == 1 ]] || {

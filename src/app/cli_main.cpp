@@ -4,7 +4,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "app/commands.h"
@@ -14,6 +16,7 @@
 #include "runtime/environment.h"
 #include "runtime/exit_codes.h"
 #include "runtime/log.h"
+#include "runtime/preemption.h"
 #include "runtime/world.h"
 #include "util/error.h"
 #include "util/strings.h"
@@ -47,11 +50,19 @@ struct TrainArgs {
 };
 
 // `fsdpq [CONFIG.ini] [--key value]...`: every --key is a config setting, except --print-config.
+// A repeated --key: the last one wins (as argparse, fsdp_qlora's parser, does).
 TrainArgs parse_train_args(const std::vector<std::string>& args) {
   TrainArgs out;
+  std::string standalone_switch;  // the bool flag just before this word, when it took no value
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
+    const std::string after_switch = std::exchange(standalone_switch, "");
     if (!starts_with(arg, "--")) {
+      // A word after a switch that is not a bool: the config file, unless it cannot be one.
+      if (!after_switch.empty() && (out.config_path || (!ends_with(arg, ".ini") && !std::filesystem::exists(arg))))
+        fail("command line: '{}' follows --{}, which takes true or false (or nothing, meaning true); "
+             "it is not a config file{}", arg, after_switch,
+             out.config_path ? fmt::format(" either (that is '{}')", *out.config_path) : "");
       if (out.config_path)
         fail("command line: more than one config file given ('{}' and '{}')", *out.config_path, arg);
       out.config_path = arg;
@@ -71,15 +82,22 @@ TrainArgs parse_train_args(const std::vector<std::string>& args) {
     const OptionSpec* spec = find_option(key);
     if (!has_value) {
       // A bool switch may stand alone (`--dry_run inputs/sql.ini`): take the next word only when
-      // it is a bool literal. Other keys always take the next word.
-      bool takes_next = true;
-      if (spec && spec->type == OptionType::Bool)
-        takes_next = i + 1 < args.size() && parse_bool(args[i + 1]).has_value();
-      if (takes_next) {
-        if (i + 1 >= args.size()) fail("command line: --{} needs a value", key);
-        value = args[++i];
-      } else {
+      // it is a bool literal. Other keys always take the next word, but never a flag: a value
+      // that starts with -- is written --key=--value.
+      if (spec && spec->type == OptionType::Bool && !(i + 1 < args.size() && parse_bool(args[i + 1]).has_value())) {
         value = "true";
+        standalone_switch = key;
+      } else {
+        const bool next_is_flag = i + 1 < args.size() && starts_with(args[i + 1], "--");
+        if (!spec && (next_is_flag || i + 1 >= args.size())) {
+          out.overrides.push_back({key, ""});  // resolution reports the unknown key, with a suggestion
+          continue;
+        }
+        if (i + 1 >= args.size()) fail("command line: --{} needs a value", key);
+        if (next_is_flag)
+          fail("command line: --{} needs a value, but the next word is the flag {} (for a value that starts "
+               "with --, write --{}=VALUE)", key, args[i + 1], key);
+        value = args[++i];
       }
     }
     out.overrides.push_back({key, value});
@@ -114,6 +132,8 @@ ResolvedConfig resolve_train_arguments(const World& world, const std::vector<std
 }
 
 int cli_main(int argc, char** argv) {
+  // First thing: a preemption notice during start-up exits 75 (requeue), never 143 / 138.
+  install_preemption_handlers();
   std::vector<std::string> args(argv + 1, argv + argc);
   // Commands that need no MPI and no files.
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
@@ -132,6 +152,7 @@ int cli_main(int argc, char** argv) {
   MpiRuntime mpi(&argc, &argv);
   const World& world = mpi.world();
   log::set_rank(world.rank, world.size);
+  set_preemption_rank(world.rank);
   try {
     run_on_all_ranks(world, [] { check_environment(); });
     const std::string& command = args[0];

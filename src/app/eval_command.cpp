@@ -59,9 +59,8 @@ int run_eval_command(const World& world, const std::vector<std::string>& args) {
   const bool has_eval = !plan.dataset.eval.empty();
   const auto& examples = has_eval ? plan.dataset.eval : plan.dataset.train;
   double loss = evaluate_loss(model, examples, c.batch_size, plan.tokenizer->pad_id(), c.context_length);
-  log::info("eval on {} {} examples{}: loss {:.4f}, perplexity {:.3f}", examples.size(),
-            has_eval ? "held-out" : "training", adapter_dir.empty() ? "" : fmt::format(" with adapters {}", adapter_dir),
-            loss, std::exp(loss));
+  log::info("{} data{}: {}", has_eval ? "held-out" : "training",
+            adapter_dir.empty() ? "" : fmt::format(" with adapters {}", adapter_dir), describe_eval(loss, examples));
   return kExitOk;
 }
 

@@ -57,7 +57,7 @@ struct StagingDir {
 
 std::string read_text_file(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) fail("merge: cannot open '{}'", path.string());
+  if (!in) fail("merge: cannot open '{}': {}", path.string(), std::strerror(errno));
   std::ostringstream text;
   text << in.rdbuf();
   return text.str();
@@ -181,7 +181,8 @@ void merge(const MergeOptions& options) {
   const fs::path parent = target.parent_path();
   std::error_code ec;
   fs::create_directories(parent, ec);
-  if (!fs::is_directory(parent, ec)) fail("merge: cannot create '{}'", parent.string());
+  if (ec || !fs::is_directory(parent))
+    fail("merge: cannot create '{}': {}", parent.string(), ec ? ec.message() : "not a directory");
   StagingDir staging;
   staging.path = parent / fmt::format(".{}.partial-{}", target.filename().string(), ::getpid());
   fs::remove_all(staging.path, ec);

@@ -6,6 +6,7 @@
 
 #include "runtime/agreed_errors.h"
 #include "runtime/fault_injection.h"
+#include "runtime/log.h"
 #include "util/error.h"
 #include "util/strings.h"
 
@@ -72,6 +73,14 @@ RunPlan prepare_run(const World& world, const ResolvedConfig& resolved) {
       fail("no training example keeps any answer token after truncation to {}: every label is masked "
            "(prompt tokens are not trained on); increase context_length", resolved.cite("context_length"));
   });
+  const data::DatasetStats& stats = plan.dataset.stats;
+  if (stats.train_without_targets > 0)
+    log::warn("{} of {} training examples keep no answer token after truncation to {}: they train nothing, and a "
+              "step made only of them logs no loss (increase context_length to keep them)",
+              stats.train_without_targets, stats.examples, resolved.cite("context_length"));
+  if (stats.eval_without_targets > 0)
+    log::warn("{} of {} eval examples keep no answer token after truncation to {}: the eval loss leaves them out",
+              stats.eval_without_targets, stats.eval_examples, resolved.cite("context_length"));
   plan.footprint = model_footprint(plan.model.config, c.quantized_base(), !c.is_lora(),
                                    c.is_lora() ? c.lora_rank : 0,
                                    c.is_lora() ? c.lora_target_modules : std::vector<std::string>{});

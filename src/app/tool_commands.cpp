@@ -1,5 +1,7 @@
 // The subcommands that prepare what a run needs on a machine with nothing downloaded:
 // init-model, init-tokenizer, and demo (which uses both and then runs the embedded demo job).
+#include <cerrno>
+#include <cstring>
 #include <fmt/format.h>
 
 #include <chrono>
@@ -101,7 +103,7 @@ const std::vector<FlagSpec> kInitTokenizerFlags = {
 };
 
 const std::vector<FlagSpec> kDemoFlags = {
-    {"out", "DIR", "where the demo's data, tokenizer, model and run go (default runs/demo)"},
+    {"out", "DIR", "where the demo's data, tokenizer, model and run go (default runs/demo; a rerun replaces DIR/output)"},
     {"dry_run", "", "prepare and check everything, print the plan, do not train"},
 };
 
@@ -137,8 +139,11 @@ int run_init_tokenizer_command(const World& world, const std::vector<std::string
 
 void write_text_file(const fs::path& path, const std::string& text) {
   std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f || std::fwrite(text.data(), 1, text.size(), f) != text.size() || std::fclose(f) != 0)
-    fail("cannot write {}", path.string());
+  if (!f) fail("cannot write {}: {}", path.string(), std::strerror(errno));
+  const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  const int write_errno = errno;
+  if (std::fclose(f) != 0 || !written)
+    fail("cannot write {}: {}", path.string(), std::strerror(written ? errno : write_errno));
 }
 
 // The demo's assets, made once and reused: generated records, a tokenizer trained on them, and a
@@ -193,7 +198,8 @@ int run_demo_command(const World& world, const std::vector<std::string>& args) {
   run_on_all_ranks(world, [&] {
     std::vector<ConfigOverride> overrides = {{"model_name", (dir / "model").string()},
                                              {"data_path", (dir / "data.jsonl").string()},
-                                             {"output_dir", (dir / "output").string()}};
+                                             {"output_dir", (dir / "output").string()},
+                                             {"overwrite", "true"}};  // the demo's own folder: a rerun replaces it
     if (flags.has("dry_run")) overrides.push_back({"dry_run", "true"});
     resolved = resolve_config_text(kEmbeddedDemoIni, "inputs/demo.ini (embedded)", overrides);
   });

@@ -211,6 +211,10 @@ void validate_combinations(ResolvedConfig& r) {
   // Checkpoints.
   if (c.checkpoint_dir.empty()) c.checkpoint_dir = (fs::path(c.output_dir) / "checkpoints").string();
   if (!c.resume.empty() && c.resume != "auto") check_input_file(r, "resume", c.resume, false);
+  if (c.overwrite && !c.resume.empty())
+    contradiction("overwrite", "resume", "a resumed run continues the previous run's files; overwrite replaces them");
+  if (c.resume_ignore_model && c.resume.empty())
+    r.warnings.push_back(fmt::format("{} has no effect without resume", r.cite("resume_ignore_model")));
 
   // Settings that are accepted but would do nothing: say so rather than ignore them silently.
   if (!c.is_lora())
@@ -246,15 +250,12 @@ ResolvedConfig resolve(const std::vector<IniEntry>& entries, const std::string& 
     }
     res.set(*spec, e.value, ValueSource{ValueSource::Kind::File, file_name, e.line}, where);
   }
-  std::set<std::string> seen;
+  // In order: a key given twice on the command line takes its last value (as argparse does), so
+  // scripts may append overrides after their defaults. Within one .ini a repeated key stays an error.
   for (const auto& o : overrides) {
     const OptionSpec* spec = find_option(o.key);
     if (!spec) {
       res.unknown_key(o.key, "command line", "--");
-      continue;
-    }
-    if (!seen.insert(o.key).second) {
-      res.errors.push_back(fmt::format("command line: --{} is given twice", o.key));
       continue;
     }
     res.set(*spec, o.value, ValueSource{ValueSource::Kind::CommandLine, "", 0}, "command line");

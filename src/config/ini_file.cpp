@@ -1,6 +1,8 @@
 #include "config/ini_file.h"
 
 #include <cctype>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -36,6 +38,8 @@ std::vector<IniEntry> parse_ini(std::string_view text, const std::string& filena
   int line_no = 0;
   size_t pos = 0;
   if (!is_valid_utf8(text)) fail("{}: not a UTF-8 text file", filename);
+  // A UTF-8 byte order mark (Windows editors write one) is not part of the first line.
+  if (text.starts_with("\xEF\xBB\xBF")) text.remove_prefix(3);
   while (pos <= text.size()) {
     size_t end = text.find('\n', pos);
     std::string_view raw = text.substr(pos, end == std::string_view::npos ? std::string_view::npos : end - pos);
@@ -76,9 +80,10 @@ std::vector<IniEntry> read_ini_file(const std::filesystem::path& path) {
   if (!std::filesystem::exists(path, ec)) fail("config file '{}' not found", path.string());
   if (std::filesystem::is_directory(path, ec)) fail("config file '{}' is a directory, expected an .ini file", path.string());
   std::ifstream in(path, std::ios::binary);
-  if (!in) fail("config file '{}' cannot be read", path.string());
+  if (!in) fail("config file '{}' cannot be read: {}", path.string(), std::strerror(errno));
   std::ostringstream ss;
   ss << in.rdbuf();
+  if (in.bad()) fail("config file '{}' cannot be read: {}", path.string(), std::strerror(errno));
   return parse_ini(ss.str(), path.string());
 }
 

@@ -136,6 +136,12 @@ std::vector<OptionSpec> build_specs() {
       {"resume", "checkpoint", OptionType::String, &T::resume, "",
        "Continue a run: `auto` (the latest checkpoint in checkpoint_dir, if any) or a checkpoint file.",
        {}, -kNoMax, kNoMax, {}, "auto"},
+      {"overwrite", "checkpoint", OptionType::Bool, &T::overwrite, "false",
+       "A run without `resume` refuses an output_dir (or checkpoint_dir) that holds a previous run's "
+       "metrics or checkpoints; true removes those files first (`resume = auto` continues the run instead)."},
+      {"resume_ignore_model", "checkpoint", OptionType::Bool, &T::resume_ignore_model, "false",
+       "Continue a checkpoint although it was made from other base weights or another tokenizer (their "
+       "fingerprints differ); the shapes must still match."},
 
       // ---- [output] ------------------------------------------------------------------------
       {"save_model", "output", OptionType::Bool, &T::save_model, "false",

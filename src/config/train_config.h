@@ -57,6 +57,8 @@ struct TrainConfig {
   std::string checkpoint_dir;
   int64_t keep_last = 0;
   std::string resume;
+  bool overwrite = false;            // a fresh run may replace a previous run's files in output_dir
+  bool resume_ignore_model = false;  // continue a checkpoint made from another base model or tokenizer
   // [output]
   bool save_model = false;
   std::string output_dir;

@@ -157,11 +157,19 @@ TokenizedDataset build_dataset(const DataOptions& o, const Tokenizer& tokenizer)
 
   std::vector<int64_t> lengths;
   lengths.reserve(out.train.size());
+  auto targets_of = [](const Example& e) {
+    int64_t n = 0;
+    for (size_t t = 1; t < e.labels.size(); ++t) n += e.labels[t] != kIgnoreIndex;
+    return n;
+  };
   for (const Example& e : out.train) {
     lengths.push_back(e.full_length);
     s.truncated += e.truncated;
-    for (size_t t = 1; t < e.labels.size(); ++t) s.target_tokens += e.labels[t] != kIgnoreIndex;
+    const int64_t targets = targets_of(e);
+    s.target_tokens += targets;
+    s.train_without_targets += targets == 0;
   }
+  for (const Example& e : out.eval) s.eval_without_targets += targets_of(e) == 0;
   std::sort(lengths.begin(), lengths.end());
   s.length_p50 = percentile(lengths, 50);
   s.length_p90 = percentile(lengths, 90);
@@ -178,6 +186,9 @@ std::string summarize(const DatasetStats& s) {
       "{} target tokens",
       s.records_read, s.records_skipped, s.examples, s.dropped_for_batching, s.eval_examples,
       s.length_p50, s.length_p90, s.length_p99, s.length_max, s.truncated, s.target_tokens);
+  if (s.train_without_targets > 0 || s.eval_without_targets > 0)
+    text += fmt::format("\nno target token left after truncation: {} train, {} eval examples", s.train_without_targets,
+                        s.eval_without_targets);
   for (const std::string& reason : s.skip_reasons) text += "\nskipped: " + reason;
   return text;
 }

@@ -37,6 +37,9 @@ struct DatasetStats {
   // Train example lengths in tokens before truncation (BOS and EOS included).
   int64_t length_p50 = 0, length_p90 = 0, length_p99 = 0, length_max = 0;
   int64_t target_tokens = 0;              // train tokens the loss counts (after truncation)
+  // Examples left with no token for the loss once truncated to context_length (their answers
+  // were cut away): they train nothing and have no loss.
+  size_t train_without_targets = 0, eval_without_targets = 0;
   std::vector<std::string> skip_reasons;  // the first few
 };
 

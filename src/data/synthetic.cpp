@@ -1,5 +1,7 @@
 #include "data/synthetic.h"
 
+#include <cerrno>
+#include <cstring>
 #include <fmt/ranges.h>
 
 #include <algorithm>
@@ -177,7 +179,7 @@ void write_jsonl(const fs::path& path, const std::vector<Record>& records) {
   tmp += ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) fail("cannot write '{}'; check that its folder exists and is writable", tmp.string());
+    if (!out) fail("cannot write '{}': {}", tmp.string(), std::strerror(errno));
     for (const Record& record : records) {
       nlohmann::json object(record.fields);
       try {
@@ -188,13 +190,14 @@ void write_jsonl(const fs::path& path, const std::vector<Record>& records) {
       }
     }
     out.close();
-    if (!out) fail("cannot write '{}' (disk full?)", tmp.string());
+    if (!out) fail("cannot write '{}': {}", tmp.string(), std::strerror(errno));
   }
   std::error_code ec;
   fs::rename(tmp, path, ec);
   if (ec) {
+    const std::string why = ec.message();
     fs::remove(tmp, ec);
-    fail("cannot move '{}' into place at '{}'", tmp.string(), path.string());
+    fail("cannot move '{}' into place at '{}': {}", tmp.string(), path.string(), why);
   }
 }
 

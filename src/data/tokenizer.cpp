@@ -1,5 +1,7 @@
 #include "data/tokenizer.h"
 
+#include <cerrno>
+#include <cstring>
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
@@ -169,8 +171,8 @@ std::vector<std::string> training_sentences(const fs::path& input) {
   if (!fs::exists(input, ec)) fail("tokenizer training input '{}' does not exist", input.string());
   std::ifstream in(input, std::ios::binary);
   if (!in || fs::is_directory(input, ec))
-    fail("cannot read tokenizer training input '{}'; expected a readable text file",
-         input.string());
+    fail("cannot read tokenizer training input '{}': {}; expected a readable text file", input.string(),
+         fs::is_directory(input, ec) ? "it is a directory" : std::strerror(errno));
   std::string line;
   size_t line_number = 0;
   while (std::getline(in, line)) {
@@ -190,13 +192,14 @@ void write_file_atomically(const fs::path& path, const std::string& bytes) {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     out.close();
-    if (!out) fail("cannot write '{}'; check that its folder exists and is writable", tmp.string());
+    if (!out) fail("cannot write '{}': {}", tmp.string(), std::strerror(errno));
   }
   std::error_code ec;
   fs::rename(tmp, path, ec);
   if (ec) {
+    const std::string why = ec.message();
     fs::remove(tmp, ec);
-    fail("cannot move the trained tokenizer into place at '{}'", path.string());
+    fail("cannot move the trained tokenizer into place at '{}': {}", path.string(), why);
   }
 }
 

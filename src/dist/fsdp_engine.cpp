@@ -703,6 +703,49 @@ double FsdpEngine::grad_norm() {
   return std::sqrt(groups_.shard->all_reduce_sum(on_device ? device_grad_sq_sum(grads) : grad_sq_sum(grads)));
 }
 
+std::string FsdpEngine::first_non_finite_gradient() {
+  settle_steps();
+  // Where, as unit × (entries + 1) + entry, with entry = entries for "somewhere in the unit".
+  constexpr double kNone = 1e300;
+  double where = kNone;
+  const int s = groups_.shard->rank();
+  for (size_t ui = 0; ui < units_.size() && where == kNone; ++ui) {
+    Unit& u = *units_[ui];
+    const double base = static_cast<double>(ui) * static_cast<double>(u.trainables.size() + 1);
+    if (u.stepped) {  // the fused update consumed (and zeroed) the gradient
+      if (!std::isfinite(u.grad_sq)) where = base + static_cast<double>(u.trainables.size());
+      continue;
+    }
+    std::vector<float> on_host;
+    const float* grad = u.step_gradient();
+    if (u.state_on_device()) {
+      on_host.resize(static_cast<size_t>(u.grad_d.numel()));
+      copy_bytes(on_host.data(), Device::CPU, u.grad_d.view().data, Device::CUDA, on_host.size() * sizeof(float));
+      grad = on_host.data();
+    }
+    const int64_t begin = u.shard_offset(s), end = begin + u.shard_numel;
+    for (size_t ei = 0; ei < u.trainables.size() && where == kNone; ++ei) {
+      const TrainableEntry& e = u.trainables[ei];
+      for (int64_t i = std::max(begin, e.offset); i < std::min(end, e.offset + e.numel); ++i)
+        if (!std::isfinite(grad[i - begin])) {
+          where = base + static_cast<double>(ei);
+          break;
+        }
+    }
+  }
+  where = -groups_.shard->all_reduce_max(-where);  // the first over the shards
+  for (size_t ui = 0; ui < units_.size(); ++ui) {
+    const Unit& u = *units_[ui];
+    const double base = static_cast<double>(ui) * static_cast<double>(u.trainables.size() + 1);
+    if (where < base || where >= base + static_cast<double>(u.trainables.size() + 1)) continue;
+    const size_t entry = static_cast<size_t>(where - base);
+    if (entry < u.trainables.size()) return fmt::format("tensor '{}'", u.trainables[entry].name);
+    return fmt::format("one of unit {}'s {} tensors (the first '{}'; it was updated during backward)", ui,
+                       u.trainables.size(), u.trainables.empty() ? "?" : u.trainables.front().name);
+  }
+  return "no gradient shard (the non-finite value is in the norm's reduction)";
+}
+
 void FsdpEngine::scale_grads(double factor) {
   settle_steps();
   if (stepped_during_backward()) throw std::logic_error("FsdpEngine: clipping after a step taken during backward");

@@ -112,6 +112,10 @@ class FsdpEngine final : public UnitHooks {
 
   // The global gradient L2 norm over every shard (collective over the shard group).
   double grad_norm();
+  // After a non-finite norm: where the first NaN or Inf gradient is, in unit order — "tensor 'NAME'",
+  // or for a unit already updated during backward (its gradient is gone, only its measured sum of
+  // squares tells) "one of unit K's N tensors (the first 'NAME')". Collective over the shard group.
+  std::string first_non_finite_gradient();
   void scale_grads(double factor);
   // fp16 loss scaling: multiplies every gradient shard by 1/scale and returns whether any rank's
   // shard holds inf or NaN (collective over the world, so every rank skips or steps alike).

@@ -228,7 +228,8 @@ std::vector<std::string> write_model_weights(const fs::path& dir, const std::vec
   chunk_bytes = std::max<uint64_t>(8, chunk_bytes - chunk_bytes % 8);
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (!fs::is_directory(dir, ec)) fail("cannot create model directory '{}'", dir.string());
+  if (ec || !fs::is_directory(dir))
+    fail("cannot create model directory '{}': {}", dir.string(), ec ? ec.message() : "not a directory");
 
   const auto shards = plan_shards(tensors, max_shard_bytes);
   const bool sharded = shards.size() > 1;

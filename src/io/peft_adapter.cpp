@@ -48,10 +48,10 @@ std::string shape_string(const std::vector<int64_t>& shape) {
 
 std::string read_text_file(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot open '{}'", path.string());
+  if (!in) fail("cannot open '{}': {}", path.string(), std::strerror(errno));
   std::ostringstream text;
   text << in.rdbuf();
-  if (in.bad()) fail("cannot read '{}'", path.string());
+  if (in.bad()) fail("cannot read '{}': {}", path.string(), std::strerror(errno));
   return text.str();
 }
 
@@ -280,7 +280,8 @@ void save_peft_adapter(const fs::path& dir, const AdapterConfig& config,
 
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (!fs::is_directory(dir, ec)) fail("cannot create the adapter directory '{}'", dir.string());
+  if (ec || !fs::is_directory(dir))
+    fail("cannot create the adapter directory '{}': {}", dir.string(), ec ? ec.message() : "not a directory");
   // Without its config the directory is not an adapter, so a reader never pairs the old config
   // with new weights while the save is in progress.
   fs::remove(dir / kAdapterConfigFile, ec);

@@ -220,7 +220,8 @@ void init_model(LlamaConfig config, const fs::path& out_dir, const InitModelOpti
   }
   const fs::path parent = target.parent_path();
   fs::create_directories(parent, ec);
-  if (!fs::is_directory(parent, ec)) fail("init-model: cannot create '{}'", parent.string());
+  if (ec || !fs::is_directory(parent))
+    fail("init-model: cannot create '{}': {}", parent.string(), ec ? ec.message() : "not a directory");
 
   StagingDir staging;
   staging.path = parent / fmt::format(".{}.partial-{}", target.filename().string(), ::getpid());

@@ -1,5 +1,7 @@
 #include "model/llama_config.h"
 
+#include <cerrno>
+#include <cstring>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -192,7 +194,7 @@ LlamaConfig load_llama_config(const std::filesystem::path& config_json) {
   std::ifstream in(config_json, std::ios::binary);
   std::stringstream text;
   text << in.rdbuf();
-  if (!in) fail("cannot read model config {}", where);
+  if (!in) fail("cannot read model config {}: {}", where, std::strerror(errno));
   json j;
   try {
     j = json::parse(text.str());

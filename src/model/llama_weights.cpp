@@ -84,6 +84,35 @@ void convert_file_values(const std::byte* src, DType src_dtype, TensorView out) 
 
 std::string module_list(const std::vector<std::string>& names) { return join(names, ", "); }
 
+// The NaN and ±Inf values among `n` values of a file dtype: how many, and the first one's index
+// (-1 when none). An all-ones exponent marks them in every float format: one branch-free pass.
+struct NonFinite {
+  int64_t count = 0;
+  int64_t first = -1;
+};
+
+NonFinite find_non_finite(const std::byte* src, DType dtype, int64_t n) {
+  auto scan = [&](auto word, uint64_t exponent) {
+    using Word = decltype(word);
+    int64_t count = 0, first = n;
+#pragma omp parallel for if (n >= (1 << 16)) schedule(static) reduction(+ : count) reduction(min : first)
+    for (int64_t i = 0; i < n; ++i) {
+      Word w;
+      std::memcpy(&w, src + sizeof(Word) * static_cast<size_t>(i), sizeof(Word));
+      const bool bad = (w & exponent) == exponent;
+      count += bad;
+      first = bad && i < first ? i : first;
+    }
+    return NonFinite{count, count > 0 ? first : -1};
+  };
+  switch (dtype) {
+    case DType::F32: return scan(uint32_t{}, 0x7F800000u);
+    case DType::BF16: return scan(uint16_t{}, 0x7F80u);
+    case DType::F16: return scan(uint16_t{}, 0x7C00u);
+    default: throw std::logic_error("find_non_finite: not a float dtype");
+  }
+}
+
 void validate_options(const LlamaConfig& config, const ModelOptions& o) {
   if (o.train_base && o.quantize_base)
     fail("full fine-tuning (train_type full) trains every base weight and cannot train NF4-quantised ones: "
@@ -330,6 +359,13 @@ WeightSource file_weight_source(const ModelWeights& files) {
     const uint64_t element = dtype_size(info->dtype);
     const std::span<const std::byte> bytes =
         files.bytes(spec.name, static_cast<uint64_t>(first) * element, static_cast<uint64_t>(out.numel()) * element);
+    // Bytes already in memory: a damaged file (or one saved after training diverged) is refused here,
+    // naming the tensor, instead of training (or evaluating) to NaN.
+    if (const NonFinite bad = find_non_finite(bytes.data(), info->dtype, out.numel()); bad.count > 0)
+      fail("model '{}': tensor '{}' holds {} NaN or infinite value{} (the first at element {} of {}): the weights file "
+           "is damaged or was saved from a diverged run; download or convert it again",
+           files.directory().string(), spec.name, bad.count, bad.count == 1 ? "" : "s", first + bad.first,
+           info->numel());
     convert_file_values(bytes.data(), info->dtype, out);
     // A sharded loader keeps only its shard of this: the mapped file pages need not stay resident.
     files.file_of(spec.name).release_pages(bytes);

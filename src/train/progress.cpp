@@ -1,7 +1,11 @@
 #include "train/progress.h"
 
+#include <cerrno>
+#include <cstring>
 #include <fmt/format.h>
 #include <unistd.h>
+
+#include <cmath>
 
 #include <utility>
 
@@ -22,7 +26,7 @@ Progress::Progress(const std::string& log_to, const std::filesystem::path& outpu
     std::filesystem::create_directories(output_dir, ec);
     auto path = output_dir / "train.log";
     log_file_ = std::fopen(path.c_str(), "ab");
-    if (!log_file_) fail("cannot write the log file '{}'", path.string());
+    if (!log_file_) fail("cannot write the log file '{}': {}", path.string(), std::strerror(errno));
   }
   bar_ = log_to == "tqdm" && isatty(STDOUT_FILENO);
 }
@@ -64,22 +68,24 @@ void Progress::step(const StepReport& r) {
   double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   double eta = r.step > 0 ? elapsed / static_cast<double>(r.step) * static_cast<double>(r.total_steps - r.step) : -1;
   std::string eval = r.eval_loss >= 0 ? fmt::format(" eval_loss {:.4f}", r.eval_loss) : "";
+  // A step whose micro-batches had no target token has no loss.
+  const std::string loss = std::isfinite(r.loss) ? fmt::format("{:.4f}", r.loss) : std::string("- (no target token)");
   if (bar_) {
     const int width = 24;
     int filled = r.total_steps ? static_cast<int>(width * r.step / r.total_steps) : width;
     std::string bar(static_cast<size_t>(filled), '#');
     bar.resize(width, '.');
-    std::fprintf(stdout, "\r\033[K%3d%% [%s] %lld/%lld loss %.4f lr %.3g %.0f tok/s %s<%s%s",
+    std::fprintf(stdout, "\r\033[K%3d%% [%s] %lld/%lld loss %s lr %.3g %.0f tok/s %s<%s%s",
                  r.total_steps ? static_cast<int>(100 * r.step / r.total_steps) : 100, bar.c_str(),
-                 static_cast<long long>(r.step), static_cast<long long>(r.total_steps), r.loss, r.lr,
+                 static_cast<long long>(r.step), static_cast<long long>(r.total_steps), loss.c_str(), r.lr,
                  r.tokens_per_second, format_duration(elapsed).c_str(), format_duration(eta).c_str(), eval.c_str());
     std::fflush(stdout);
     bar_drawn_ = true;
     return;
   }
   const std::string norm = r.skipped ? "skipped (fp16 overflow)" : fmt::format("{:.4g}", r.grad_norm);
-  emit_line(fmt::format("step {}/{} epoch {} loss {:.4f} lr {:.3g} grad_norm {} {:.0f} tok/s elapsed {} eta {}{}",
-                        r.step, r.total_steps, r.epoch, r.loss, r.lr, norm, r.tokens_per_second,
+  emit_line(fmt::format("step {}/{} epoch {} loss {} lr {:.3g} grad_norm {} {:.0f} tok/s elapsed {} eta {}{}",
+                        r.step, r.total_steps, r.epoch, loss, r.lr, norm, r.tokens_per_second,
                         format_duration(elapsed), format_duration(eta), eval));
 }
 

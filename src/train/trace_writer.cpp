@@ -1,5 +1,7 @@
 #include "train/trace_writer.h"
 
+#include <cerrno>
+#include <cstring>
 #include <mutex>
 
 #include <fmt/format.h>
@@ -12,7 +14,7 @@ namespace fsdpq {
 
 TraceWriter::TraceWriter(const std::filesystem::path& path, int rank) : rank_(rank), origin_(Clock::now()) {
   file_ = std::fopen(path.c_str(), "w");
-  if (!file_) fail("profile = true: cannot write the trace {}", path.string());
+  if (!file_) fail("profile = true: cannot write the trace {}: {}", path.string(), std::strerror(errno));
   std::fputs("[\n", file_);
   // Name the process and lanes so the viewer shows "rank 0: step / compute / comm".
   const nlohmann::json meta = {{"name", "process_name"}, {"ph", "M"}, {"pid", rank_}, {"args", {{"name", fmt::format("rank {}", rank_)}}}};

@@ -7,6 +7,8 @@
 
 #include "io/checkpoint_dir.h"
 #include "io/checkpoint_file.h"
+#include "train/base_fingerprint.h"
+#include "runtime/agreed_errors.h"
 #include "runtime/fault_injection.h"
 #include "runtime/log.h"
 #include "util/error.h"
@@ -62,7 +64,53 @@ std::optional<std::string> first_difference(const nlohmann::json& saved, const n
   return fmt::format("{}: checkpoint {}, this run {}", where, saved.dump(), now.dump());
 }
 
+// Refuses a checkpoint that cannot continue this run (see check_training_checkpoint).
+void check_can_continue(const nlohmann::json& meta, const std::filesystem::path& path, const ResolvedConfig& resolved,
+                        const RunPlan& plan, const nlohmann::json& fingerprint) {
+  const TrainConfig& c = resolved.config;
+  if (meta.value("kind", "") != "fsdpq-training-checkpoint" || meta.value("version", 0) != kTrainingCheckpointVersion)
+    fail("checkpoint '{}' is not a training checkpoint of this fsdpq (kind '{}', version {})", path.string(),
+         meta.value("kind", "?"), meta.value("version", 0));
+  if (auto d = first_difference(meta.at("compatibility"), compatibility(c, plan), "")) {
+    const std::string config_file = meta.value("config_file", "");
+    fail("checkpoint '{}' cannot continue this run: {} (resume with the settings it was made with{})", path.string(),
+         *d, config_file.empty() ? "" : fmt::format(", {}", config_file));
+  }
+  if (!meta.contains("base_fingerprint")) {
+    log::warn("checkpoint '{}' records no fingerprint of its base weights and tokenizer (an older fsdpq made it): "
+              "fsdpq cannot check that this run continues it on the same base", path.string());
+    return;
+  }
+  if (auto d = fingerprint_difference(meta.at("base_fingerprint"), fingerprint)) {
+    if (!c.resume_ignore_model)
+      fail("checkpoint '{}' was made on another base than this run's: {}. Resume it with the model and tokenizer it "
+           "was made with, or set resume_ignore_model = true to continue anyway",
+           path.string(), *d);
+    log::warn("checkpoint '{}' was made on another base than this run's: {}; continuing (resume_ignore_model = true)",
+              path.string(), *d);
+  }
+}
+
 }  // namespace
+
+nlohmann::json run_base_fingerprint(const World& world, const RunPlan& plan) {
+  std::string text;
+  run_on_all_ranks(world, [&] {
+    if (world.is_root()) text = base_fingerprint(plan.model, *plan.tokenizer).dump();
+  });
+  uint64_t size = text.size();
+  MPI_Bcast(&size, 1, MPI_UINT64_T, 0, world.comm);
+  text.resize(size);
+  MPI_Bcast(text.data(), static_cast<int>(size), MPI_CHAR, 0, world.comm);
+  return nlohmann::json::parse(text);
+}
+
+void check_training_checkpoint(const World& world, const std::filesystem::path& path, const ResolvedConfig& resolved,
+                               const RunPlan& plan, const nlohmann::json& fingerprint) {
+  CheckpointReader reader(world.comm, path);
+  check_can_continue(reader.meta(), path, resolved, plan, fingerprint);
+  reader.verify();
+}
 
 std::optional<std::filesystem::path> checkpoint_to_resume(const TrainConfig& c) {
   if (c.resume.empty()) return std::nullopt;
@@ -72,7 +120,8 @@ std::optional<std::filesystem::path> checkpoint_to_resume(const TrainConfig& c) 
 }
 
 std::filesystem::path save_training_checkpoint(const World& world, FsdpEngine& engine, const TrainingPosition& position,
-                                               const ResolvedConfig& resolved, const RunPlan& plan) {
+                                               const ResolvedConfig& resolved, const RunPlan& plan,
+                                               const nlohmann::json& fingerprint) {
   const TrainConfig& c = resolved.config;
   const auto start = std::chrono::steady_clock::now();
   const std::filesystem::path dir = c.checkpoint_dir;
@@ -103,6 +152,7 @@ std::filesystem::path save_training_checkpoint(const World& world, FsdpEngine& e
                    {"epoch", position.epoch},
                    {"samples_in_epoch", position.samples_in_epoch},
                    {"first_loss", position.first_loss},
+                   {"last_loss", position.last_loss},
                    {"optimizer_steps", engine.optimizer_steps()},
                    {"optimizer_states", states},
                    {"loss_scaler", position.loss_scaler},
@@ -110,6 +160,7 @@ std::filesystem::path save_training_checkpoint(const World& world, FsdpEngine& e
                    {"world_size", world.size},
                    {"sharding_strategy", c.sharding_strategy},
                    {"compatibility", compatibility(c, plan)},
+                   {"base_fingerprint", fingerprint},
                    {"config_file", resolved.config_path},
                    {"config", config}});
   }
@@ -124,16 +175,12 @@ std::filesystem::path save_training_checkpoint(const World& world, FsdpEngine& e
 }
 
 TrainingPosition load_training_checkpoint(const World& world, const std::filesystem::path& path, FsdpEngine& engine,
-                                          const ResolvedConfig& resolved, const RunPlan& plan) {
+                                          const ResolvedConfig& resolved, const RunPlan& plan,
+                                          const nlohmann::json& fingerprint) {
   const TrainConfig& c = resolved.config;
   CheckpointReader reader(world.comm, path);
   const nlohmann::json& meta = reader.meta();
-  if (meta.value("kind", "") != "fsdpq-training-checkpoint" || meta.value("version", 0) != kTrainingCheckpointVersion)
-    fail("checkpoint '{}' is not a training checkpoint of this fsdpq (kind '{}', version {})", path.string(),
-         meta.value("kind", "?"), meta.value("version", 0));
-  if (auto d = first_difference(meta.at("compatibility"), compatibility(c, plan), ""))
-    fail("checkpoint '{}' cannot continue this run: {} (resume with the config it was made with, {})", path.string(),
-         *d, meta.value("config_file", "?"));
+  check_can_continue(meta, path, resolved, plan, fingerprint);
   reader.verify();
 
   const std::vector<std::string> states = optimizer_state_names(optimizer_config(c.optimizer, c.lr, c.wd).kind);
@@ -158,6 +205,8 @@ TrainingPosition load_training_checkpoint(const World& world, const std::filesys
   p.epoch = meta.at("epoch").get<int64_t>();
   p.samples_in_epoch = meta.at("samples_in_epoch").get<int64_t>();
   p.first_loss = meta.value("first_loss", 0.0);
+  // Older checkpoints did not record it; JSON writes NaN as null.
+  if (meta.contains("last_loss") && meta.at("last_loss").is_number()) p.last_loss = meta.at("last_loss").get<double>();
   if (meta.contains("loss_scaler")) p.loss_scaler = meta.at("loss_scaler");
   if (p.samples_in_epoch % world.size != 0)
     fail("checkpoint '{}' stopped {} samples into epoch {}, which {} ranks cannot split evenly", path.string(),

@@ -5,6 +5,7 @@
 // Dropout masks and the sample order are functions of (seed, step, epoch): the position is their
 // whole RNG state.
 #pragma once
+#include <cmath>
 #include <filesystem>
 #include <optional>
 
@@ -22,6 +23,7 @@ struct TrainingPosition {
   int64_t epoch = 0;             // the epoch the next step belongs to
   int64_t samples_in_epoch = 0;  // samples of that epoch consumed, over all ranks
   double first_loss = 0;         // the run's first logged loss (for the summary)
+  double last_loss = std::nan("");  // the loss of step `step` (NaN: not known, e.g. before step 1)
   nlohmann::json loss_scaler;    // fp16_autocast: the dynamic loss scaler's state; null otherwise
 };
 
@@ -29,15 +31,27 @@ struct TrainingPosition {
 // a path → that file (missing: UserError naming the key).
 std::optional<std::filesystem::path> checkpoint_to_resume(const TrainConfig& config);
 
-// Collective over the world. Writes checkpoint_dir/step-NNNNNNNN.h5 through a temporary name,
-// then rank 0 points `latest` at it and prunes to keep_last. Returns the file.
-std::filesystem::path save_training_checkpoint(const World& world, FsdpEngine& engine, const TrainingPosition& position,
-                                               const ResolvedConfig& resolved, const RunPlan& plan);
+// This run's base fingerprint (train/base_fingerprint.h): computed on rank 0, the same JSON on
+// every rank. Collective; errors are agreed.
+nlohmann::json run_base_fingerprint(const World& world, const RunPlan& plan);
 
-// Collective over the world: verifies the file's checksums, refuses a checkpoint of another model,
-// LoRA shape, optimizer, dataset, seed or global batch (UserError saying which and how they differ),
-// loads every rank's slices into the engine and returns where to continue.
+// Collective over the world. Writes checkpoint_dir/step-NNNNNNNN.h5 through a temporary name,
+// then rank 0 points `latest` at it and prunes to keep_last. Returns the file. `fingerprint` is
+// run_base_fingerprint's.
+std::filesystem::path save_training_checkpoint(const World& world, FsdpEngine& engine, const TrainingPosition& position,
+                                               const ResolvedConfig& resolved, const RunPlan& plan,
+                                               const nlohmann::json& fingerprint);
+
+// Collective over the world: verifies the file's checksums and refuses a checkpoint of another
+// model shape, LoRA shape, optimizer, dataset, seed or global batch, or (unless resume_ignore_model)
+// of other base weights or another tokenizer: UserError saying which and how they differ. What a
+// dry run checks; load_training_checkpoint checks the same first.
+void check_training_checkpoint(const World& world, const std::filesystem::path& path, const ResolvedConfig& resolved,
+                               const RunPlan& plan, const nlohmann::json& fingerprint);
+
+// check_training_checkpoint, then loads every rank's slices into the engine and returns where to continue.
 TrainingPosition load_training_checkpoint(const World& world, const std::filesystem::path& path, FsdpEngine& engine,
-                                          const ResolvedConfig& resolved, const RunPlan& plan);
+                                          const ResolvedConfig& resolved, const RunPlan& plan,
+                                          const nlohmann::json& fingerprint);
 
 }  // namespace fsdpq

@@ -27,6 +27,7 @@
 #include "train/epoch_batches.h"
 #include "train/metrics_log.h"
 #include "train/progress.h"
+#include "train/run_directory.h"
 #include "train/save_model.h"
 #include "train/trace_writer.h"
 #include "train/train_checkpoint.h"
@@ -154,7 +155,23 @@ double evaluate_loss(LlamaModel& model, const std::vector<data::Example>& exampl
     sums[1] += static_cast<double>(l.tokens);
   }
   if (world) world->all_reduce(sums, 2, CommType::F64, ReduceOp::Sum).wait();
-  return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
+  // A mean over no token is undefined, not 0 (JSON writes NaN as null).
+  return sums[1] > 0 ? sums[0] / sums[1] : std::nan("");
+}
+
+std::string describe_eval(double loss, const std::vector<data::Example>& examples) {
+  size_t scored = 0;
+  for (const data::Example& e : examples)
+    scored += std::any_of(e.labels.begin() + (e.labels.empty() ? 0 : 1), e.labels.end(),
+                          [](int32_t label) { return label != data::kIgnoreIndex; });
+  const std::string left_out =
+      scored < examples.size()
+          ? fmt::format(" ({} of {} keep no target token after truncation and are left out)", examples.size() - scored,
+                        examples.size())
+          : "";
+  if (scored == 0 || !std::isfinite(loss))
+    return fmt::format("eval: no loss, no eval example keeps a target token after truncation{}", left_out);
+  return fmt::format("eval loss {:.4f} (perplexity {:.2f}) on {} examples{}", loss, std::exp(loss), scored, left_out);
 }
 
 TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPlan& plan, const GpuInfo& gpu) {
@@ -228,12 +245,14 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
     fail("the run has no optimizer step: {} micro-batches per epoch and gradient_accumulation_steps = {}",
          bp.micro_batches_per_epoch, gas);
 
+  // What the checkpoints record of the base, and what a resumed one must match.
+  const nlohmann::json fingerprint = run_base_fingerprint(world, plan);
   TrainingPosition position;
   std::optional<std::filesystem::path> resume_from;
   run_on_all_ranks(world, [&] { resume_from = checkpoint_to_resume(c); });
   if (resume_from) {
     // Its errors are the same on every rank (the reader agrees them): report them once.
-    run_on_all_ranks(world, [&] { position = load_training_checkpoint(world, *resume_from, engine, resolved, plan); });
+    run_on_all_ranks(world, [&] { position = load_training_checkpoint(world, *resume_from, engine, resolved, plan, fingerprint); });
   } else if (c.resume == "auto") {
     log::info("resume = auto: no checkpoint in {} yet, starting from step 0", c.checkpoint_dir);
   }
@@ -247,9 +266,20 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
     if (!position.loss_scaler.is_null()) run_on_all_ranks(world, [&] { scaler->load_state_json(position.loss_scaler); });
   }
 
-  const bool appending = position.step > 0;
-  MetricsLog metrics = world.is_root() ? MetricsLog(std::filesystem::path(c.output_dir) / "metrics.jsonl", appending)
-                                       : MetricsLog();
+  // A continued run appends to the metrics of the run it continues, whose records of the steps
+  // after `position.step` are marked superseded first: they are redone now.
+  const bool continuing = !c.resume.empty();
+  const std::filesystem::path metrics_path = std::filesystem::path(c.output_dir) / "metrics.jsonl";
+  bool continues_metrics = false;
+  run_on_all_ranks(world, [&] {
+    if (!world.is_root() || !continuing) return;
+    std::error_code ec;
+    continues_metrics = std::filesystem::file_size(metrics_path, ec) > 0 && !ec;
+    if (const int64_t n = supersede_records_after(metrics_path, position.step))
+      log::info("{}: {} record(s) of the steps after step {} marked superseded (the run redoes them)",
+                metrics_path.string(), n, position.step);
+  });
+  MetricsLog metrics = world.is_root() ? MetricsLog(metrics_path, continuing) : MetricsLog();
   nlohmann::json header = run_header(resolved, plan, world, gpu, total_steps);
   header["sharding_strategy"] = sharding_strategy_name(groups.strategy);
   header["shard_bytes"] = {{"frozen", held.frozen}, {"trainable", held.trainable},
@@ -257,7 +287,9 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
   header["peak_host_memory_after_load_bytes"] = peak_host;
   header["private_host_memory_after_load_bytes"] = private_host;
   header["load_read_bytes_per_rank"] = read_per_rank;  // of the model files (none for a preset)
-  if (appending) header["resumed_from"] = {{"checkpoint", resume_from->string()}, {"step", position.step}};
+  if (resume_from || continues_metrics)
+    header["resumed_from"] = {{"checkpoint", resume_from ? nlohmann::json(resume_from->string()) : nlohmann::json(nullptr)},
+                              {"step", position.step}};
   metrics.write(header);
   metrics.write(memory_record("after_load", position.step, device));
   Progress progress = world.is_root() ? Progress(c.log_to, c.output_dir) : Progress();
@@ -289,11 +321,12 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
   const int32_t pad_id = plan.tokenizer->pad_id();
   data::DistributedSampler sampler(static_cast<int64_t>(plan.dataset.train.size()), world.size, world.rank,
                                    static_cast<uint64_t>(c.seed));
-  install_preemption_handlers();
+  preemption_checkpoints_from_now();  // before: a notice exits at once (nothing to checkpoint)
   Communicator& all = *groups.world;
 
   TrainingOutcome outcome;
   outcome.first_loss = position.first_loss;
+  outcome.last_loss = position.last_loss;
   int64_t& step = position.step;  // optimizer steps done
   const int64_t first_step = step;  // where this process began (after a resume, not 0)
   for (; position.epoch < c.num_epochs && step < total_steps; ++position.epoch, position.samples_in_epoch = 0) {
@@ -302,8 +335,10 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
                          c.pad_to_context_length, position.samples_in_epoch / world.size);
     // Micro-batches past the last whole accumulation step of the epoch would never be stepped.
     const int64_t usable = batches.size() / gas * gas;
-    // Per step, summed over ranks: loss × batch size, samples, tokens, target tokens.
-    double sums[4] = {0, 0, 0, 0};
+    // Per step, summed over ranks: loss × batch size, samples, tokens, target tokens, and the
+    // samples of the micro-batches that had target tokens (the loss is their mean: a micro-batch
+    // whose answers were all truncated away has no loss, not a loss of 0).
+    double sums[5] = {0, 0, 0, 0, 0};
     auto step_start = Clock::now();
     double forward_backward_seconds = 0;
     for (int64_t i = 0; i < usable && step < total_steps; ++i) {
@@ -330,7 +365,10 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
       memory_point("after_forward_backward", step);
       if (step == 0 && i == 0)
         metrics.write(memory_record("after_first_forward_backward", step, device));
-      sums[0] += l.mean() * static_cast<double>(batch.batch_size);
+      if (l.tokens > 0) {
+        sums[0] += l.mean() * static_cast<double>(batch.batch_size);
+        sums[4] += static_cast<double>(batch.batch_size);
+      }
       sums[1] += static_cast<double>(batch.batch_size);
       sums[2] += static_cast<double>(batch.batch_size * batch.seq_len);
       sums[3] += static_cast<double>(l.tokens);
@@ -338,15 +376,17 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
 
       // Optimizer step: global grad norm (always measured; clipping when enabled), update, schedule.
       const auto optimizer_start = Clock::now();
-      all.all_reduce(sums, 4, CommType::F64, ReduceOp::Sum).wait();
-      const double loss = sums[0] / sums[1];
+      all.all_reduce(sums, 5, CommType::F64, ReduceOp::Sum).wait();
+      const double loss = sums[4] > 0 ? sums[0] / sums[4] : std::nan("");  // NaN: no target token (null in JSON)
       // fp16: unscale, and skip the step when any gradient overflowed (the scale backs off).
       bool skipped = false;
       if (scaler) skipped = !scaler->update(engine.unscale_grads(*scaler));
       const double grad_norm = skipped ? std::nan("") : engine.grad_norm();
-      if (!skipped && !std::isfinite(grad_norm))
-        fail("step {}: the gradient norm is {} (loss {}): training diverged; lower lr or check the data", step + 1,
-             grad_norm, loss);
+      if (!skipped && !std::isfinite(grad_norm)) {
+        const std::string where = engine.first_non_finite_gradient();
+        fail("step {}: the gradient norm is {} (loss {}): training diverged; the first NaN or infinite gradient is in "
+             "{}; lower lr or check the data", step + 1, grad_norm, loss, where);
+      }
       if (!skipped && c.apply_gradient_clipping) {
         const double coefficient = clip_coefficient(grad_norm, c.grad_norm);
         if (coefficient < 1.0) engine.scale_grads(coefficient);
@@ -370,7 +410,7 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
 
       const double seconds = seconds_since(step_start);
       if (step == 1) outcome.first_loss = position.first_loss = loss;
-      outcome.last_loss = loss;
+      outcome.last_loss = position.last_loss = loss;
       StepReport report{step, total_steps, epoch, loss, lr, grad_norm, sums[2] / seconds};
       report.skipped = skipped;
       nlohmann::json record = {{"type", "step"},
@@ -423,7 +463,7 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
           ++at.epoch;
           at.samples_in_epoch = 0;
         }
-        save_training_checkpoint(world, engine, at, resolved, plan);
+        save_training_checkpoint(world, engine, at, resolved, plan, fingerprint);
       }
       if (signal != 0) {
         progress.finish();
@@ -435,20 +475,22 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
         outcome.seconds = seconds_since(start);
         return outcome;
       }
-      sums[0] = sums[1] = sums[2] = sums[3] = 0;
+      std::fill(std::begin(sums), std::end(sums), 0.0);
       forward_backward_seconds = 0;
       step_start = Clock::now();
     }
   }
   progress.finish();
   outcome.steps = step;
+  if (step == first_step)
+    log::info("nothing left to train: the run is at step {} and ends at step {}{}", step, total_steps,
+              c.max_steps > 0 ? fmt::format(" (max_steps = {})", c.max_steps) : "");
 
   if (!plan.dataset.eval.empty()) {
     outcome.eval_loss = evaluate_loss(model, plan.dataset.eval, c.batch_size, pad_id, c.context_length, &all);
     metrics.write({{"type", "eval"}, {"step", step}, {"eval_loss", *outcome.eval_loss},
                    {"eval_perplexity", std::exp(*outcome.eval_loss)}});
-    log::info("eval loss {:.4f} (perplexity {:.2f}) on {} examples", *outcome.eval_loss,
-              std::exp(*outcome.eval_loss), plan.dataset.eval.size());
+    log::info("{}", describe_eval(*outcome.eval_loss, plan.dataset.eval));
   }
   if (c.save_model) {
     engine.gather_masters_into_model();
@@ -492,8 +534,9 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
   }
   metrics.write(memory_record("end", step, device));
   metrics.write(summary);
-  log::info("trained {} steps in {}: loss {:.4f} → {:.4f}; metrics in {}", step, format_duration(outcome.seconds),
-            outcome.first_loss, outcome.last_loss, metrics.path().string());
+  auto loss_text = [](double loss) { return std::isfinite(loss) ? fmt::format("{:.4f}", loss) : std::string("?"); };
+  log::info("trained {} steps in {}: loss {} → {}; metrics in {}", step, format_duration(outcome.seconds),
+            loss_text(outcome.first_loss), loss_text(outcome.last_loss), metrics.path().string());
   return outcome;
 }
 

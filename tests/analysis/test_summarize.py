@@ -12,6 +12,7 @@ import pytest
 from conftest import FIXTURES, run_script
 
 import summarize
+from runs import read_run
 from shapes import flops_per_token
 
 RUNS = os.path.join(FIXTURES, "runs")
@@ -150,9 +151,40 @@ def test_resumed_run_warms_up_again_in_each_segment():
     assert sum(r["type"] == "header" for r in records(path)) == 2
     steps = timed_steps(path)
     assert [s["step"] for s in steps] == [2, 4]
-    row = tables(run_script("summarize.py", RESUMED).stdout)["Throughput"][0]
+    row = tables(run_script("summarize.py", os.path.dirname(path)).stdout)["Throughput"][0]
     assert row["Tokens/s"] == f"{sum(s['tokens'] for s in steps) / sum(s['step_seconds'] for s in steps):,.0f}"
     assert row["Timed steps"] == "2"
+
+
+def _summarized_steps(path):
+    """The step records summarize.py times (each segment's first is its warm-up)."""
+    run = read_run(path)
+    per_segment, timed = {}, []
+    for segment, record in run.steps:
+        per_segment[segment] = per_segment.get(segment, 0) + 1
+        if per_segment[segment] > 1:
+            timed.append(record)
+    return run, timed
+
+
+def test_steps_redone_after_a_resume_are_counted_once(tmp_path):
+    # Killed after step 3 with a checkpoint at step 2: step 3 ran twice. fsdpq marks the first
+    # record superseded; a file from before it did so holds both as "step" records, and the
+    # resumed segment's header (resumed_from.step = 2) drops the first.
+    path = os.path.join(RESUMED, "killed_after_checkpoint", "metrics.jsonl")
+    kinds = [(r["type"], r.get("step")) for r in records(path) if r["type"] in ("step", "superseded")]
+    assert kinds == [("step", 1), ("step", 2), ("superseded", 3), ("step", 3), ("step", 4)]
+    old_style = tmp_path / "old_style" / "metrics.jsonl"
+    old_style.parent.mkdir()
+    with open(path) as f:
+        old_style.write_text(f.read().replace('"type":"superseded"', '"type":"step"'))
+    for metrics in (path, str(old_style)):
+        run, timed = _summarized_steps(metrics)
+        assert [r["step"] for _, r in run.steps] == [1, 2, 3, 4], metrics
+        assert [r["step"] for r in timed] == [2, 4], metrics
+        row = tables(run_script("summarize.py", os.path.dirname(metrics)).stdout)["Throughput"][0]
+        assert row["Timed steps"] == "2", metrics
+        assert row["Tokens/s"] == f"{sum(s['tokens'] for s in timed) / sum(s['step_seconds'] for s in timed):,.0f}"
 
 
 @pytest.mark.parametrize("case, line, words", [

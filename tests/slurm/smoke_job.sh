@@ -12,5 +12,9 @@
 #SBATCH --requeue
 #SBATCH --open-mode=append
 
+# Test hook: a fault injected into the first run only (its requeued run must go through).
+if [[ -n ${FSDPQ_SMOKE_FIRST_RUN_FAULT:-} && ${SLURM_RESTART_COUNT:-0} == 0 ]]; then
+  export FSDPQ_INJECT_FAULT=$FSDPQ_SMOKE_FIRST_RUN_FAULT
+fi
 source "${FSDPQ_ROOT:-${SLURM_SUBMIT_DIR:-.}}/slurm/common.sh" || exit 2
 fsdpq_job inputs/demo.ini --save_model false --resume auto -- "$@"

@@ -4,7 +4,9 @@
 #   1. a short training job under `sbatch --wait`: exit 0, metrics.jsonl with world_size 2 from srun;
 #   2. preemption: SIGUSR1 to the running step → checkpoint, exit 75, the job requeues itself,
 #      resumes from the checkpoint and completes (Restarts=1);
-#   3. a bad setting: the job fails with fsdpq's exit code 2 and its message in the job output.
+#   3. a bad setting: the job fails with fsdpq's exit code 2 and its message in the job output;
+#   4. preemption during start-up (SIGUSR1 while the data loads): exit 75 with nothing to
+#      checkpoint, the job requeues itself, starts over and completes (Restarts=1).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -40,6 +42,17 @@ submit_and_wait() {
   set -e
 }
 
+# wait_for_completion_after_requeue ID OUT: waits for a requeued job to end; fails unless COMPLETED.
+wait_for_completion_after_requeue() {
+  local id=$1 out=$2 state=""
+  for _ in $(seq 1 360); do  # up to 360 s
+    state=$(job_field "$id" JobState)
+    [[ $state == COMPLETED || $state == FAILED || $state == CANCELLED || $state == TIMEOUT ]] && break
+    sleep 1
+  done
+  [[ $state == COMPLETED ]] || { show_output "$out"; scontrol show job "$id" >&2 || true; scancel "$id" || true; fail "job $id ended $state (expected COMPLETED after a requeue)"; }
+}
+
 # 1. --- a short run under sbatch --wait
 out="$work/job1.out"
 submit_and_wait "$out" --max_steps 6
@@ -69,13 +82,7 @@ scancel --signal=USR1 "$id"
 # Slurm holds a requeued batch job about two minutes (Reason=BeginTime) while the old run is
 # cleaned up; starting it sooner (scontrol update StartTime=now) made the new step collide with
 # the old one's PMIx socket here, so the test waits like a real job does.
-state=""
-for _ in $(seq 1 360); do  # up to 360 s
-  state=$(job_field "$id" JobState)
-  [[ $state == COMPLETED || $state == FAILED || $state == CANCELLED || $state == TIMEOUT ]] && break
-  sleep 1
-done
-[[ $state == COMPLETED ]] || { show_output "$out"; scontrol show job "$id" >&2 || true; scancel "$id" || true; fail "job $id ended $state (expected COMPLETED after a requeue)"; }
+wait_for_completion_after_requeue "$id" "$out"
 restarts=$(job_field "$id" Restarts)
 [[ $restarts == 1 ]] || { show_output "$out"; fail "job $id: Restarts=$restarts, expected 1"; }
 grep '"type":"preempted"' "$metrics" | grep -q '"signal":"SIGUSR1"' || fail "$metrics: no preempted record for SIGUSR1"
@@ -92,3 +99,16 @@ submit_and_wait "$out" --batch_size 0
 grep -q 'batch_size' "$out" || { show_output "$out"; fail "the job output does not name batch_size"; }
 grep -q 'bad setting or input (exit 2)' "$out" || { show_output "$out"; fail "slurm/common.sh did not explain exit 2"; }
 echo "ok: job $id: --batch_size 0 → exit 2 with the message in the job output"
+
+# 4. --- preemption during start-up: exit 75 with nothing to checkpoint, requeue, start over, complete
+out="$work/job4.out"
+id=$(FSDPQ_SMOKE_FIRST_RUN_FAULT='*:load_data:usr1' sbatch --parsable --output="$out" tests/slurm/smoke_job.sh --max_steps 6)
+metrics="$work/runs/fsdpq-ci-smoke-$id/metrics.jsonl"
+wait_for_completion_after_requeue "$id" "$out"
+restarts=$(job_field "$id" Restarts)
+[[ $restarts == 1 ]] || { show_output "$out"; fail "job $id: Restarts=$restarts, expected 1"; }
+grep -q 'SIGUSR1 received during start-up: nothing to checkpoint yet; exiting with code 75' "$out" || { show_output "$out"; fail "job $id: fsdpq did not say it was preempted during start-up"; }
+grep -q 'requeueing job' "$out" || { show_output "$out"; fail "job $id: slurm/common.sh did not requeue after exit 75"; }
+summary=$(grep '"type":"summary"' "$metrics" | tail -n 1)
+grep -q '"steps":6[,}]' <<<"$summary" || fail "$metrics: the requeued run did not complete its 6 steps: $summary"
+echo "ok: job $id: SIGUSR1 during start-up → exit 75 → requeued → started over → completed"

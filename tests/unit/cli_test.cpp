@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
+
+#include <nlohmann/json.hpp>
 
 #include "test_support.h"
 
@@ -112,6 +115,14 @@ TEST_F(Cli, PrintConfigShowsSources) {
   EXPECT_NE(r.output.find("# command line"), std::string::npos);
 }
 
+TEST_F(Cli, ARepeatedFlagTakesItsLastValueAndAValueMayStartWithDashesWhenJoined) {
+  auto r = fsdpq("--print-config --model_name model --dataset dummy --lr 1e-4 --lr=3e-4 --output_dir=--odd");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("lr = 3e-4"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("lr = 1e-4"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("output_dir = --odd"), std::string::npos) << r.output;
+}
+
 TEST_F(Cli, DryRunReportsModelDatasetAndBatchPlan) {
   auto r = dry_run("--dataset alpaca --data_path good.jsonl --batch_size 2 --gradient_accumulation_steps 2");
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -188,6 +199,21 @@ INSTANTIATE_TEST_SUITE_P(
                "fsdpq: error: init-model: output directory 'model' is not empty; choose another or allow "
                "overwriting it"},
         BadRun{"MissingConfigFile", "nothere.ini", 2, "fsdpq: error: config file 'nothere.ini' not found"},
+        // A flag never swallows the next flag as its value, and a switch never a word that is not a bool.
+        BadRun{"ValueIsTheNextFlag", "--dry_run --model_name model --dataset dummy --output_dir --save_model", 2,
+               "fsdpq: error: command line: --output_dir needs a value, but the next word is the flag --save_model "
+               "(for a value that starts with --, write --output_dir=VALUE)"},
+        BadRun{"NumberIsTheNextFlag", "--seed --lr 1e-4 --dry_run", 2,
+               "fsdpq: error: command line: --seed needs a value, but the next word is the flag --lr (for a value "
+               "that starts with --, write --seed=VALUE)"},
+        BadRun{"SwitchFollowedByAWordThatIsNoBool", "--dry_run --model_name model --dataset dummy --save_model ture", 2,
+               "fsdpq: error: command line: 'ture' follows --save_model, which takes true or false (or nothing, "
+               "meaning true); it is not a config file"},
+        BadRun{"SwitchFollowedByASecondConfig", "x.ini --save_model y.ini", 2,
+               "fsdpq: error: command line: 'y.ini' follows --save_model, which takes true or false (or nothing, "
+               "meaning true); it is not a config file either (that is 'x.ini')"},
+        BadRun{"UnknownFlagBeforeAFlag", "--dry_run --sav_model --lr 1e-4", 2,
+               "fsdpq: error: command line: '--sav_model' is not a known setting (did you mean '--save_model'?)"},
         BadRun{"PresetWithoutTokenizer", "--dry_run --model_name preset:tiny --dataset dummy", 2,
                "fsdpq: error: model_name = preset:tiny has no tokenizer: set tokenizer_path to a tokenizer.model "
                "(or to builtin:bytes for a byte-level tokenizer that needs no file)"},
@@ -285,6 +311,33 @@ TEST_F(Cli, UnderMpirunAFailureOnOneRankEndsTheJobPromptly) {
   EXPECT_NE(r.output.find("fsdpq: error on rank 1 (") , std::string::npos) << r.output;
   EXPECT_NE(r.output.find("): internal error: injected fault at after_plan (FSDPQ_INJECT_FAULT)"), std::string::npos);
   EXPECT_LT(seconds, 110.0);
+}
+
+// NaN or Inf in the base weights stops training and evaluation as the weights are read, naming
+// the tensor, instead of a first step that blames the learning rate or an eval loss of nan.
+TEST_F(Cli, NonFiniteBaseWeightsAreRefusedNamingTheTensor) {
+  const fs::path model = copy_model("nan_model");
+  std::string bytes = test::read_file(model / "model.safetensors");
+  uint64_t header = 0;
+  std::memcpy(&header, bytes.data(), 8);
+  const std::string name = "model.layers.1.mlp.down_proj.weight";
+  const auto info = nlohmann::json::parse(bytes.substr(8, header)).at(name);
+  ASSERT_EQ(info.at("dtype"), "BF16");
+  const size_t at = 8 + header + info.at("data_offsets")[0].get<size_t>();
+  const uint16_t nan = 0x7fc0, negative_infinity = 0xff80;  // bf16 bits
+  std::memcpy(&bytes[at + 2 * 5], &nan, 2);
+  std::memcpy(&bytes[at + 2 * 7], &negative_infinity, 2);
+  test::write_file(model / "model.safetensors", bytes);
+  const std::string message = "fsdpq: error: model 'nan_model': tensor '" + name +
+                              "' holds 2 NaN or infinite values (the first at element 5 of 11264): the weights file is "
+                              "damaged or was saved from a diverged run; download or convert it again";
+  auto r = fsdpq("eval --model_name nan_model --tokenizer_path builtin:bytes --dataset dummy --dataset_samples 8");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(error_line(r.output), message) << r.output;
+  r = fsdpq("--model_name nan_model --tokenizer_path builtin:bytes --dataset dummy --dataset_samples 8 --max_steps 1 "
+            "--output_dir nan_out");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(error_line(r.output), message) << r.output;
 }
 
 }  // namespace

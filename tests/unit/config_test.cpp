@@ -79,6 +79,27 @@ TEST(ConfigResolve, CommandLineWinsOverFileWhichWinsOverDefault) {
   EXPECT_EQ(r.sources.at("seed").describe(), "default");
 }
 
+TEST(ConfigResolve, ARepeatedCommandLineKeyTakesItsLastValue) {
+  // As argparse (fsdp_qlora's parser) and make: scripts append overrides after their defaults.
+  ResolvedConfig r = resolve_config_text("batch_size = 4\n" + std::string(kDummy), "x.ini",
+                                         {{"batch_size", "8"}, {"lr", "1e-4"}, {"batch_size", "2"}});
+  EXPECT_EQ(r.config.batch_size, 2);
+  EXPECT_EQ(r.text.at("batch_size"), "2");
+  EXPECT_EQ(r.sources.at("batch_size").describe(), "command line");
+  // A bad earlier value is still an error: every value given is checked.
+  EXPECT_EQ(test::error_of([] { resolve_config_text(std::string(kDummy), "x.ini", {{"batch_size", "x"}, {"batch_size", "2"}}); }),
+            "command line: --batch_size x: expected an integer");
+}
+
+TEST(ConfigResolve, AByteOrderMarkBeforeTheFirstLineIsAccepted) {
+  ResolvedConfig r = resolve_config_text("\xEF\xBB\xBF[training]\nbatch_size = 4\n" + std::string(kDummy), "bom.ini", {});
+  EXPECT_EQ(r.config.batch_size, 4);
+  EXPECT_EQ(r.sources.at("batch_size").describe(), "bom.ini:2");
+  // Anywhere else it is not whitespace: a key cannot start with it.
+  EXPECT_EQ(test::error_of([] { resolve_config_text("batch_size = 4\n\xEF\xBB\xBFlr = 1\n", "bom.ini", {}); }),
+            "bom.ini:2: '\xEF\xBB\xBFlr' is not a valid key (letters, digits and _ only)");
+}
+
 TEST(ConfigResolve, ListsAndAliases) {
   auto r = resolve_config_text("lora_target_modules = q_proj, o_proj\n" + std::string(kDummy), "t.ini", {});
   EXPECT_EQ(r.config.lora_target_modules, (std::vector<std::string>{"q_proj", "o_proj"}));

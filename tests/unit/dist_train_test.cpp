@@ -322,6 +322,12 @@ TEST_F(Checkpoints, KilledRankResumesBitIdentically) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("resuming from ck_kill/checkpoints/step-00000004.h5"), std::string::npos) << r.output;
   expect_same_as_reference("ck_kill", true);
+  // Step 5 ran twice; its first record is marked superseded, so every step is logged once.
+  std::vector<int64_t> steps, superseded;
+  for (const auto& s : read_jsonl(dir_ / "ck_kill" / "metrics.jsonl", "step")) steps.push_back(s.at("step"));
+  for (const auto& s : read_jsonl(dir_ / "ck_kill" / "metrics.jsonl", "superseded")) superseded.push_back(s.at("step"));
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}));
+  EXPECT_EQ(superseded, std::vector<int64_t>{5});
 }
 
 TEST_F(Checkpoints, Fp16LossScalerStateResumesExactlyAndRanksSkipTogether) {
@@ -395,6 +401,27 @@ TEST_F(Checkpoints, PreemptionSignalOnOneRankCheckpointsEveryRankAndExits75) {
   expect_same_as_reference("ck_usr1", true);
 }
 
+TEST_F(Checkpoints, APreemptionNoticeDuringStartUpExits75AndTheRequeuedJobStartsOver) {
+  // SIGUSR1 to rank 1 while the data loads: no checkpoint to write, exit 75 at once (not 138).
+  auto r = mpirun(2, run_args(2, "ck_startup"), "FSDPQ_INJECT_FAULT=1:load_data:usr1");
+  EXPECT_EQ(r.exit_code, 75) << r.output;
+  EXPECT_NE(r.output.find("fsdpq (rank 1): SIGUSR1 received during start-up: nothing to checkpoint yet; exiting with "
+                          "code 75 so the job can be requeued"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(dir_ / "ck_startup" / "checkpoints" / "latest"));
+  // SIGTERM to a single process after its model is loaded: the same (not 143).
+  r = mpirun(1, run_args(1, "ck_startup"), "FSDPQ_INJECT_FAULT=0:after_load:term");
+  EXPECT_EQ(r.exit_code, 75) << r.output;
+  EXPECT_NE(r.output.find("SIGTERM received during start-up"), std::string::npos) << r.output;
+  // The requeued job (resume = auto, as the Slurm scripts run it) starts from step 0 and matches.
+  r = mpirun(2, run_args(2, "ck_startup", "--resume auto"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("no checkpoint in ck_startup/checkpoints yet, starting from step 0"), std::string::npos)
+      << r.output;
+  expect_same_as_reference("ck_startup", true);
+}
+
 TEST_F(Checkpoints, SigtermToTheJobCheckpointsAndExits75) {
   // A long run, signalled from outside once it is training. Slurm signals the tasks themselves
   // (mpirun would kill its job on SIGTERM), so the test signals the rank processes directly.
@@ -456,6 +483,61 @@ TEST_F(Checkpoints, DamagedOrForeignCheckpointsAreRefusedClearly) {
   EXPECT_NE(r.output.find("nowhere.h5"), std::string::npos) << r.output;
 }
 
+// The checkpoint records a fingerprint of the frozen base and the tokenizer: continuing it on
+// another model of the same shape is refused, saying what differs, unless resume_ignore_model.
+TEST_F(Checkpoints, ResumeOntoAnotherBaseOfTheSameShapeIsRefusedUnlessIgnored) {
+  const fs::path good = dir_ / "ck_ref" / "checkpoints" / "step-00000004.h5";
+  const fs::path other = dir_ / "other_model";
+  fs::remove_all(other);
+  fs::copy(dir_ / "demo" / "model", other, fs::copy_options::recursive);
+  {  // Zeros over the last 64 bytes of the weights: the file's last tensor differs, nothing else.
+    std::string bytes = test::read_file(other / "model.safetensors");
+    std::fill(bytes.end() - 64, bytes.end(), '\0');
+    test::write_file(other / "model.safetensors", bytes);
+  }
+  auto r = mpirun(2, run_args(2, "ck_other", "--resume " + good.string() + " --model_name other_model"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("was made on another base than this run's: the base weights: 1 of "), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("set resume_ignore_model = true to continue anyway"), std::string::npos) << r.output;
+  // Another tokenizer (its 259 ids fit the model's 512; bytes need a longer context to keep answers).
+  r = mpirun(2, run_args(2, "ck_other", "--resume " + good.string() + " --tokenizer_path builtin:bytes --context_length 1024"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("the tokenizer: checkpoint sentencepiece"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("this run builtin:bytes"), std::string::npos) << r.output;
+  // The dry run fails where the run would.
+  r = mpirun(2, run_args(2, "ck_other", "--resume " + good.string() + " --model_name other_model --dry_run true"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("was made on another base than this run's"), std::string::npos) << r.output;
+  // Overridden: it continues, with a warning.
+  r = mpirun(2, run_args(2, "ck_other", "--resume " + good.string() + " --model_name other_model --resume_ignore_model true"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("continuing (resume_ignore_model = true)"), std::string::npos) << r.output;
+}
+
+TEST_F(Checkpoints, TheDryRunChecksTheCheckpointItWouldResume) {
+  const fs::path good = dir_ / "ck_ref" / "checkpoints" / "step-00000004.h5";
+  auto r = mpirun(2, run_args(2, "ck_dry", "--resume " + good.string() + " --lora_rank 8 --dry_run true"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("cannot continue this run: lora.rank: checkpoint 4, this run 8"), std::string::npos) << r.output;
+  r = mpirun(2, run_args(2, "ck_dry", "--resume " + good.string() + " --dry_run true"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("can continue this run"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir_ / "ck_dry")) << "a dry run creates no directory";
+}
+
+TEST_F(Checkpoints, ResumingAtTheLastStepTrainsNothingAndKeepsTheLastLoss) {
+  const fs::path last = dir_ / "ck_ref" / "checkpoints" / "step-00000008.h5";
+  auto r = mpirun(2, run_args(2, "ck_end", "--resume " + last.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("nothing left to train: the run is at step 8 and ends at step 8 (max_steps = 8)"),
+            std::string::npos) << r.output;
+  const auto summary = read_jsonl(dir_ / "ck_end" / "metrics.jsonl", "summary");
+  ASSERT_EQ(summary.size(), 1u);
+  EXPECT_EQ(summary[0].at("last_loss").get<double>(), losses_by_step(dir_ / "ck_ref").at(8));
+  EXPECT_EQ(r.output.find("→ 0.0000"), std::string::npos) << r.output;
+}
+
 TEST_F(Checkpoints, AFailureOnOneRankMidTrainingEndsEveryRankPromptly) {
   const auto start = std::chrono::steady_clock::now();
   auto r = mpirun(2, run_args(2, "ck_fail"), "FSDPQ_INJECT_FAULT=1:after_step_2");
@@ -464,6 +546,61 @@ TEST_F(Checkpoints, AFailureOnOneRankMidTrainingEndsEveryRankPromptly) {
   EXPECT_NE(r.exit_code, 124) << "timed out: a rank hung";
   EXPECT_NE(r.output.find("injected fault at after_step_2"), std::string::npos) << r.output;
   EXPECT_LT(seconds, 60.0);
+}
+
+// ---- Run directories ----------------------------------------------------------------------------
+
+// A second run into a directory a run is writing stops at once, naming the other process; a fresh
+// run into a finished run's directory is refused until it says --resume auto or --overwrite true.
+TEST_F(DistTrain, ARunDirectoryHoldsOneRunAtATime) {
+  const std::string out = "one_dir";
+  ASSERT_EQ(run_command("cd '" + dir_.string() + "' && ('" + FSDPQ_BINARY + "' " + args("lora", 1, out, 100000) +
+                        " --num_epochs 1000 > one_dir.log 2>&1 &)").exit_code, 0);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (losses(dir_ / out).empty() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_FALSE(losses(dir_ / out).empty()) << test::read_file(dir_ / "one_dir.log");
+  auto second = mpirun(1, args("lora", 1, out, 2));
+  auto resumed = mpirun(1, args("lora", 1, out, 2) + " --resume auto");
+  run_command("pkill -KILL -f -- '^" + std::string(FSDPQ_BINARY) + " .*--output_dir " + out + "( |$)'; true");
+  EXPECT_EQ(second.exit_code, 2) << second.output;
+  EXPECT_NE(second.output.find("output_dir '" + out + "' is in use by another fsdpq run (pid "), std::string::npos)
+      << second.output;
+  EXPECT_EQ(resumed.exit_code, 2) << resumed.output;
+  EXPECT_NE(resumed.output.find("is in use by another fsdpq run"), std::string::npos) << resumed.output;
+
+  // The killed run's directory now holds a previous run: a fresh run is refused ...
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the kernel releases the lock with the process
+  const size_t logged = losses(dir_ / out).size();
+  auto fresh = mpirun(1, args("lora", 1, out, 2));
+  EXPECT_EQ(fresh.exit_code, 2) << fresh.output;
+  EXPECT_NE(fresh.output.find("output_dir '" + out + "' holds a previous run (metrics.jsonl with " +
+                              std::to_string(logged) + " step"),
+            std::string::npos)
+      << fresh.output;
+  EXPECT_NE(fresh.output.find("`--resume auto` continues it, `--overwrite true` replaces it"), std::string::npos)
+      << fresh.output;
+  EXPECT_EQ(losses(dir_ / out).size(), logged) << "nothing of the previous run was touched";
+  // ... and replaced on request.
+  auto replaced = mpirun(1, args("lora", 1, out, 2) + " --overwrite true");
+  EXPECT_EQ(replaced.exit_code, 0) << replaced.output;
+  EXPECT_NE(replaced.output.find("overwrite = true: removed the previous run's files"), std::string::npos)
+      << replaced.output;
+  EXPECT_EQ(read_jsonl(dir_ / out / "metrics.jsonl", "header").size(), 1u);
+  EXPECT_EQ(losses(dir_ / out).size(), 2u);
+}
+
+TEST_F(DistTrain, AnUnusableOutputOrCheckpointDirectoryStopsTheRunBeforeLoading) {
+  test::write_file(dir_ / "a_file", "x");
+  auto r = mpirun(2, args("lora", 2, "ok_out", 2) + " --checkpoint_dir a_file/checkpoints");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("checkpoint_dir 'a_file/checkpoints': cannot create the directory: Not a directory"),
+            std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("model ready"), std::string::npos) << "found before the model is loaded";
+  r = mpirun(1, args("lora", 2, "a_file/out", 2));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("output_dir 'a_file/out': cannot create the directory: Not a directory"), std::string::npos)
+      << r.output;
 }
 
 // profile = true: each rank writes a chrome-trace timeline that parses as JSON and holds every

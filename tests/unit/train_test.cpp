@@ -200,6 +200,45 @@ TEST_F(Train, EvalCommandScoresTrainedAdaptersBetterThanTheBase) {
   EXPECT_LT(loss_of(tuned.output), loss_of(base.output)) << base.output << tuned.output;
 }
 
+// Records whose answers are truncated away leave nothing for the loss: a step made only of them
+// logs no loss (null, target_tokens 0) instead of 0, the others' mean leaves them out, the load
+// warns with their count, and eval over only such examples reports no loss.
+TEST_F(Train, StepsAndEvalWithoutTargetTokensLogNoLoss) {
+  const std::string long_instruction(400, 'x');
+  std::string data, eval;
+  for (int i = 0; i < 4; ++i) {
+    data += R"({"instruction": "say hi", "input": "", "output": "hi there"})" "\n";
+    data += R"({"instruction": ")" + long_instruction + R"(", "input": "", "output": "cut away"})" "\n";
+    eval += R"({"instruction": ")" + long_instruction + R"(", "input": "", "output": "cut away"})" "\n";
+  }
+  test::write_file(dir_ / "half_cut.jsonl", data);
+  test::write_file(dir_ / "all_cut.jsonl", eval);
+  auto r = fsdpq("--model_name preset:tiny --tokenizer_path builtin:bytes --dataset alpaca --data_path half_cut.jsonl "
+                 "--eval_data_path all_cut.jsonl --context_length 256 --batch_size 1 --max_steps 8 --train_type lora "
+                 "--log_to stdout --output_dir half_cut");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("warning: 4 of 8 training examples keep no answer token after truncation to "
+                          "context_length = 256 (command line)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("eval: no loss, no eval example keeps a target token after truncation (4 of 4"),
+            std::string::npos)
+      << r.output;
+  const auto lines = read_jsonl(dir_ / "half_cut" / "metrics.jsonl");
+  int empty_steps = 0;
+  for (const auto& step : of_type(lines, "step")) {
+    if (step.at("target_tokens") == 0) {
+      ++empty_steps;
+      EXPECT_TRUE(step.at("loss").is_null()) << step;
+    } else {
+      EXPECT_GT(step.at("loss").get<double>(), 0.0) << step;
+    }
+  }
+  EXPECT_EQ(empty_steps, 4) << "batch size 1: one step per example";
+  ASSERT_EQ(of_type(lines, "eval").size(), 1u);
+  EXPECT_TRUE(of_type(lines, "eval")[0].at("eval_loss").is_null());
+}
+
 // use_cpu_offload runs the offload engine's paths on the CPU backend too: each layer's frozen
 // bytes copied in from their host buffer before use and freed after, gradients accumulated on
 // the worker thread, and each unit stepped there during the last micro-batch's backward, or
