@@ -17,6 +17,7 @@
 #include "runtime/exit_codes.h"
 #include "runtime/log.h"
 #include "runtime/preemption.h"
+#include "runtime/watchdog.h"
 #include "runtime/world.h"
 #include "util/error.h"
 #include "util/strings.h"
@@ -127,6 +128,7 @@ ResolvedConfig resolve_train_arguments(const World& world, const std::vector<std
     resolved = resolve_config(path, train_args.overrides);
   });
   for (const auto& w : resolved.warnings) log::warn("{}", w);
+  set_watchdog_timeout(resolved.config.collective_timeout_s);
   if (print_config) *print_config = train_args.print_config;
   return resolved;
 }

@@ -7,6 +7,7 @@
 #include "runtime/agreed_errors.h"
 #include "runtime/fault_injection.h"
 #include "runtime/log.h"
+#include "runtime/watchdog.h"
 #include "util/error.h"
 #include "util/strings.h"
 
@@ -65,6 +66,7 @@ RunPlan prepare_run(const World& world, const ResolvedConfig& resolved) {
       fail("{}: longer than the model's max_position_embeddings ({})", resolved.cite("context_length"),
            plan.model.config.max_position_embeddings);
   });
+  watchdog_phase("reading and tokenizing the data");
   run_on_all_ranks(world, [&] {
     maybe_inject_fault(world, "load_data");
     plan.dataset = data::build_dataset(data_options_from(c), *plan.tokenizer);

@@ -8,6 +8,7 @@
 #include "runtime/fault_injection.h"
 #include "runtime/gpu.h"
 #include "runtime/log.h"
+#include "runtime/watchdog.h"
 #include "train/run_directory.h"
 #include "train/train_checkpoint.h"
 #include "train/trainer.h"
@@ -92,7 +93,10 @@ int run_training_job(const World& world, const ResolvedConfig& resolved) {
     // A failure on one rank from here on is not agreed: it must end the job (abort_job), not
     // leave the others waiting in the barrier below.
     maybe_inject_fault(world, "after_plan");
-    MPI_Barrier(world.comm);
+    {
+      const WaitScope waiting("the dry run's final barrier");
+      MPI_Barrier(world.comm);
+    }
     log::info("dry run: everything checked, stopping before training (drop --dry_run to train)");
     return kExitOk;
   }

@@ -11,6 +11,7 @@
 #include <string>
 #include <type_traits>
 
+#include "runtime/watchdog.h"
 #include "util/error.h"
 
 #ifdef FSDPQ_WITH_CUDA
@@ -143,7 +144,11 @@ void cuda_init(int device) {
 
 bool cuda_initialized() { return cuda::backend().device >= 0; }
 
-void cuda_synchronize() { cuda::check(cudaStreamSynchronize(cuda::ready().stream), "stream synchronize"); }
+void cuda_synchronize() {
+  // A hung GPU (or an NCCL kernel waiting on a stalled rank) shows here first.
+  const WaitScope waiting("waiting for the GPU to finish its work");
+  cuda::check(cudaStreamSynchronize(cuda::ready().stream), "stream synchronize");
+}
 
 MemoryStats cuda_memory_stats() {
   cuda::Backend& b = cuda::backend();

@@ -124,6 +124,11 @@ std::vector<OptionSpec> build_specs() {
        "Skip gradient reduction on all but the last micro-step of an accumulation."},
       {"ranks_per_node", "sharding", OptionType::Int, &T::ranks_per_node, "0",
        "Ranks that form one node for hybrid sharding (0: ranks sharing memory, as MPI reports).", {}, 0, 65536},
+      {"collective_timeout_s", "sharding", OptionType::Float, &T::collective_timeout_s, "600",
+       "Seconds a rank may wait in a collective (or for its GPU) before the watchdog asks the other ranks "
+       "what they are doing and, unless the one it waits for still makes progress, ends the job naming the "
+       "rank that stalled (exit code 76). 0 waits forever. NCCL's and PyTorch's default is 10 minutes.",
+       {}, 0.0, kNoMax},
       {"world_size", "sharding", OptionType::Int, &T::world_size, "-1",
        "Expected number of ranks (-1: whatever the launcher started); a mismatch is an error.", {}, -1, 1048576},
 

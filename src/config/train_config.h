@@ -57,6 +57,7 @@ struct TrainConfig {
   std::string checkpoint_dir;
   int64_t keep_last = 0;
   std::string resume;
+  double collective_timeout_s = 600;  // the watchdog's limit on a wait on other ranks (0: none)
   bool overwrite = false;            // a fresh run may replace a previous run's files in output_dir
   bool resume_ignore_model = false;  // continue a checkpoint made from another base model or tokenizer
   // [output]

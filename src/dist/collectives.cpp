@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include "runtime/watchdog.h"
+
 namespace fsdpq {
 namespace {
 
@@ -48,9 +50,11 @@ int checked_count(size_t count, const char* what) {
 
 class MpiPending final : public CollectiveHandle::Pending {
  public:
-  MpiPending(MPI_Request request, const char* what) : request_(request), what_(what) {}
+  MpiPending(MPI_Request request, const char* what, const std::string* where)
+      : request_(request), what_(what), where_(where) {}
   void wait() override {
     if (request_ == MPI_REQUEST_NULL) return;
+    const WaitScope waiting(what_, where_);
     check_mpi(MPI_Wait(&request_, MPI_STATUS_IGNORE), what_);
   }
   ~MpiPending() override {
@@ -60,10 +64,11 @@ class MpiPending final : public CollectiveHandle::Pending {
  private:
   MPI_Request request_;
   const char* what_;
+  const std::string* where_;  // the communicator's name
 };
 
-CollectiveHandle handle_of(MPI_Request request, const char* what) {
-  return CollectiveHandle(std::make_unique<MpiPending>(request, what));
+CollectiveHandle handle_of(MPI_Request request, const char* what, const std::string* where) {
+  return CollectiveHandle(std::make_unique<MpiPending>(request, what, where));
 }
 
 class MpiCommunicator final : public Communicator {
@@ -90,7 +95,7 @@ class MpiCommunicator final : public Communicator {
     const int count = checked_count(bytes_per_rank / kAllGatherGranule, "all-gather");
     MPI_Request request;
     check_mpi(MPI_Iallgather(send, count, granule_, recv, count, granule_, comm_, &request), "all-gather");
-    return handle_of(request, "all-gather");
+    return handle_of(request, "all-gather", &name());
   }
 
   CollectiveHandle reduce_scatter(const void* send, void* recv, size_t count_per_rank, CommType type,
@@ -100,7 +105,7 @@ class MpiCommunicator final : public Communicator {
     MPI_Request request;
     check_mpi(MPI_Ireduce_scatter_block(send, recv, count, mpi_type(type), mpi_op(op), comm_, &request),
               "reduce-scatter");
-    return handle_of(request, "reduce-scatter");
+    return handle_of(request, "reduce-scatter", &name());
   }
 
   CollectiveHandle all_reduce(void* buffer, size_t count, CommType type, ReduceOp op) override {
@@ -108,7 +113,7 @@ class MpiCommunicator final : public Communicator {
     const int n = checked_count(count, "all-reduce");
     MPI_Request request;
     check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buffer, n, mpi_type(type), mpi_op(op), comm_, &request), "all-reduce");
-    return handle_of(request, "all-reduce");
+    return handle_of(request, "all-reduce", &name());
   }
 
   CollectiveHandle broadcast(void* buffer, size_t bytes, int root) override {
@@ -116,11 +121,13 @@ class MpiCommunicator final : public Communicator {
     const int n = checked_count(bytes, "broadcast");
     MPI_Request request;
     check_mpi(MPI_Ibcast(buffer, n, MPI_BYTE, root, comm_, &request), "broadcast");
-    return handle_of(request, "broadcast");
+    return handle_of(request, "broadcast", &name());
   }
 
   void barrier() override {
-    if (size() > 1) check_mpi(MPI_Barrier(comm_), "barrier");
+    if (size() == 1) return;
+    const WaitScope waiting("barrier", &name());
+    check_mpi(MPI_Barrier(comm_), "barrier");
   }
 
  private:

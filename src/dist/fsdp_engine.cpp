@@ -17,6 +17,7 @@
 #include "optim/clip.h"
 #include "optim/device_grads.h"
 #include "optim/device_optimizer.h"
+#include "runtime/watchdog.h"
 #include "util/bf16.h"
 
 namespace fsdpq {
@@ -226,6 +227,7 @@ void FsdpEngine::init_shard_state(Unit& u) {
 }
 
 void FsdpEngine::adopt_unit(int index, ParamUnit& contents) {
+  watchdog_progress();
   Unit& u = unit(index);
   const int s = groups_.shard->rank();
   const UnitLayout layout = unit_layout(contents, groups_.shard->size());
@@ -275,6 +277,7 @@ void FsdpEngine::adopt_unit_shard(int index, ParamUnit& skeleton, const UnitLayo
                                   const std::vector<DType>& dense_dtypes, std::vector<uint8_t> frozen_shard,
                                   std::vector<float> master_shard) {
   if (resident()) throw std::logic_error("FsdpEngine: a shard group of one keeps whole units (adopt_unit)");
+  watchdog_progress();
   if (frozen_shard.size() != layout.frozen_shard_bytes || master_shard.size() != static_cast<size_t>(layout.shard_numel))
     throw std::logic_error(fmt::format("FsdpEngine: unit {}'s shard does not match its layout", index));
   Unit& u = unit(index);
@@ -438,6 +441,7 @@ void FsdpEngine::fetch_frozen(int index) {
 }
 
 void FsdpEngine::forward_begin(int index) {
+  watchdog_progress();
   Unit& u = unit(index);
   wait_for_step(u);
   ensure_gathered(u);
@@ -472,6 +476,7 @@ void FsdpEngine::backward_begin(int index) {
 }
 
 void FsdpEngine::backward_end(int index) {
+  watchdog_progress();
   Unit& u = unit(index);
   if (sync_gradients_) reduce_gradients(u);
   release(u);

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <stdexcept>
 
+#include "runtime/watchdog.h"
 #include "util/error.h"
 
 #ifdef FSDPQ_WITH_CUDA
@@ -69,9 +70,10 @@ bool is_device_pointer(const void* p) {
 // host buffers) runs after it.
 class NcclPending final : public CollectiveHandle::Pending {
  public:
-  explicit NcclPending(cudaEvent_t done) : done_(done) {}
+  NcclPending(cudaEvent_t done, const std::string* where) : done_(done), where_(where) {}
   void wait() override {
     if (!done_) return;
+    const WaitScope waiting("an NCCL collective", where_);
     cudaError_t err = cudaEventSynchronize(done_);
     cudaEventDestroy(done_);
     done_ = nullptr;
@@ -86,6 +88,7 @@ class NcclPending final : public CollectiveHandle::Pending {
 
  private:
   cudaEvent_t done_;
+  const std::string* where_;  // the communicator's name
 };
 
 class NcclCommunicator final : public Communicator {
@@ -97,11 +100,26 @@ class NcclCommunicator final : public Communicator {
     check_cuda(cudaEventCreateWithFlags(&input_ready_, cudaEventDisableTiming), "event create");
     ncclUniqueId id{};
     if (rank == 0) check_nccl(ncclGetUniqueId(&id), "get unique id");
-    MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, mpi_);
-    check_nccl(ncclCommInitRank(&comm_, size, id, rank), "communicator init");
+    {
+      const WaitScope waiting("starting NCCL", &this->name());
+      MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, mpi_);
+      check_nccl(ncclCommInitRank(&comm_, size, id, rank), "communicator init");
+    }
     check_cuda(cudaMalloc(&staging_, kStagingBytes), "malloc (staging)");
+    // A peer's network failure surfaces as an asynchronous error; a stalled job is aborted (the
+    // NCCL kernels end and the GPU is released) before the watchdog ends the process.
+    health_check_ = add_watchdog_health_check([this]() -> std::optional<std::string> {
+      ncclResult_t state = ncclSuccess;
+      if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess || state == ncclSuccess || state == ncclInProgress)
+        return std::nullopt;
+      return fmt::format("NCCL reported an asynchronous error on communicator '{}': {} ({})", this->name(),
+                         ncclGetErrorString(state), ncclGetLastError(comm_) ? ncclGetLastError(comm_) : "");
+    });
+    abort_hook_ = add_watchdog_abort_hook([this] { ncclCommAbort(comm_); });
   }
   ~NcclCommunicator() override {
+    remove_watchdog_hook(health_check_);
+    remove_watchdog_hook(abort_hook_);
     cudaStreamSynchronize(stream_);
     ncclCommDestroy(comm_);
     cudaFree(staging_);
@@ -144,7 +162,10 @@ class NcclCommunicator final : public Communicator {
     return stage_out(buffer, device, bytes);
   }
 
-  void barrier() override { MPI_Barrier(mpi_); }
+  void barrier() override {
+    const WaitScope waiting("barrier", &this->name());
+    MPI_Barrier(mpi_);
+  }
 
  private:
   static constexpr size_t kStagingBytes = 1 << 20;
@@ -158,14 +179,17 @@ class NcclCommunicator final : public Communicator {
     cudaEvent_t done;
     check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "event create");
     check_cuda(cudaEventRecord(done, stream_), "event record");
-    return CollectiveHandle(std::make_unique<NcclPending>(done));
+    return CollectiveHandle(std::make_unique<NcclPending>(done, &this->name()));
   }
   // Host buffers go through the device staging area (small: scalars, flags, norms).
   void* stage_in(void* buffer, size_t bytes) {
     if (is_device_pointer(buffer)) return buffer;
     if (bytes > kStagingBytes)
       throw std::logic_error(fmt::format("NCCL {}: {} bytes of host memory exceed the staging area", this->name(), bytes));
-    check_cuda(cudaStreamSynchronize(stream_), "stream synchronize");  // the staging area is free
+    {
+      const WaitScope waiting("an NCCL collective (staging)", &this->name());
+      check_cuda(cudaStreamSynchronize(stream_), "stream synchronize");  // the staging area is free
+    }
     check_cuda(cudaMemcpy(staging_, buffer, bytes, cudaMemcpyHostToDevice), "copy to device");
     return staging_;
   }
@@ -184,6 +208,7 @@ class NcclCommunicator final : public Communicator {
   cudaEvent_t input_ready_ = nullptr;
   ncclComm_t comm_ = nullptr;
   void* staging_ = nullptr;
+  int health_check_ = 0, abort_hook_ = 0;
 };
 
 }  // namespace

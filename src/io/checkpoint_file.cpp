@@ -17,6 +17,7 @@
 
 #include "io/file_digest.h"
 #include "io/safetensors.h"  // sync_directory
+#include "runtime/watchdog.h"
 #include "util/error.h"
 #include "util/shape_text.h"
 #include "util/strings.h"
@@ -323,6 +324,7 @@ CheckpointWriter::CheckpointWriter(MPI_Comm comm, fs::path final_path, int64_t m
       temp_path_(checkpoint_temp_path(final_path_)),
       max_io_elements_(max_io_elements),
       uncaught_at_start_(std::uncaught_exceptions()) {
+  const WaitScope waiting("creating a checkpoint file (collective I/O)");
   silence_hdf5_errors();
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
@@ -352,6 +354,7 @@ CheckpointWriter::CheckpointWriter(MPI_Comm comm, fs::path final_path, int64_t m
 
 void CheckpointWriter::write_tensor(const std::string& name, const std::vector<int64_t>& shape,
                                     std::span<const FloatSlice> slices) {
+  const WaitScope waiting("writing a checkpoint tensor (collective I/O)");
   agreed_failure_ = false;  // an earlier agreed error was handled, or we would not be here
   const std::string where = fmt::format("{}: tensor '{}'", checkpoint_where(final_path_), name);
 
@@ -472,6 +475,7 @@ void CheckpointWriter::write_tensor(const std::string& name, const std::vector<i
 }
 
 void CheckpointWriter::commit(const nlohmann::json& meta) {
+  const WaitScope waiting("committing a checkpoint (collective I/O)");
   agreed_failure_ = false;
   const std::string where = checkpoint_where(final_path_);
   std::string meta_text;
@@ -563,6 +567,7 @@ void check_is_hdf5_file(const fs::path& path) {
 
 CheckpointReader::CheckpointReader(MPI_Comm comm, fs::path path, int64_t max_io_elements)
     : comm_(comm), path_(std::move(path)), max_io_elements_(max_io_elements), uncaught_at_start_(std::uncaught_exceptions()) {
+  const WaitScope waiting("opening a checkpoint (collective I/O)");
   silence_hdf5_errors();
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
@@ -707,6 +712,7 @@ void CheckpointReader::read(const std::string& name, int64_t offset, std::span<f
 }
 
 void CheckpointReader::verify() const {
+  const WaitScope waiting("verifying a checkpoint (collective I/O)");
   // Chunks bound the buffer; a rank's share of a large tensor may be gigabytes.
   const int64_t chunk = std::min<int64_t>(max_io_elements_, int64_t{1} << 22);
   std::vector<uint64_t> sums;

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <limits>
 
+#include "runtime/watchdog.h"
 #include "util/error.h"
 #include "util/shape_text.h"
 #include "util/strings.h"
@@ -258,6 +259,7 @@ void write_all(int fd, std::span<const std::byte> data, const std::filesystem::p
       fail("cannot write '{}': {}", path.string(), std::strerror(errno));
     }
     data = data.subspan(static_cast<size_t>(n));
+    watchdog_progress();  // a long save keeps the ranks waiting for it patient
   }
 }
 

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "runtime/exit_codes.h"
+#include "runtime/watchdog.h"
 #include "util/error.h"
 
 namespace fsdpq {
@@ -25,6 +26,7 @@ void run_on_all_ranks(const World& world, const std::function<void()>& step) {
     if (exit_code != kExitOk) throw AgreedError(message, exit_code, world.rank);
     return;
   }
+  const WaitScope waiting("agreeing with the other ranks on a start-up step");
   int candidate = exit_code != kExitOk ? world.rank : world.size;
   int first_failed = world.size;
   MPI_Allreduce(&candidate, &first_failed, 1, MPI_INT, MPI_MIN, world.comm);

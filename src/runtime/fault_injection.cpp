@@ -1,10 +1,13 @@
 #include "runtime/fault_injection.h"
 
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
+#include "runtime/watchdog.h"
 #include "util/strings.h"
 
 namespace fsdpq {
@@ -23,6 +26,19 @@ void maybe_inject_fault(const World& world, std::string_view point) {
     if (parts[2] == "kill") std::raise(SIGKILL);
     if (parts[2] == "usr1") return void(std::raise(SIGUSR1));
     if (parts[2] == "term") return void(std::raise(SIGTERM));
+    // stop: the whole process freezes (its watchdog too), as under SIGSTOP or a machine swapping;
+    // hang: the caller blocks forever while the process lives (a hung driver call, a dead mount);
+    // slow: 8 s of work that keeps reporting progress (a long but healthy load).
+    if (parts[2] == "stop") return void(std::raise(SIGSTOP));
+    if (parts[2] == "hang")
+      for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+    if (parts[2] == "slow") {
+      for (int i = 0; i < 80; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        watchdog_progress();
+      }
+      return;
+    }
   }
   throw std::runtime_error("injected fault at " + std::string(point) + " (FSDPQ_INJECT_FAULT)");
 }

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "runtime/watchdog.h"
 #include "util/strings.h"
 
 namespace fsdpq {
@@ -63,13 +64,17 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   // Read before MPI_Init: a singleton Open MPI sets the same variables as mpirun during init.
   const std::string launcher = detect_launcher();
   int provided = 0;
-  MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+  // MPI_THREAD_MULTIPLE lets the watchdog thread ask the other ranks' watchdogs what they do; every
+  // other MPI call stays on the main thread.
+  MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
   // Errors come back as codes and are turned into messages, rather than MPI aborting silently.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   world_ = describe_world(launcher);
+  start_watchdog(world_, provided >= MPI_THREAD_MULTIPLE);
 }
 
 MpiRuntime::~MpiRuntime() {
+  stop_watchdog();
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();

@@ -27,7 +27,8 @@ std::string detect_launcher();
 // Describes the world of an initialised MPI (collective over MPI_COMM_WORLD).
 World describe_world(const std::string& launcher);
 
-// Starts MPI (MPI_Init_thread, funneled) and fills the World; finalises in the destructor.
+// Starts MPI (MPI_Init_thread asking for MPI_THREAD_MULTIPLE, for the watchdog thread: see
+// runtime/watchdog.h) and the watchdog, and fills the World; stops both in the destructor.
 class MpiRuntime {
  public:
   MpiRuntime(int* argc, char*** argv);

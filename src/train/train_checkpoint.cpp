@@ -10,6 +10,7 @@
 #include "train/base_fingerprint.h"
 #include "runtime/agreed_errors.h"
 #include "runtime/fault_injection.h"
+#include "runtime/watchdog.h"
 #include "runtime/log.h"
 #include "util/error.h"
 
@@ -98,6 +99,7 @@ nlohmann::json run_base_fingerprint(const World& world, const RunPlan& plan) {
   run_on_all_ranks(world, [&] {
     if (world.is_root()) text = base_fingerprint(plan.model, *plan.tokenizer).dump();
   });
+  const WaitScope waiting("sharing the base fingerprint");
   uint64_t size = text.size();
   MPI_Bcast(&size, 1, MPI_UINT64_T, 0, world.comm);
   text.resize(size);
@@ -168,7 +170,10 @@ std::filesystem::path save_training_checkpoint(const World& world, FsdpEngine& e
     mark_latest(dir, file);
     prune_checkpoints(dir, static_cast<int>(c.keep_last), file);
   }
-  MPI_Barrier(world.comm);  // nobody returns (and perhaps exits) before `latest` is in place
+  {
+    const WaitScope waiting("waiting for rank 0 to mark the latest checkpoint");
+    MPI_Barrier(world.comm);  // nobody returns (and perhaps exits) before `latest` is in place
+  }
   log::info("checkpoint {} written in {:.1f} s", (dir / file).string(),
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return dir / file;

@@ -24,6 +24,7 @@
 #include "runtime/host_memory.h"
 #include "runtime/log.h"
 #include "runtime/preemption.h"
+#include "runtime/watchdog.h"
 #include "train/epoch_batches.h"
 #include "train/metrics_log.h"
 #include "train/progress.h"
@@ -147,8 +148,10 @@ double evaluate_loss(LlamaModel& model, const std::vector<data::Example>& exampl
   // Batches go round-robin over the ranks; a rank without one in the last round runs batch 0
   // and discards it, so every rank makes the same passes (and the same gathers).
   double sums[2] = {0, 0};  // loss sum, tokens
+  watchdog_phase("evaluating");
   for (int64_t round = 0; round * ranks < n; ++round) {
     const int64_t i = round * ranks + rank;
+    watchdog_progress();
     LossSum l = model.evaluate(batches[static_cast<size_t>(i < n ? i : 0)]);
     if (i >= n) continue;
     sums[0] += l.loss_sum;
@@ -204,6 +207,7 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
                      .overlap_host_optimizer = c.use_cpu_offload},
                     static_cast<int>(plan.model.config.num_hidden_layers) + 1);
   auto load_start = Clock::now();
+  watchdog_phase("loading the model");
   std::optional<LlamaModel> model_slot;
   uint64_t read_bytes = 0;
   run_on_all_ranks(world, [&] {
@@ -251,6 +255,7 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
   std::optional<std::filesystem::path> resume_from;
   run_on_all_ranks(world, [&] { resume_from = checkpoint_to_resume(c); });
   if (resume_from) {
+    watchdog_phase("reading the checkpoint to resume");
     // Its errors are the same on every rank (the reader agrees them): report them once.
     run_on_all_ranks(world, [&] { position = load_training_checkpoint(world, *resume_from, engine, resolved, plan, fingerprint); });
   } else if (c.resume == "auto") {
@@ -342,6 +347,7 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
     auto step_start = Clock::now();
     double forward_backward_seconds = 0;
     for (int64_t i = 0; i < usable && step < total_steps; ++i) {
+      watchdog_phase("training", step + 1);
       data::Batch batch = batches.batch(i);
       const bool last_of_step = (i + 1) % gas == 0;
       engine.set_sync_gradients(!c.no_sync || last_of_step);
@@ -463,6 +469,7 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
           ++at.epoch;
           at.samples_in_epoch = 0;
         }
+        watchdog_phase("writing a checkpoint", step);
         save_training_checkpoint(world, engine, at, resolved, plan, fingerprint);
       }
       if (signal != 0) {
@@ -493,12 +500,14 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
     log::info("{}", describe_eval(*outcome.eval_loss, plan.dataset.eval));
   }
   if (c.save_model) {
+    watchdog_phase("saving the model", step);
     engine.gather_masters_into_model();
     model.place_on(Device::CPU);  // the savers read host tensors; training is over
     if (world.is_root()) {
       std::string where = save_trained_model(model, resolved, plan);
       log::info("saved {}", where);
     }
+    const WaitScope waiting("waiting for rank 0 to save the model");
     MPI_Barrier(world.comm);
   }
   outcome.seconds = seconds_since(start);

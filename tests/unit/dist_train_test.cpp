@@ -548,6 +548,44 @@ TEST_F(Checkpoints, AFailureOnOneRankMidTrainingEndsEveryRankPromptly) {
   EXPECT_LT(seconds, 60.0);
 }
 
+// ---- The watchdog -------------------------------------------------------------------------------
+
+// A rank that stops (SIGSTOP: nothing of it runs, its watchdog neither), or hangs while alive, no
+// longer hangs the job: after collective_timeout_s the waiting rank asks the others, names the one
+// that stalled and how, and ends the job with exit code 76. A rank that is slow but still making
+// progress only extends the wait.
+TEST_F(DistTrain, AStalledRankEndsTheJobNamingItAndASlowOneDoesNot) {
+  struct Case {
+    std::string action, words;
+    int exit_code;
+  };
+  for (const Case& c : {Case{"stop", "rank 1 (", 76}, Case{"hang", "rank 1 (", 76}, Case{"slow", "", 0}}) {
+    SCOPED_TRACE(c.action);
+    const auto start = std::chrono::steady_clock::now();
+    auto r = mpirun(2, args("lora", 2, "watchdog_" + c.action, 4) + " --collective_timeout_s 3",
+                    "FSDPQ_INJECT_FAULT=1:after_step_2:" + c.action);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_EQ(r.exit_code, c.exit_code) << r.output;
+    EXPECT_LT(seconds, 90.0) << "the job hung";
+    if (c.action == "stop") {
+      EXPECT_NE(r.output.find("fsdpq: rank 0 ("), std::string::npos) << r.output;
+      EXPECT_NE(r.output.find("(collective_timeout_s = 3):\n  rank 1 ("), std::string::npos) << r.output;
+      EXPECT_NE(r.output.find("): did not answer within 10 s: its process is stopped or frozen"), std::string::npos)
+          << r.output;
+      EXPECT_NE(r.output.find("fsdpq: stopping the job (exit code 76)"), std::string::npos) << r.output;
+    } else if (c.action == "hang") {
+      EXPECT_NE(r.output.find("): alive but stuck, not waiting for the others: training, step 2 (last progress"),
+                std::string::npos)
+          << r.output;
+    } else {
+      EXPECT_NE(r.output.find("in all-reduce on 'world'; waiting longer, since:\n  rank 1 ("), std::string::npos)
+          << r.output;
+      EXPECT_NE(r.output.find("): still working: training, step 2 (last progress "), std::string::npos) << r.output;
+      EXPECT_EQ(losses(dir_ / "watchdog_slow").size(), 4u);
+    }
+  }
+}
+
 // ---- Run directories ----------------------------------------------------------------------------
 
 // A second run into a directory a run is writing stops at once, naming the other process; a fresh
