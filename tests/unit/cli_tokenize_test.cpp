@@ -97,5 +97,26 @@ TEST(CliTokenize, ErrorsSayWhatIsWrong) {
   }
 }
 
+// A model folder that carries Llama-3's tokenizer.json: a run uses it without tokenizer_path.
+TEST(CliTokenize, DryRunOnALlama3FolderReadsItsTokenizerJson) {
+  FSDPQ_SHARED_DATA_OR_SKIP(llama3, "llama3/tokenizer.json");
+  FSDPQ_SHARED_DATA_OR_SKIP(sql, "sql.jsonl");
+  const fs::path dir = test::make_temp_dir("cli-llama3-folder");
+  auto r = run_fsdpq("init-model --preset tiny --vocab_size 128256 --out " + quoted((dir / "model").string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json"})
+    fs::create_symlink(llama3.parent_path() / file, dir / "model" / file);
+  r = test::run_command(std::string("cd '") + FSDPQ_SOURCE_DIR + "' && '" + FSDPQ_BINARY +
+                        "' --dry_run inputs/sql.ini --model_name " + quoted((dir / "model").string()) +
+                        " --data_path " + quoted(sql.string()) + " --output_dir " + quoted((dir / "out").string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("tokenizer: tokenizer.json " + (dir / "model" / "tokenizer.json").string() +
+                          " (byte-level BPE, 128256 ids: 128000 tokens, 280147 merges, 256 added tokens) (bos "
+                          "128000, eos 128001, pad 128001)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("records: 4000 read, 0 skipped"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace fsdpq
