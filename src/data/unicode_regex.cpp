@@ -29,9 +29,10 @@ class ThreadMatchState {
   ThreadMatchState()
       : data_(pcre2_match_data_create(1, nullptr)),
         context_(pcre2_match_context_create(nullptr)),
-        // JIT backtracking frames live here rather than on the thread's own stack; long runs of
-        // one character class in a text (a megabyte of spaces) need more than the 32 KiB default.
-        jit_stack_(pcre2_jit_stack_create(32 * 1024, 64 * 1024 * 1024, nullptr)) {
+        // JIT backtracking frames live here, growing as needed up to 8 MiB. Llama-3's pattern
+        // runs in the 32 KiB default even over megabyte-long runs, but a file's pattern with
+        // repeated groups may backtrack deeper; past the limit matching fails with a clear error.
+        jit_stack_(pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024, nullptr)) {
     if (!data_ || !context_ || !jit_stack_) throw std::bad_alloc();
     pcre2_jit_stack_assign(context_, nullptr, jit_stack_);
   }

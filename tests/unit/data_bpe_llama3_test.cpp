@@ -137,6 +137,21 @@ TEST(Llama3Tokenizer, AFolderPicksTokenizerJsonAndItsConfig) {
   auto from_folder = load_tokenizer(dir.string());
   EXPECT_EQ(from_folder->description().rfind("tokenizer.json " + (dir / "tokenizer.json").string(), 0), 0u)
       << from_folder->description();
+  // A sentencepiece tokenizer.model comes first (Llama-2 / Mistral folders may carry both).
+  const fs::path llama2 = dir.parent_path() / "tokenizer.model";
+  if (fs::exists(llama2)) {
+    const fs::path both = test::make_temp_dir("llama2-both");
+    fs::create_symlink(llama2, both / "tokenizer.model");
+    fs::create_symlink(dir / "tokenizer.json", both / "tokenizer.json");
+    EXPECT_EQ(load_tokenizer(both.string())->description().rfind("sentencepiece ", 0), 0u);
+  }
+  // A file is read by its content, whatever its name.
+  const fs::path renamed = test::make_temp_dir("llama3-renamed");
+  fs::create_symlink(dir / "tokenizer.json", renamed / "vocab.bin");
+  fs::create_symlink(dir / "tokenizer.model", renamed / "llama3.tiktoken");
+  fs::create_symlink(dir / "tokenizer_config.json", renamed / "tokenizer_config.json");
+  EXPECT_EQ(load_tokenizer((renamed / "vocab.bin").string())->description().rfind("tokenizer.json ", 0), 0u);
+  EXPECT_EQ(load_tokenizer((renamed / "llama3.tiktoken").string())->description().rfind("tiktoken ", 0), 0u);
   // Without tokenizer.json the folder's tiktoken tokenizer.model is used.
   const fs::path only_model = test::make_temp_dir("llama3-tiktoken");
   fs::create_symlink(dir / "tokenizer.model", only_model / "tokenizer.model");
