@@ -84,11 +84,12 @@ const json& TokenizerJson::bpe_model(const json& root) const {
     bad("no \"model\" object; expected a Hugging Face tokenizer.json");
   const json& model = root["model"];
   // Old files leave out "type"; a BPE model is the one with merges.
-  const std::string type = model.contains("type") ? type_of(model, "\"model\"") : (model.contains("merges") ? "BPE" : "?");
-  if (type != "BPE")
+  const bool typed = model.contains("type");
+  const std::string type = typed ? type_of(model, "\"model\"") : "BPE";
+  if (type != "BPE" || (!typed && !model.contains("merges")))
     bad("model type {} is not supported; fsdpq reads byte-level BPE tokenizers (model type BPE, as "
         "Llama-3, GPT-2 and Qwen ship)",
-        type == "?" ? "(none given, and no merges)" : "'" + type + "'");
+        typed ? "'" + type + "'" : "(none given, and no merges)");
   for (const char* key : {"vocab", "merges"})
     if (!model.contains(key)) bad("the BPE model has no \"{}\"", key);
   if (!model["vocab"].is_object()) bad("the BPE model's \"vocab\" is not an object of token → id");

@@ -33,11 +33,11 @@ class ThreadMatchState {
         // runs in the 32 KiB default even over megabyte-long runs, but a file's pattern with
         // repeated groups may backtrack deeper; past the limit matching fails with a clear error.
         jit_stack_(pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024, nullptr)) {
-    if (!data_ || !context_ || !jit_stack_) throw std::bad_alloc();
-    pcre2_jit_stack_assign(context_, nullptr, jit_stack_);
+    if (!data_ || !context_) throw std::bad_alloc();
+    if (jit_stack_) pcre2_jit_stack_assign(context_, nullptr, jit_stack_);  // null where PCRE2 has no JIT
   }
   ~ThreadMatchState() {
-    pcre2_jit_stack_free(jit_stack_);
+    pcre2_jit_stack_free(jit_stack_);  // accepts null
     pcre2_match_context_free(context_);
     pcre2_match_data_free(data_);
   }
@@ -71,7 +71,7 @@ UnicodeRegex::UnicodeRegex(std::string_view pattern, bool literal, const std::st
          where, quoted(pattern), pcre2_message(error), offset);
   // Without JIT (a system that forbids executable memory) PCRE2 interprets the pattern: slower,
   // the same matches.
-  jit_ = pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE) == 0;
+  pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);
 }
 
 UnicodeRegex::~UnicodeRegex() { pcre2_code_free(code_); }

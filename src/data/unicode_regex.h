@@ -44,14 +44,11 @@ class UnicodeRegex {
   // The first match at or after byte `from`; false when there is none.
   bool find(std::string_view text, size_t from, size_t* start, size_t* end) const;
 
-  bool jit_compiled() const { return jit_; }
-
  private:
   // The byte after the UTF-8 character at `at` (one past the end when at the end).
   static size_t next_char(std::string_view text, size_t at);
 
   pcre2_real_code_8* code_ = nullptr;
-  bool jit_ = false;
   std::string where_;
 };
 
