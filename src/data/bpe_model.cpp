@@ -59,7 +59,6 @@ BpeModel::BpeModel(std::vector<std::pair<std::string, int32_t>> tokens,
                    Options options)
     : byte_symbols_(std::move(byte_symbols)),
       pairs_(std::make_unique<PairTable>(merges.size())),
-      merge_count_(merges.size()),
       options_(options) {
   ids_by_bytes_.reserve(tokens.size());
   for (auto& [bytes, id] : tokens) ids_by_bytes_.emplace(std::move(bytes), id);
@@ -68,12 +67,6 @@ BpeModel::BpeModel(std::vector<std::pair<std::string, int32_t>> tokens,
 
 BpeModel::~BpeModel() = default;
 BpeModel::BpeModel(BpeModel&&) noexcept = default;
-
-std::optional<int32_t> BpeModel::id_of_bytes(std::string_view bytes) const {
-  auto it = ids_by_bytes_.find(bytes);
-  if (it == ids_by_bytes_.end()) return std::nullopt;
-  return it->second;
-}
 
 void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) const {
   if (options_.ignore_merges) {

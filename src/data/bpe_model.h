@@ -46,10 +46,6 @@ class BpeModel {
   // Appends the ids of one pre-token (raw bytes, non-empty) to `out`. Thread-safe.
   void encode_word(std::string_view word, std::vector<int32_t>& out) const;
 
-  // The id of a token given as raw bytes, if it is one.
-  std::optional<int32_t> id_of_bytes(std::string_view bytes) const;
-  size_t merge_count() const { return merge_count_; }
-
  private:
   struct StringHash {
     using is_transparent = void;
@@ -63,7 +59,6 @@ class BpeModel {
   std::array<ByteSymbol, 256> byte_symbols_;
   class PairTable;
   std::unique_ptr<PairTable> pairs_;
-  size_t merge_count_ = 0;
   Options options_;
 };
 

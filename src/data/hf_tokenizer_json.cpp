@@ -152,7 +152,8 @@ std::vector<BpeModel::Merge> TokenizerJson::read_merges(const json& model,
       bad("merges entry {} is {}; expected \"a b\" or [\"a\", \"b\"]", index, entry.dump().substr(0, 80));
     }
     const std::string text = entry.dump();
-    merges.push_back({id_of(left, index, text), id_of(right, index, text), id_of(left + right, index, text), rank++});
+    merges.push_back(
+        {id_of(left, index, text), id_of(right, index, text), id_of(left + right, index, text), rank++});
   }
   return merges;
 }
