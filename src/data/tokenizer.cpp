@@ -129,8 +129,15 @@ std::string ByteTokenizer::description() const {
 
 namespace {
 
+// An object after any whitespace (and a UTF-8 byte order mark, which the JSON reader skips too).
 bool looks_like_json(const fs::path& file) {
   std::ifstream in(file, std::ios::binary);
+  char head[3] = {};
+  in.read(head, 3);
+  if (std::string_view(head, in.gcount()) != "\xEF\xBB\xBF") {
+    in.clear();  // a file shorter than 3 bytes ended the read
+    in.seekg(0);
+  }
   char c = 0;
   while (in.get(c))
     if (!std::isspace(static_cast<unsigned char>(c))) return c == '{';

@@ -80,6 +80,15 @@ TEST(TinyBpeTokenizer, BasicsOfTheBase) {
   EXPECT_EQ(tok->encode(""), Ids{});
 }
 
+// A tokenizer.json is known by its content, even under another name and after a byte order mark.
+TEST(TinyBpeTokenizer, ReadByContent) {
+  const fs::path dir = write_variant("by-content", json::object());
+  test::write_file(dir / "vocab.txt", "\xEF\xBB\xBF\n" + test::read_file(dir / "tokenizer.json"));
+  auto tok = load_tokenizer((dir / "vocab.txt").string());
+  EXPECT_EQ(tok->vocab_size(), 600);
+  EXPECT_EQ(tok->description().rfind("tokenizer.json " + (dir / "vocab.txt").string(), 0), 0u);
+}
+
 TEST(TinyBpeTokenizer, TemplateSuffixAndPrefix) {
   const json patch = json::parse(R"({"post_processor": {"type": "Sequence", "processors": [
       {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
