@@ -8,6 +8,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   libhdf5-openmpi-dev hdf5-tools
   libsentencepiece-dev sentencepiece python3-sentencepiece
+  libpcre2-dev  # the split regexes of byte-level BPE tokenizers (Llama-3)
   nlohmann-json3-dev libfmt-dev
   libgtest-dev
   python3 python3-pytest python3-pandas python3-matplotlib  # analysis/ and its tests

@@ -33,6 +33,7 @@ usage:
   fsdpq demo [--out DIR]                              the self-contained demo (what `make run` does)
   fsdpq init-model --preset NAME --out DIR [...]      write a random-initialised model in HF layout
   fsdpq init-tokenizer --input FILE --out FILE [...]  train a small sentencepiece tokenizer
+  fsdpq tokenize --tokenizer PATH --text TEXT [...]   the token ids (and pieces) of a text, or --jsonl FILE
   fsdpq merge --model DIR --adapter DIR --out DIR     fold a LoRA adapter into its base model (HF layout)
   fsdpq generate --model DIR --prompt TEXT [...]      continue a prompt (base model + optional --adapter)
   fsdpq eval CONFIG.ini [--adapter DIR]               loss and perplexity on the eval (or training) data
@@ -166,9 +167,10 @@ int cli_main(int argc, char** argv) {
     if (command == "generate") return run_generate_command(world, rest);
     if (command == "eval") return run_eval_command(world, rest);
     if (command == "plan") return run_plan_command(world, rest);
+    if (command == "tokenize") return run_tokenize_command(world, rest);
     if (command == "train") return run_train(world, rest);
     if (!starts_with(command, "--") && !ends_with(command, ".ini") && !std::filesystem::exists(command)) {
-      std::string guess = closest_match(command, {"init-model", "init-tokenizer", "demo", "train", "merge", "generate", "eval", "plan"});
+      std::string guess = closest_match(command, {"init-model", "init-tokenizer", "demo", "train", "merge", "generate", "eval", "plan", "tokenize"});
       fail("'{}' is neither a command nor a config file{}", command,
            guess.empty() ? " (fsdpq --help lists the commands)" : fmt::format(" (did you mean '{}'?)", guess));
     }

@@ -25,6 +25,9 @@ int run_merge_command(const World& world, const std::vector<std::string>& args);
 // `fsdpq generate --model DIR [--adapter DIR] --prompt TEXT`: continues a prompt (KV-cached, sampled).
 int run_generate_command(const World& world, const std::vector<std::string>& args);
 
+// `fsdpq tokenize --tokenizer PATH --text TEXT | --jsonl FILE`: the ids a tokenizer gives.
+int run_tokenize_command(const World& world, const std::vector<std::string>& args);
+
 // `fsdpq plan CONFIG.ini [--gpus N --gpu-mem GiB --host-mem GiB]`: the memory planner.
 int run_plan_command(const World& world, const std::vector<std::string>& args);
 

@@ -44,7 +44,7 @@ const std::vector<FlagSpec> kGenerateFlags = {
     {"seed", "S", "random seed of the sampling (default 0): the same seed gives the same text"},
     {"train_type", "TYPE", "how the base is held, as in training: qlora (NF4, default) or lora (bf16)"},
     {"precision", "P", "bf16 (default) or fp32 activations"},
-    {"tokenizer", "SPEC", "a tokenizer.model, or builtin:bytes (default: the model directory's tokenizer.model)"},
+    {"tokenizer", "SPEC", "a tokenizer.model, a tokenizer.json, or builtin:bytes (default: the model directory's)"},
     {"init_seed", "N", "with --model preset:NAME: the init-model --seed whose weights to use (default 0)"},
     {"logits_out", "FILE", "also write the prompt's token ids and the fp32 logits of its last position as JSON "
                            "(for tests/reference/peft_load_check.py)"},
@@ -159,11 +159,12 @@ void generate(const GenerateOptions& o) {
   std::string tokenizer_spec = o.tokenizer;
   if (tokenizer_spec.empty()) {
     if (source.is_preset())
-      fail("generate: --model {} has no tokenizer: pass --tokenizer PATH (a tokenizer.model, or builtin:bytes)", o.model);
-    if (!fs::exists(source.directory / "tokenizer.model"))
-      fail("generate: model directory '{}' has no tokenizer.model: pass --tokenizer PATH (a tokenizer.model, or "
+      fail("generate: --model {} has no tokenizer: pass --tokenizer PATH (a tokenizer.model, a tokenizer.json, or "
            "builtin:bytes)", o.model);
-    tokenizer_spec = (source.directory / "tokenizer.model").string();
+    if (!data::folder_has_tokenizer(source.directory))
+      fail("generate: model directory '{}' has no tokenizer.model or tokenizer.json: pass --tokenizer PATH (a "
+           "tokenizer.model, a tokenizer.json, or builtin:bytes)", o.model);
+    tokenizer_spec = source.directory.string();
   }
   const std::unique_ptr<data::Tokenizer> tokenizer = data::load_tokenizer(tokenizer_spec);
   const LlamaConfig& config = source.config;

@@ -17,8 +17,9 @@ std::vector<OptionSpec> build_specs() {
        "Presets: tiny, tinyllama-1.1b, llama2-7b, llama2-13b, llama2-70b, llama3-8b, llama3-70b, "
        "llama3.1-8b, mistral-7b, codellama-34b, yi-34b."},
       {"tokenizer_path", "model", OptionType::String, &T::tokenizer_path, "",
-       "sentencepiece `tokenizer.model` (file, or a folder holding one). Empty: the model "
-       "directory's tokenizer.model. `builtin:bytes`: a byte-level tokenizer that needs no file.",
+       "A `tokenizer.model` (sentencepiece, or Meta's tiktoken for Llama-3), a Hugging Face "
+       "`tokenizer.json`, or a folder holding one. Empty: the model directory's. `builtin:bytes`: a "
+       "byte-level tokenizer that needs no file.",
        {}, -kNoMax, kNoMax, {}, "builtin:bytes"},
       {"train_type", "model", OptionType::Enum, &T::train_type, "qlora",
        "What trains. full: every weight (fp32 masters). lora: LoRA adapters over a frozen bf16 base. "

@@ -5,11 +5,14 @@
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
+#include <cctype>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 
+#include "data/hf_tokenizer_json.h"
 #include "data/records.h"
+#include "data/tiktoken_file.h"
 #include "util/error.h"
 #include "util/strings.h"
 
@@ -85,6 +88,11 @@ std::string SentencePieceTokenizer::decode(const std::vector<int32_t>& ids) cons
   return text;
 }
 
+std::string SentencePieceTokenizer::piece(int32_t id) const {
+  if (id < 0 || id >= vocab_size_) return "";
+  return impl_->processor.IdToPiece(id);
+}
+
 std::string SentencePieceTokenizer::description() const {
   return fmt::format("sentencepiece {} ({} pieces)", path_.string(), vocab_size_);
 }
@@ -107,33 +115,78 @@ std::string ByteTokenizer::decode(const std::vector<int32_t>& ids) const {
   return text;
 }
 
+std::string ByteTokenizer::piece(int32_t id) const {
+  if (id == kUnk) return "<unk>";
+  if (id == kBos) return "<s>";
+  if (id == kEos) return "</s>";
+  if (id >= kFirstByte && id < kFirstByte + 256) return fmt::format("<0x{:02X}>", id - kFirstByte);
+  return "";
+}
+
 std::string ByteTokenizer::description() const {
   return "builtin:bytes (259 ids: <unk>, <s>, </s> and the 256 byte values)";
 }
 
 // ---- load_tokenizer --------------------------------------------------------------------------
 
+namespace {
+
+// An object after any whitespace (and a UTF-8 byte order mark, which the JSON reader skips too).
+bool looks_like_json(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  char head[3] = {};
+  in.read(head, 3);
+  if (std::string_view(head, in.gcount()) != "\xEF\xBB\xBF") {
+    in.clear();  // a file shorter than 3 bytes ended the read
+    in.seekg(0);
+  }
+  char c = 0;
+  while (in.get(c))
+    if (!std::isspace(static_cast<unsigned char>(c))) return c == '{';
+  return false;
+}
+
+// A tokenizer file, read by what it holds rather than by its name.
+std::unique_ptr<Tokenizer> load_tokenizer_file(const fs::path& file) {
+  std::error_code ec;
+  if (!fs::exists(file, ec))
+    fail("tokenizer '{}' does not exist; expected a tokenizer.model, a tokenizer.json or a model "
+         "folder holding one",
+         file.string());
+  if (looks_like_json(file)) return load_hf_tokenizer_json(file);
+  if (looks_like_tiktoken(file)) return load_tiktoken_file(file);
+  return std::make_unique<SentencePieceTokenizer>(file);
+}
+
+}  // namespace
+
+bool folder_has_tokenizer(const fs::path& folder) {
+  std::error_code ec;
+  return fs::is_regular_file(folder / "tokenizer.model", ec) || fs::is_regular_file(folder / "tokenizer.json", ec);
+}
+
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& spec) {
   if (trim(spec).empty())
     fail(
-        "tokenizer is empty; expected a tokenizer.model path, a model folder holding "
-        "tokenizer.model, or builtin:bytes");
+        "tokenizer is empty; expected a tokenizer.model or tokenizer.json path, a model folder "
+        "holding one, or builtin:bytes");
   if (starts_with(spec, "builtin:")) {
     if (spec == "builtin:bytes") return std::make_unique<ByteTokenizer>();
     fail("unknown built-in tokenizer '{}'; the only built-in tokenizer is builtin:bytes", spec);
   }
-  fs::path path(spec);
+  const fs::path path(spec);
   std::error_code ec;
-  if (fs::is_directory(path, ec)) {
-    fs::path model = path / "tokenizer.model";
-    if (!fs::exists(model, ec))
-      fail(
-          "tokenizer folder '{}' has no tokenizer.model; expected a sentencepiece model there "
-          "(fsdpq reads sentencepiece models, not tokenizer.json)",
-          path.string());
-    return std::make_unique<SentencePieceTokenizer>(model);
-  }
-  return std::make_unique<SentencePieceTokenizer>(path);
+  if (!fs::is_directory(path, ec)) return load_tokenizer_file(path);
+  // A folder may hold several: sentencepiece is exact for Llama-2 / Mistral, tokenizer.json comes
+  // with the special-token names of tokenizer_config.json, tiktoken is the last resort.
+  const fs::path model = path / "tokenizer.model", json = path / "tokenizer.json";
+  const bool has_model = fs::is_regular_file(model, ec), has_json = fs::is_regular_file(json, ec);
+  if (has_model && !looks_like_tiktoken(model)) return std::make_unique<SentencePieceTokenizer>(model);
+  if (has_json) return load_hf_tokenizer_json(json);
+  if (has_model) return load_tiktoken_file(model);
+  fail("tokenizer folder '{}' has neither tokenizer.model nor tokenizer.json; expected a "
+       "sentencepiece or tiktoken tokenizer.model, or a Hugging Face tokenizer.json",
+       path.string());
 }
 
 // ---- train_tokenizer -------------------------------------------------------------------------

@@ -1,9 +1,10 @@
-// Tokenizers: the Llama sentencepiece model, a byte-level stand-in for benchmarks, and training a
-// small sentencepiece model for demos.
+// Tokenizers: the Llama sentencepiece model, byte-level BPE (Llama-3: bpe_tokenizer.h), a
+// byte-level stand-in for benchmarks, and training a small sentencepiece model for demos.
 #pragma once
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -17,6 +18,9 @@ class Tokenizer {
   virtual std::vector<int32_t> encode(std::string_view text) const = 0;
   // Text of `ids`; BOS, EOS, padding and unknown ids add nothing.
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
+  // The token `id` as the tokenizer file writes it ("▁Hello", "Ġworld", "<|eot_id|>"); "" for an
+  // unknown id.
+  virtual std::string piece(int32_t id) const = 0;
   virtual int32_t bos_id() const = 0;
   virtual int32_t eos_id() const = 0;
   // fsdp_qlora sets tokenizer.pad_token_id = tokenizer.eos_token_id.
@@ -24,6 +28,9 @@ class Tokenizer {
   virtual int64_t vocab_size() const = 0;
   // One line for logs, e.g. "sentencepiece /data/tokenizer.model (32000 pieces)".
   virtual std::string description() const = 0;
+  // The id that Hugging Face's encode(text) puts first by the tokenizer file's post-processor
+  // (Llama-3's tokenizer.json: <|begin_of_text|>); nullopt when the file has no such template.
+  virtual std::optional<int32_t> template_bos_id() const { return std::nullopt; }
 };
 
 // Loads a sentencepiece tokenizer.model. Encodes like Hugging Face's LlamaTokenizer (legacy):
@@ -35,6 +42,7 @@ class SentencePieceTokenizer final : public Tokenizer {
 
   std::vector<int32_t> encode(std::string_view text) const override;
   std::string decode(const std::vector<int32_t>& ids) const override;
+  std::string piece(int32_t id) const override;
   int32_t bos_id() const override { return bos_id_; }
   int32_t eos_id() const override { return eos_id_; }
   int64_t vocab_size() const override { return vocab_size_; }
@@ -56,15 +64,22 @@ class ByteTokenizer final : public Tokenizer {
 
   std::vector<int32_t> encode(std::string_view text) const override;
   std::string decode(const std::vector<int32_t>& ids) const override;
+  std::string piece(int32_t id) const override;  // "<s>", "<0x41>"
   int32_t bos_id() const override { return kBos; }
   int32_t eos_id() const override { return kEos; }
   int64_t vocab_size() const override { return kFirstByte + 256; }
   std::string description() const override;
 };
 
-// `spec` is "builtin:bytes", a path to a sentencepiece .model file, or a directory holding
-// tokenizer.model (a Hugging Face model folder).
+// `spec` is "builtin:bytes", a tokenizer file, or a model folder. A file is read by its content:
+// a sentencepiece model (protobuf), a Hugging Face tokenizer.json, or Meta's tiktoken
+// tokenizer.model (lines of base64 token and rank). In a folder the first of these is used: a
+// sentencepiece tokenizer.model (Llama-2, Mistral), tokenizer.json (with tokenizer_config.json
+// beside it), a tiktoken tokenizer.model.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& spec);
+
+// Whether `folder` holds a tokenizer file load_tokenizer(folder) would read.
+bool folder_has_tokenizer(const std::filesystem::path& folder);
 
 // Trains a Llama-like sentencepiece model (BPE, byte fallback, digits split, unk 0 / bos 1 /
 // eos 2, no pad piece) on `input`: a text file (one sentence a line) or a .json / .jsonl file of

@@ -4,6 +4,7 @@
 
 #include <set>
 
+#include "data/tokenizer.h"
 #include "model/presets.h"
 #include "util/error.h"
 #include "util/strings.h"
@@ -61,12 +62,13 @@ void check_weights_match_config(const LlamaConfig& config, const ModelWeights& w
 std::string tokenizer_spec_for(const ModelSource& model, const std::string& tokenizer_path) {
   if (!tokenizer_path.empty()) return tokenizer_path;
   if (model.is_preset())
-    fail("model_name = {} has no tokenizer: set tokenizer_path to a tokenizer.model (or to "
+    fail("model_name = {} has no tokenizer: set tokenizer_path to a tokenizer.model or tokenizer.json (or to "
          "builtin:bytes for a byte-level tokenizer that needs no file)", model.name);
-  fs::path file = model.directory / "tokenizer.model";
-  if (!fs::exists(file))
-    fail("model directory '{}' has no tokenizer.model: set tokenizer_path", model.directory.string());
-  return file.string();
+  // load_tokenizer picks the folder's file (sentencepiece, tokenizer.json, tiktoken).
+  if (!data::folder_has_tokenizer(model.directory))
+    fail("model directory '{}' has no tokenizer.model or tokenizer.json: set tokenizer_path",
+         model.directory.string());
+  return model.directory.string();
 }
 
 }  // namespace fsdpq

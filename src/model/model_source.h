@@ -26,8 +26,9 @@ ModelSource open_model_source(const std::string& model_name);
 // The checks above, on weights already opened.
 void check_weights_match_config(const LlamaConfig& config, const ModelWeights& weights);
 
-// The tokenizer spec for a run: tokenizer_path when set, else the model directory's
-// tokenizer.model; a preset without tokenizer_path is an error that says what to set.
+// The tokenizer spec for a run: tokenizer_path when set, else the model directory (holding a
+// tokenizer.model or tokenizer.json); a preset without tokenizer_path is an error that says what
+// to set.
 std::string tokenizer_spec_for(const ModelSource& model, const std::string& tokenizer_path);
 
 }  // namespace fsdpq

@@ -216,9 +216,9 @@ INSTANTIATE_TEST_SUITE_P(
                "fsdpq: error: command line: '--sav_model' is not a known setting (did you mean '--save_model'?)"},
         BadRun{"PresetWithoutTokenizer", "--dry_run --model_name preset:tiny --dataset dummy", 2,
                "fsdpq: error: model_name = preset:tiny has no tokenizer: set tokenizer_path to a tokenizer.model "
-               "(or to builtin:bytes for a byte-level tokenizer that needs no file)"},
+               "or tokenizer.json (or to builtin:bytes for a byte-level tokenizer that needs no file)"},
         BadRun{"ModelDirWithoutTokenizer", "--dry_run --model_name model --dataset dummy", 2,
-               "fsdpq: error: model directory 'model' has no tokenizer.model: set tokenizer_path"},
+               "fsdpq: error: model directory 'model' has no tokenizer.model or tokenizer.json: set tokenizer_path"},
         BadRun{"TokenizerBiggerThanVocab",
                "--dry_run --model_name small_vocab --tokenizer_path builtin:bytes --dataset dummy", 2,
                "fsdpq: error: the tokenizer builtin:bytes (259 ids: <unk>, <s>, </s> and the 256 byte values) has "

@@ -30,6 +30,10 @@ TEST(DataTokenizer, Llama2GoldenIds) {
   EXPECT_EQ(tok->encode("1234"), (Ids{29871, 29896, 29906, 29941, 29946}));  // digits split
   EXPECT_EQ(tok->encode(""), Ids{});
   EXPECT_EQ(tok->decode({1, 15043, 3186, 2}), "Hello world");
+  EXPECT_EQ(tok->piece(15043), "\xe2\x96\x81Hello");  // ▁Hello
+  EXPECT_EQ(tok->piece(13), "<0x0A>");
+  EXPECT_EQ(tok->piece(32000), "");
+  EXPECT_EQ(tok->template_bos_id(), std::nullopt);
   EXPECT_EQ(tok->description(), "sentencepiece " + model.string() + " (32000 pieces)");
 
   // A model folder works too.
@@ -44,6 +48,9 @@ TEST(DataTokenizer, ByteTokenizerRoundTrip) {
   EXPECT_EQ(tok->eos_id(), 2);
   EXPECT_EQ(tok->pad_id(), 2);
   EXPECT_EQ(tok->encode("Ab"), (Ids{65 + 3, 98 + 3}));
+  EXPECT_EQ(tok->piece(65 + 3), "<0x41>");
+  EXPECT_EQ(tok->piece(1), "<s>");
+  EXPECT_EQ(tok->piece(259), "");
   const std::string text = std::string("caf\xc3\xa9 \n\x01\xff", 9) + std::string(1, '\0') + "end";
   Ids ids = tok->encode(text);
   ASSERT_EQ(ids.size(), text.size());
@@ -62,7 +69,8 @@ TEST(DataTokenizer, LoadErrorsNameThePath) {
   fs::path dir = test::make_temp_dir("data-tok");
   EXPECT_EQ(error_of([&] { load_tokenizer((dir / "nope.model").string()); }),
             "tokenizer '" + (dir / "nope.model").string() +
-                "' does not exist; expected a sentencepiece tokenizer.model file");
+                "' does not exist; expected a tokenizer.model, a tokenizer.json or a model folder "
+                "holding one");
   test::write_file(dir / "garbage.model", "this is not a protobuf");
   EXPECT_EQ(error_of([&] { load_tokenizer((dir / "garbage.model").string()); }),
             "tokenizer '" + (dir / "garbage.model").string() +
@@ -70,14 +78,14 @@ TEST(DataTokenizer, LoadErrorsNameThePath) {
                 "Llama model folder");
   EXPECT_EQ(error_of([&] { load_tokenizer(dir.string()); }),
             "tokenizer folder '" + dir.string() +
-                "' has no tokenizer.model; expected a sentencepiece model there (fsdpq reads "
-                "sentencepiece models, not tokenizer.json)");
+                "' has neither tokenizer.model nor tokenizer.json; expected a sentencepiece or "
+                "tiktoken tokenizer.model, or a Hugging Face tokenizer.json");
   EXPECT_EQ(
       error_of([] { load_tokenizer("builtin:words"); }),
       "unknown built-in tokenizer 'builtin:words'; the only built-in tokenizer is builtin:bytes");
   EXPECT_EQ(error_of([] { load_tokenizer(" "); }),
-            "tokenizer is empty; expected a tokenizer.model path, a model folder holding "
-            "tokenizer.model, or builtin:bytes");
+            "tokenizer is empty; expected a tokenizer.model or tokenizer.json path, a model "
+            "folder holding one, or builtin:bytes");
 }
 
 TEST(DataTokenizer, TrainOnSyntheticDataRoundTripsAndIsDeterministic) {

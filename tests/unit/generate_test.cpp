@@ -219,10 +219,11 @@ TEST_F(Generate, BadInputIsRefusedWithAClearMessage) {
       {"--model " + m + " --tokenizer builtin:bytes --prompt " + long_prompt,
        "generate: the prompt is 2049 tokens (BOS included), longer than the model's max_position_embeddings (2048)"},
       {"--model " + m + " --prompt hi", "generate: model directory '" + (dir_ / "model").string() +
-                                            "' has no tokenizer.model: pass --tokenizer PATH (a tokenizer.model, or "
-                                            "builtin:bytes)"},
+                                            "' has no tokenizer.model or tokenizer.json: pass --tokenizer PATH (a "
+                                            "tokenizer.model, a tokenizer.json, or builtin:bytes)"},
       {"--model preset:tiny --prompt hi",
-       "generate: --model preset:tiny has no tokenizer: pass --tokenizer PATH (a tokenizer.model, or builtin:bytes)"},
+       "generate: --model preset:tiny has no tokenizer: pass --tokenizer PATH (a tokenizer.model, a tokenizer.json, "
+       "or builtin:bytes)"},
       {"--model " + quoted(dir_ / "small_vocab") + " --tokenizer builtin:bytes --prompt hi",
        "generate: the tokenizer (builtin:bytes (259 ids: <unk>, <s>, </s> and the 256 byte values)) has 259 tokens but "
        "the model's vocab_size is 100: its ids would fall outside the embedding"},
