@@ -42,7 +42,10 @@ const std::vector<FlagSpec> kInitModelFlags = {
     {"preset", "NAME", "model shape: " + join(preset_names(), ", "), true},
     {"out", "DIR", "directory to create (config.json, safetensors, generation_config.json)", true},
     {"seed", "N", "random seed (default 0)"},
-    {"tokenizer", "FILE", "a tokenizer.model to copy into the directory"},
+    {"tokenizer", "PATH", "a tokenizer to ship with the model: a tokenizer.model (sentencepiece or tiktoken), a "
+                          "tokenizer.json (its tokenizer_config.json comes along), or a folder holding them"},
+    {"tie_word_embeddings", "BOOL", "true: the LM head is the embedding (Llama-3.2 1B / 3B; no lm_head.weight); "
+                                    "default: the preset's"},
     {"vocab_size", "N", "override the preset's vocabulary size (e.g. to match a small tokenizer)"},
     {"max_shard_size", "BYTES", "split the weights into files of at most this size (default 5000000000)"},
     {"initializer_range", "STD", "standard deviation of the random weights (default: the preset's, 0.02 as HF)"},
@@ -55,8 +58,13 @@ void init_model_from_flags(const ParsedFlags& flags, bool quiet) {
   options.seed = static_cast<uint64_t>(flags.get_int("seed", 0));
   if (flags.has("tokenizer")) {
     options.tokenizer_model = flags.get("tokenizer");
-    if (!fs::is_regular_file(options.tokenizer_model))
-      fail("init-model: --tokenizer {}: file not found", options.tokenizer_model.string());
+    if (!fs::exists(options.tokenizer_model))
+      fail("init-model: --tokenizer {}: no such file or folder", options.tokenizer_model.string());
+  }
+  if (flags.has("tie_word_embeddings")) {
+    const std::optional<bool> tied = parse_bool(flags.get("tie_word_embeddings"));
+    if (!tied) fail("init-model: --tie_word_embeddings {}: expected true or false", flags.get("tie_word_embeddings"));
+    config.tie_word_embeddings = *tied;
   }
   if (flags.has("vocab_size")) {
     int64_t v = flags.get_int("vocab_size", 0);

@@ -15,7 +15,7 @@ std::vector<OptionSpec> build_specs() {
        "An HF-format model directory (config.json + safetensors) or `preset:NAME` for a "
        "random-initialised model of a known shape (benchmarks; `fsdpq init-model` writes one to disk). "
        "Presets: tiny, tinyllama-1.1b, llama2-7b, llama2-13b, llama2-70b, llama3-8b, llama3-70b, "
-       "llama3.1-8b, mistral-7b, codellama-34b, yi-34b."},
+       "llama3.1-8b, llama3.2-1b, llama3.2-3b, mistral-7b, codellama-34b, yi-34b."},
       {"tokenizer_path", "model", OptionType::String, &T::tokenizer_path, "",
        "A `tokenizer.model` (sentencepiece, or Meta's tiktoken for Llama-3), a Hugging Face "
        "`tokenizer.json`, or a folder holding one. Empty: the model directory's. `builtin:bytes`: a "

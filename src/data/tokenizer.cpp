@@ -129,10 +129,8 @@ std::string ByteTokenizer::description() const {
 
 // ---- load_tokenizer --------------------------------------------------------------------------
 
-namespace {
-
 // An object after any whitespace (and a UTF-8 byte order mark, which the JSON reader skips too).
-bool looks_like_json(const fs::path& file) {
+bool is_json_tokenizer_file(const fs::path& file) {
   std::ifstream in(file, std::ios::binary);
   char head[3] = {};
   in.read(head, 3);
@@ -146,6 +144,8 @@ bool looks_like_json(const fs::path& file) {
   return false;
 }
 
+namespace {
+
 // A tokenizer file, read by what it holds rather than by its name.
 std::unique_ptr<Tokenizer> load_tokenizer_file(const fs::path& file) {
   std::error_code ec;
@@ -153,7 +153,7 @@ std::unique_ptr<Tokenizer> load_tokenizer_file(const fs::path& file) {
     fail("tokenizer '{}' does not exist; expected a tokenizer.model, a tokenizer.json or a model "
          "folder holding one",
          file.string());
-  if (looks_like_json(file)) return load_hf_tokenizer_json(file);
+  if (is_json_tokenizer_file(file)) return load_hf_tokenizer_json(file);
   if (looks_like_tiktoken(file)) return load_tiktoken_file(file);
   return std::make_unique<SentencePieceTokenizer>(file);
 }

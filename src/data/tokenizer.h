@@ -78,6 +78,10 @@ class ByteTokenizer final : public Tokenizer {
 // beside it), a tiktoken tokenizer.model.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& spec);
 
+// Whether `file` is JSON (a Hugging Face tokenizer.json), whatever its name: an object after any
+// whitespace and a UTF-8 byte order mark.
+bool is_json_tokenizer_file(const std::filesystem::path& file);
+
 // Whether `folder` holds a tokenizer file load_tokenizer(folder) would read.
 bool folder_has_tokenizer(const std::filesystem::path& folder);
 

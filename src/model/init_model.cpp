@@ -1,13 +1,13 @@
 #include "model/init_model.h"
 
 #include <omp.h>
-#include <sentencepiece_processor.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
+#include "data/tokenizer.h"
 #include "io/model_files.h"
 #include "util/bf16.h"
 #include "util/error.h"
@@ -143,17 +143,36 @@ void normal_pair(StreamKey key, uint64_t pair, float scale, uint16_t out[2]) {
 
 bool is_norm_weight(const std::string& name) { return ends_with(name, "norm.weight"); }
 
-void check_tokenizer(const fs::path& tokenizer, int64_t vocab_size) {
+// Loads the tokenizer to ship (every kind load_tokenizer reads) and checks that its ids fit.
+std::unique_ptr<data::Tokenizer> checked_tokenizer(const fs::path& tokenizer, int64_t vocab_size) {
   std::error_code ec;
-  if (!fs::is_regular_file(tokenizer, ec)) fail("tokenizer model '{}' does not exist", tokenizer.string());
-  sentencepiece::SentencePieceProcessor sp;
-  const auto status = sp.Load(tokenizer.string());
-  if (!status.ok())
-    fail("tokenizer model '{}' is not a sentencepiece model: {}", tokenizer.string(), status.ToString());
-  if (sp.GetPieceSize() > vocab_size)
-    fail("tokenizer model '{}' has {} pieces but vocab_size is {}: its token ids would fall outside the "
+  if (!fs::exists(tokenizer, ec)) fail("tokenizer '{}' does not exist", tokenizer.string());
+  std::unique_ptr<data::Tokenizer> loaded = data::load_tokenizer(tokenizer.string());
+  if (loaded->vocab_size() > vocab_size)
+    fail("tokenizer '{}' has {} tokens but vocab_size is {}: its token ids would fall outside the "
          "embedding; set vocab_size to at least {}",
-         tokenizer.string(), sp.GetPieceSize(), vocab_size, sp.GetPieceSize());
+         tokenizer.string(), loaded->vocab_size(), vocab_size, loaded->vocab_size());
+  return loaded;
+}
+
+// The files that make up the tokenizer at `tokenizer` (a file or a folder), as (source, name in
+// the model folder): the tokenizer file itself under its Hugging Face name, and the companion
+// JSON files transformers reads beside it.
+std::vector<std::pair<fs::path, std::string>> tokenizer_files(const fs::path& tokenizer) {
+  std::error_code ec;
+  std::vector<std::pair<fs::path, std::string>> files;
+  const bool folder = fs::is_directory(tokenizer, ec);
+  const fs::path dir = folder ? tokenizer : tokenizer.parent_path();
+  if (folder) {
+    for (const char* name : {"tokenizer.model", "tokenizer.json"})
+      if (fs::is_regular_file(dir / name, ec)) files.emplace_back(dir / name, name);
+  } else {
+    // A tokenizer.json is JSON whatever its name; anything else is a tokenizer.model.
+    files.emplace_back(tokenizer, data::is_json_tokenizer_file(tokenizer) ? "tokenizer.json" : "tokenizer.model");
+  }
+  for (const char* name : {"tokenizer_config.json", "special_tokens_map.json"})
+    if (fs::is_regular_file(dir / name, ec)) files.emplace_back(dir / name, name);
+  return files;
 }
 
 // Removes the staging directory unless the model was moved into place.
@@ -204,7 +223,12 @@ void fill_normal_bf16(uint64_t seed, uint64_t stream, uint64_t first, float stdd
 void init_model(LlamaConfig config, const fs::path& out_dir, const InitModelOptions& options) {
   if (options.vocab_size) config.vocab_size = *options.vocab_size;
   validate_llama_config(config, "init-model config");
-  if (!options.tokenizer_model.empty()) check_tokenizer(options.tokenizer_model, config.vocab_size);
+  if (!options.tokenizer_model.empty()) {
+    // generation_config.json and config.json name the tokenizer's own special tokens.
+    const std::unique_ptr<data::Tokenizer> tokenizer = checked_tokenizer(options.tokenizer_model, config.vocab_size);
+    config.bos_token_id = tokenizer->bos_id();
+    config.eos_token_ids = {tokenizer->eos_id()};
+  }
   if (options.max_shard_bytes == 0) fail("init-model: max_shard_bytes must be positive");
 
   fs::path target = fs::absolute(out_dir).lexically_normal();
@@ -234,12 +258,11 @@ void init_model(LlamaConfig config, const fs::path& out_dir, const InitModelOpti
                                      {"bos_token_id", hf_config["bos_token_id"]},
                                      {"eos_token_id", hf_config["eos_token_id"]}};
   write_file_atomically(staging.path / "generation_config.json", generation.dump(2) + "\n");
-  if (!options.tokenizer_model.empty()) {
-    fs::copy_file(options.tokenizer_model, staging.path / "tokenizer.model", ec);
-    if (ec)
-      fail("init-model: cannot copy '{}' into '{}': {}", options.tokenizer_model.string(), staging.path.string(),
-           ec.message());
-  }
+  if (!options.tokenizer_model.empty())
+    for (const auto& [source, name] : tokenizer_files(options.tokenizer_model)) {
+      fs::copy_file(source, staging.path / name, ec);
+      if (ec) fail("init-model: cannot copy '{}' into '{}': {}", source.string(), staging.path.string(), ec.message());
+    }
 
   const std::vector<TensorSpec> specs = hf_tensor_specs(config);
   uint64_t total = 0, done = 0;

@@ -20,7 +20,11 @@ namespace fsdpq {
 
 struct InitModelOptions {
   uint64_t seed = 0;
-  std::filesystem::path tokenizer_model;  // copied in as tokenizer.model when set
+  // A tokenizer to ship with the model (data::load_tokenizer reads it: a sentencepiece or tiktoken
+  // tokenizer.model, a tokenizer.json, or a folder holding them). Its files are copied under their
+  // Hugging Face names with the tokenizer_config.json / special_tokens_map.json beside them, and
+  // config.json takes its bos / eos ids.
+  std::filesystem::path tokenizer_model;
   std::optional<int64_t> vocab_size;      // overrides the config's
   uint64_t max_shard_bytes = 5'000'000'000;
   bool overwrite = false;                 // replace a non-empty out_dir

@@ -49,6 +49,14 @@ const std::vector<std::pair<std::string, LlamaConfig>>& presets() {
     LlamaConfig llama31 = make({4096, 14336, 32, 32, 8, 128256, 131072, 500000.0}, 128000, 128001);
     llama31.rope_scaling = RopeScaling{"llama3", 8.0, 1.0, 4.0, 8192};
     p.emplace_back("llama3.1-8b", llama31);
+    // meta-llama/Llama-3.2-1B, Llama-3.2-3B: the LM head is the embedding (no lm_head.weight)
+    for (const auto& [name, shape] : {std::pair{"llama3.2-1b", Shape{2048, 8192, 16, 32, 8, 128256, 131072, 500000.0}},
+                                      std::pair{"llama3.2-3b", Shape{3072, 8192, 28, 24, 8, 128256, 131072, 500000.0}}}) {
+      LlamaConfig llama32 = make(shape, 128000, 128001);
+      llama32.rope_scaling = RopeScaling{"llama3", 32.0, 1.0, 4.0, 8192};
+      llama32.tie_word_embeddings = true;
+      p.emplace_back(name, llama32);
+    }
     // mistralai/Mistral-7B-v0.1
     LlamaConfig mistral = make({4096, 14336, 32, 32, 8, 32000, 32768, 10000.0});
     mistral.model_type = "mistral";

@@ -61,7 +61,7 @@ constexpr std::string_view kProbeText =
 
 nlohmann::json tokenizer_fingerprint(const data::Tokenizer& tokenizer) {
   Fnv1a h;
-  for (int64_t id = 0; id < tokenizer.vocab_size(); ++id) h.add(tokenizer.decode({static_cast<int32_t>(id)}));
+  for (int64_t id = 0; id < tokenizer.vocab_size(); ++id) h.add(tokenizer.piece(static_cast<int32_t>(id)));
   for (int32_t id : tokenizer.encode(kProbeText)) h.add_u64(static_cast<uint32_t>(id));
   return {{"description", tokenizer.description()},
           {"vocab_size", tokenizer.vocab_size()},

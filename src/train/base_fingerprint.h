@@ -6,8 +6,8 @@
 // sampled 4 KiB windows (start, middle, end) of its bytes — about 12 KiB read per tensor, so under
 // 10 MB for a 70B model, yet any retrained or re-quantised variant differs in every window. A
 // preset is fingerprinted by its name (its weights are a function of it: init seed 0).
-// The tokenizer: its vocabulary size, bos / eos / pad ids and a hash of every id's decoded text and
-// of the ids of a fixed probe text, which is what training depends on, whatever file it came from.
+// The tokenizer: its vocabulary size, bos / eos / pad ids and a hash of every id's piece and of the
+// ids of a fixed probe text, which is what training depends on, whatever file it came from.
 #pragma once
 #include <optional>
 #include <string>

@@ -28,6 +28,7 @@ class EosIsUnk final : public data::Tokenizer {
  public:
   std::vector<int32_t> encode(std::string_view text) const override { return bytes_.encode(text); }
   std::string decode(const std::vector<int32_t>& ids) const override { return bytes_.decode(ids); }
+  std::string piece(int32_t id) const override { return bytes_.piece(id); }
   int32_t bos_id() const override { return bytes_.bos_id(); }
   int32_t eos_id() const override { return data::ByteTokenizer::kUnk; }
   int64_t vocab_size() const override { return bytes_.vocab_size(); }

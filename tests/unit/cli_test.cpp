@@ -193,8 +193,8 @@ INSTANTIATE_TEST_SUITE_P(
                "fsdpq: error: init-model: --out DIR is required"},
         BadRun{"UnknownPreset", "init-model --preset llama2-7 --out x", 2,
                "fsdpq: error: unknown model preset 'llama2-7' (did you mean 'llama2-70b'?); known presets: tiny, "
-               "tinyllama-1.1b, llama2-7b, llama2-13b, llama3-8b, llama3.1-8b, mistral-7b, codellama-34b, yi-34b, "
-               "llama2-70b, llama3-70b"},
+               "tinyllama-1.1b, llama2-7b, llama2-13b, llama3-8b, llama3.1-8b, llama3.2-1b, llama3.2-3b, mistral-7b, "
+               "codellama-34b, yi-34b, llama2-70b, llama3-70b"},
         BadRun{"InitModelIntoNonEmptyDir", "init-model --preset tiny --out model", 2,
                "fsdpq: error: init-model: output directory 'model' is not empty; choose another or allow "
                "overwriting it"},

@@ -269,6 +269,10 @@ TEST(LlamaConfig, ParamCountsOfKnownModels) {
   EXPECT_EQ(count_params(preset_or_fail("llama3-8b")).total, 8'030'261'248);
   EXPECT_EQ(count_params(preset_or_fail("mistral-7b")).total, 7'241'732'096);
   EXPECT_EQ(count_params(preset_or_fail("tinyllama-1.1b")).total, 1'100'048'384);
+  // Llama-3.2: the head is the embedding (Hugging Face counts 1.24B and 3.21B).
+  EXPECT_EQ(count_params(preset_or_fail("llama3.2-1b")).total, 1'235'814'400);
+  EXPECT_EQ(count_params(preset_or_fail("llama3.2-3b")).total, 3'212'749'824);
+  EXPECT_EQ(count_params(preset_or_fail("llama3.2-1b")).lm_head, 0);
   // tiny: 2 x 32000 x 64 (embedding, head) + 2 layers x (64x64 + 2 x 32x64 + 64x64 + 3 x 176x64) + 5 x 64.
   const ParamCounts tiny = count_params(preset_or_fail("tiny"));
   EXPECT_EQ(tiny.attention, 2 * (4096 + 2048 + 2048 + 4096));
@@ -285,7 +289,7 @@ TEST(LlamaConfig, TensorSpecsInHfOrder) {
   for (const std::string& name : preset_names()) {
     const LlamaConfig c = preset_or_fail(name);
     const auto specs = hf_tensor_specs(c);
-    ASSERT_EQ(specs.size(), 9u * c.num_hidden_layers + 3) << name;
+    ASSERT_EQ(specs.size(), 9u * c.num_hidden_layers + (c.tie_word_embeddings ? 2 : 3)) << name;
     int64_t total = 0;
     for (const auto& s : specs) {
       EXPECT_EQ(s.dtype, DType::BF16);
@@ -337,16 +341,18 @@ TEST(LlamaConfig, LinearShapes) {
 
 TEST(Presets, NamesLookupAndErrors) {
   EXPECT_EQ(preset_names(), (std::vector<std::string>{"tiny", "tinyllama-1.1b", "llama2-7b", "llama2-13b", "llama3-8b",
-                                                      "llama3.1-8b", "mistral-7b", "codellama-34b", "yi-34b",
-                                                      "llama2-70b", "llama3-70b"}));
+                                                      "llama3.1-8b", "llama3.2-1b", "llama3.2-3b", "mistral-7b",
+                                                      "codellama-34b", "yi-34b", "llama2-70b", "llama3-70b"}));
   EXPECT_TRUE(find_preset("Llama2-7B").has_value());
   EXPECT_FALSE(find_preset("llama2-7").has_value());
   EXPECT_EQ(error_of([] { preset_or_fail("llama2-8b"); }),
             "unknown model preset 'llama2-8b' (did you mean 'llama2-7b'?); known presets: tiny, tinyllama-1.1b, "
-            "llama2-7b, llama2-13b, llama3-8b, llama3.1-8b, mistral-7b, codellama-34b, yi-34b, llama2-70b, llama3-70b");
+            "llama2-7b, llama2-13b, llama3-8b, llama3.1-8b, llama3.2-1b, llama3.2-3b, mistral-7b, codellama-34b, yi-34b, "
+            "llama2-70b, llama3-70b");
   EXPECT_EQ(error_of([] { preset_or_fail("gpt-neox-20b-xyz"); }),
             "unknown model preset 'gpt-neox-20b-xyz'; known presets: tiny, tinyllama-1.1b, llama2-7b, llama2-13b, "
-            "llama3-8b, llama3.1-8b, mistral-7b, codellama-34b, yi-34b, llama2-70b, llama3-70b");
+            "llama3-8b, llama3.1-8b, llama3.2-1b, llama3.2-3b, mistral-7b, codellama-34b, yi-34b, llama2-70b, "
+            "llama3-70b");
   for (const std::string& name : preset_names()) EXPECT_NO_THROW(validate_llama_config(preset_or_fail(name), name));
 }
 
@@ -369,6 +375,16 @@ TEST(Presets, PublishedValues) {
   EXPECT_EQ(l31.max_position_embeddings, 131072);
   EXPECT_EQ(l31.rope_theta, 500000.0);
   EXPECT_EQ(l31.bos_token_id, 128000);
+
+  // meta-llama/Llama-3.2-1B and -3B config.json.
+  const LlamaConfig l32_1b = preset_or_fail("llama3.2-1b"), l32_3b = preset_or_fail("llama3.2-3b");
+  EXPECT_TRUE(l32_1b.tie_word_embeddings);
+  EXPECT_TRUE(l32_3b.tie_word_embeddings);
+  EXPECT_EQ(l32_1b.head_dim, 64);
+  EXPECT_EQ(l32_3b.head_dim, 128);
+  EXPECT_EQ(l32_1b.rope_scaling.factor, 32.0);
+  EXPECT_EQ(l32_3b.num_hidden_layers, 28);
+  EXPECT_EQ(l32_3b.num_attention_heads, 24);
 
   const LlamaConfig mistral = preset_or_fail("mistral-7b");
   EXPECT_EQ(mistral.model_type, "mistral");

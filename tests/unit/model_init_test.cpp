@@ -242,7 +242,7 @@ TEST(InitModel, CopiesAndChecksTheTokenizer) {
   init_model(preset_or_fail("tiny"), root / "t", {.tokenizer_model = tokenizer});
   EXPECT_EQ(test::read_file(root / "t" / "tokenizer.model"), test::read_file(tokenizer));
   EXPECT_EQ(error_of([&] { init_model(preset_or_fail("tiny"), root / "small", {.tokenizer_model = tokenizer, .vocab_size = 100}); }),
-            fmt::format("tokenizer model '{}' has 32000 pieces but vocab_size is 100: its token ids would fall "
+            fmt::format("tokenizer '{}' has 32000 tokens but vocab_size is 100: its token ids would fall "
                         "outside the embedding; set vocab_size to at least 32000",
                         tokenizer.string()));
   EXPECT_FALSE(fs::exists(root / "small"));

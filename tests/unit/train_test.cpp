@@ -184,6 +184,72 @@ TEST_F(Train, SqlLossFallsOnRealDataWithTheLlamaTokenizer) {
   EXPECT_TRUE(std::isfinite(evals[0].at("eval_loss").get<double>()));
 }
 
+// A Llama-3-shaped model with the real Llama-3 tokenizer (tokenizer.json, 128,256 ids) as
+// init-model writes it: a complete HF folder (tokenizer files copied, config.json naming its
+// special tokens); the dry run names the tokenizer; it trains on sql data on the CPU with falling
+// loss, and generate runs on it.
+TEST_F(Train, ALlama3FolderWithItsTokenizerJsonTrainsAndGenerates) {
+  FSDPQ_SHARED_DATA_OR_SKIP(sql, "sql.jsonl");
+  FSDPQ_SHARED_DATA_OR_SKIP(tokenizer_json, "llama3/tokenizer.json");
+  auto r = fsdpq("init-model --preset tiny --vocab_size 128256 --out llama3_tiny --initializer_range 0.2 --tokenizer " +
+                 tokenizer_json.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json", "config.json", "model.safetensors"})
+    EXPECT_TRUE(fs::exists(dir_ / "llama3_tiny" / file)) << file;
+  EXPECT_EQ(test::read_file(dir_ / "llama3_tiny" / "tokenizer.json"), test::read_file(tokenizer_json));
+  const auto config = nlohmann::json::parse(test::read_file(dir_ / "llama3_tiny" / "config.json"));
+  EXPECT_EQ(config.at("bos_token_id"), 128000);
+  EXPECT_EQ(config.at("eos_token_id"), 128001);
+
+  const std::string run = "--model_name llama3_tiny --dataset sql --data_path " + sql.string() +
+                          " --batch_size 8 --context_length 256 --lr 3e-3 --lora_rank 16 --lora_alpha 32 "
+                          "--lora_dropout 0 --max_steps 40 --log_to stdout --save_model true --output_dir llama3_out";
+  r = fsdpq(run + " --dry_run true");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("tokenizer: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("llama3_tiny/tokenizer.json"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(bos 128000, eos 128001, pad 128001)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("records: 4000 read"), std::string::npos) << r.output;
+
+  r = fsdpq(run);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto steps = of_type(read_jsonl(dir_ / "llama3_out" / "metrics.jsonl"), "step");
+  ASSERT_EQ(steps.size(), 40u);
+  EXPECT_LT(mean_loss(steps, 35, 40), 0.8 * mean_loss(steps, 0, 5));
+
+  r = fsdpq("generate --model llama3_tiny --adapter llama3_out --prompt 'SELECT name FROM' --max_new_tokens 8");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+// Tied embeddings (Llama-3.2 1B / 3B: no lm_head.weight, the head is the embedding): a model
+// written so loads, trains LoRA adapters that merge into it, and trains fully, its saved model
+// again without a head of its own.
+TEST_F(Train, TiedEmbeddingsLoadTrainSaveAndMerge) {
+  auto r = fsdpq("init-model --preset tiny --tie_word_embeddings true --vocab_size 512 --out tied --initializer_range 0.2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(nlohmann::json::parse(test::read_file(dir_ / "tied" / "config.json")).at("tie_word_embeddings"), true);
+  EXPECT_EQ(test::read_file(dir_ / "tied" / "model.safetensors").find("lm_head"), std::string::npos);
+  const std::string common = "--model_name tied --tokenizer_path builtin:bytes --dataset dummy --dataset_samples 32 "
+                             "--context_length 256 --batch_size 2 --lr 3e-3 --max_steps 12 --log_to stdout --save_model true";
+  r = fsdpq(common + " --train_type lora --lora_rank 8 --lora_alpha 16 --output_dir tied_lora");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto steps = of_type(read_jsonl(dir_ / "tied_lora" / "metrics.jsonl"), "step");
+  EXPECT_LT(mean_loss(steps, 9, 12), mean_loss(steps, 0, 3));
+  r = fsdpq("merge --model tied --adapter tied_lora --out tied_merged");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(test::read_file(dir_ / "tied_merged" / "model.safetensors").find("lm_head"), std::string::npos);
+  r = fsdpq("generate --model tied_merged --tokenizer builtin:bytes --prompt 'hello' --max_new_tokens 4");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+
+  r = fsdpq(common + " --train_type full --precision fp32 --lr 1e-3 --output_dir tied_full");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  steps = of_type(read_jsonl(dir_ / "tied_full" / "metrics.jsonl"), "step");
+  EXPECT_LT(mean_loss(steps, 9, 12), mean_loss(steps, 0, 3));
+  const std::string saved = test::read_file(dir_ / "tied_full" / "model.safetensors");
+  EXPECT_EQ(saved.find("lm_head"), std::string::npos) << "a tied model is saved without a head of its own";
+  EXPECT_NE(saved.find("model.embed_tokens.weight"), std::string::npos);
+}
+
 TEST_F(Train, EvalCommandScoresTrainedAdaptersBetterThanTheBase) {
   auto r = fsdpq("demo --out demo_eval");
   ASSERT_EQ(r.exit_code, 0) << r.output;
