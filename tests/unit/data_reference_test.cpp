@@ -9,6 +9,7 @@
 #include "data/examples.h"
 #include "data/records.h"
 #include "test_support.h"
+#include "token_digest.h"
 
 namespace fsdpq::data {
 namespace {
@@ -70,6 +71,47 @@ TEST(DataReference, AlpacaMatchesFsdpQlora) {
     GTEST_SKIP() << "the Python sentencepiece module is missing (Debian: apt-get install "
                     "python3-sentencepiece): skipping";
   compare_with_reference(model, alpaca, PromptStyle::Alpaca, python);
+}
+
+// The same with the real Llama-3 tokenizer.json, as fsdp_qlora runs it through AutoTokenizer
+// (<|begin_of_text|> from the post-processor, EOS and pad <|end_of_text|>). Its reference needs
+// Hugging Face's `tokenizers`, which CI lacks: the script's digests of the first 200 records of
+// each file (context 256, so that some are truncated) are committed (tests/data/llama3_instruction_digests.txt; its header says how).
+TEST(DataReference, Llama3SqlAndAlpacaMatchFsdpQlora) {
+  FSDPQ_SHARED_DATA_OR_SKIP(tokenizer_json, "llama3/tokenizer.json");
+  FSDPQ_SHARED_DATA_OR_SKIP(shared, "sql.jsonl");
+  const auto tokenizer = load_tokenizer(tokenizer_json.string());
+  std::istringstream lines(test::read_file(fs::path(FSDPQ_SOURCE_DIR) / "tests/data/llama3_instruction_digests.txt"));
+  std::string line, file;
+  PromptStyle style = PromptStyle::Qna;
+  std::vector<Record> records;
+  size_t index = 0, compared = 0, truncated = 0;
+  int64_t context = 0;
+  while (std::getline(lines, line)) {
+    std::istringstream fields(line);
+    if (line.starts_with("# ")) {  // "# sql.jsonl qna 200 512": a file's records follow
+      std::string hash, style_name;
+      int count = 0;
+      fields >> hash >> file >> style_name >> count >> context;
+      style = style_name == "qna" ? PromptStyle::Qna : PromptStyle::Alpaca;
+      records = read_records(shared.parent_path() / file, required_fields(style), false, nullptr, count);
+      index = 0;
+      continue;
+    }
+    ASSERT_LT(index, records.size()) << file;
+    size_t length = 0;
+    uint64_t ids_digest = 0, labels_digest = 0;
+    fields >> length >> std::hex >> ids_digest >> labels_digest;
+    const Example e = make_example(format_record(records[index], style), *tokenizer, context);
+    truncated += e.truncated;
+    EXPECT_EQ(e.input_ids.size(), length) << file << " record " << index;
+    EXPECT_EQ(test::digest_of_ids({e.input_ids}).fnv, ids_digest) << file << " record " << index << ": input_ids";
+    EXPECT_EQ(test::digest_of_ids({e.labels}).fnv, labels_digest) << file << " record " << index << ": labels";
+    ++index;
+    ++compared;
+  }
+  EXPECT_EQ(compared, 400u);
+  EXPECT_GT(truncated, 0u) << "expected some records past the context length";
 }
 
 }  // namespace
