@@ -11,6 +11,7 @@
 #include "model/llama_model.h"
 #include "runtime/gpu.h"
 #include "runtime/world.h"
+#include "train/evaluation.h"  // evaluate_loss, for the eval command
 
 namespace fsdpq {
 
@@ -36,14 +37,5 @@ LlamaModel build_model(const RunPlan& plan, const ModelOptions& options, const U
 
 TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPlan& plan, const GpuInfo& gpu);
 
-// Token-weighted mean loss over `examples` (evaluation: no dropout, no gradients); NaN when no
-// example has a target token. With `world`, every rank of it calls this and evaluates a share of
-// the batches; all get the global mean.
-double evaluate_loss(LlamaModel& model, const std::vector<data::Example>& examples, int64_t batch_size,
-                     int32_t pad_id, int64_t context_length, Communicator* world = nullptr);
-
-// "eval loss 1.2345 (perplexity 3.44) on 120 examples (3 of 123 keep no target token after
-// truncation and are left out)", or that there is no loss: the log line of an evaluation.
-std::string describe_eval(double loss, const std::vector<data::Example>& examples);
 
 }  // namespace fsdpq
