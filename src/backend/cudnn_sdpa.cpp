@@ -48,9 +48,10 @@ Pass backward_pass(SdpaBackward algorithm) {
   return algorithm == SdpaBackward::Deterministic ? Pass::BackwardDeterministic : Pass::BackwardNondeterministic;
 }
 
-// A graph ready to execute, or why cuDNN refused to build it.
+// A graph ready to execute on `handle`, or why cuDNN refused to build it.
 struct BuiltGraph {
   GraphPtr graph;
+  cudnnHandle_t handle = nullptr;
   int64_t workspace_bytes = 0;
   std::string why_not;
 };
@@ -140,6 +141,7 @@ std::string failed(const char* step, fe::error_t status) {
 BuiltGraph build(const SdpaShape& s, Pass pass, const Library& lib) {
   cudnnHandle_t handle = lib.handle;
   BuiltGraph built;
+  built.handle = handle;
   try {
     built.graph = pass == Pass::Forward ? forward_graph(s)
                                         : backward_graph(s, pass == Pass::BackwardDeterministic
@@ -202,18 +204,24 @@ int compute_capability_major() {
   return major;
 }
 
-// The memory rule (cudnn_sdpa.h) for a backward graph cuDNN accepts.
-std::string breaks_memory_rule(const SdpaShape& s, SdpaBackward algorithm, int64_t workspace_bytes) {
+// The memory rule (cudnn_sdpa.h), known before any graph is built: cuDNN's deterministic backward
+// on Hopper keeps dP in its workspace (GpuOpsAttentionCudnn.DeterministicBackwardOnHopperHoldsATxTMatrix
+// checks that premise).
+std::string breaks_memory_rule(SdpaBackward algorithm) {
   if (algorithm == SdpaBackward::Deterministic && compute_capability_major() == 9)
     return "cuDNN's deterministic attention backward on Hopper keeps dP, a [T, T] matrix per head, in its "
            "workspace; the deterministic backward stays on fsdpq's kernels (FSDPQ_ATTENTION=cudnn-nondeterministic "
            "takes cuDNN's faster non-deterministic one)";
-  const int64_t limit = sdpa_backward_workspace_limit(s);
-  if (workspace_bytes > limit)
-    return fmt::format("cuDNN's attention backward of {} wants a {:.1f} MiB workspace, over the {:.1f} MiB a "
-                       "workspace linear in T needs: it would hold a [T, T] matrix",
-                       s.to_string(), workspace_bytes / 1048576.0, limit / 1048576.0);
   return "";
+}
+
+// The memory rule for the workspace of a backward graph cuDNN accepts.
+std::string breaks_memory_rule(const SdpaShape& s, int64_t workspace_bytes) {
+  const int64_t limit = sdpa_backward_workspace_limit(s);
+  if (workspace_bytes <= limit) return "";
+  return fmt::format("cuDNN's attention backward of {} wants a {:.1f} MiB workspace, over the {:.1f} MiB a "
+                     "workspace linear in T needs: it would hold a [T, T] matrix",
+                     s.to_string(), workspace_bytes / 1048576.0, limit / 1048576.0);
 }
 
 // The workspace for one execution, from the caching allocator (freed after the call is queued:
@@ -225,11 +233,9 @@ Tensor workspace_for(const BuiltGraph& built) {
 
 void execute(const BuiltGraph& built, std::unordered_map<int64_t, void*>& pack, const char* pass,
              const SdpaShape& s) {
-  std::string why_no_library;
-  const Library* lib = library(&why_no_library);
   Tensor workspace = workspace_for(built);
   fe::error_t status =
-      built.graph->execute(lib->handle, pack, workspace.defined() ? workspace.view().data : nullptr);
+      built.graph->execute(built.handle, pack, workspace.defined() ? workspace.view().data : nullptr);
   if (status.is_bad())
     throw std::runtime_error(fmt::format("cuDNN attention {} of {}: {}", pass, s.to_string(), status.get_message()));
 }
@@ -241,9 +247,13 @@ void* writable(const void* p) { return const_cast<void*>(p); }  // cuDNN's varia
 std::string why_not_sdpa_forward(const SdpaShape& s) { return graphs().get(s, Pass::Forward).why_not; }
 
 std::string why_not_sdpa_backward(const SdpaShape& s, SdpaBackward algorithm) {
+  std::string why;
+  if (library(&why) == nullptr) return why;
+  why = breaks_memory_rule(algorithm);
+  if (!why.empty()) return why;
   const BuiltGraph& built = graphs().get(s, backward_pass(algorithm));
   if (!built.why_not.empty()) return built.why_not;
-  return breaks_memory_rule(s, algorithm, built.workspace_bytes);
+  return breaks_memory_rule(s, built.workspace_bytes);
 }
 
 GraphWorkspace sdpa_backward_workspace(const SdpaShape& s, SdpaBackward algorithm) {
@@ -264,9 +274,9 @@ void sdpa_backward(const SdpaShape& s, SdpaBackward algorithm, void* dq, void* d
                    const void* q, const void* k, const void* v, const void* out, const float* lse) {
   const std::string why = why_not_sdpa_backward(s, algorithm);
   if (!why.empty()) throw std::logic_error("sdpa_backward called where cuDNN is not used: " + why);
-  std::unordered_map<int64_t, void*> pack = {
-      {kQ, writable(q)},   {kK, writable(k)},     {kV, writable(v)}, {kOut, writable(out)}, {kLse, writable(lse)},
-      {kDout, writable(dout)}, {kDq, dq},         {kDk, dk},         {kDv, dv}};
+  std::unordered_map<int64_t, void*> pack = {{kQ, writable(q)},       {kK, writable(k)},     {kV, writable(v)},
+                                             {kOut, writable(out)},   {kLse, writable(lse)}, {kDout, writable(dout)},
+                                             {kDq, dq},               {kDk, dk},             {kDv, dv}};
   execute(graphs().get(s, backward_pass(algorithm)), pack, "backward", s);
 }
 
