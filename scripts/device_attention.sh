@@ -36,13 +36,15 @@ if ! skip tests; then
 import re, sys
 worst, fallbacks, cases = {}, {}, {}
 for line in open(sys.argv[1]):
-    m = re.match(r"ROUTE (\S+) (.*?): out (\S+) lse (\S+) dq (\S+) dk (\S+) dv (\S+) \(backward on (\S+)\)(.*)", line)
+    m = re.match(r"ROUTE (\S+) (.*?): out (\S+) lse (\S+) dq (\S+) dk (\S+) dv (\S+) "
+                 r"\(forward on (\S+), backward on (\S+)\)(.*)", line)
     if not m:
         continue
-    route, case, *errs, ran, note = m.groups()
+    route, case, *errs, fwd_ran, bwd_ran, note = m.groups()
     route = (route, case.split()[-1])  # and the storage types: in/dout/grads
     cases[route] = cases.get(route, 0) + 1
-    fallbacks[route] = fallbacks.get(route, 0) + (ran == "fallback")
+    fallbacks[route] = [a + b for a, b in zip(fallbacks.get(route, [0, 0]),
+                                              [fwd_ran == "fallback", bwd_ran == "fallback"])]
     w = worst.setdefault(route, {k: (0.0, "") for k in ("out", "lse", "dq", "dk", "dv")})
     for key, e in zip(("out", "lse", "dq", "dk", "dv"), errs):
         if key in ("dq", "dk") and "absolute" in note:
@@ -52,11 +54,12 @@ for line in open(sys.argv[1]):
 print("\nworst normalized error per route and types (T1's dq, dk are compared absolutely, left out here).")
 print("Tolerances: out 1e-2 BF16, 2e-3 F16; lse 1e-5; dq dk dv 2e-2 on tensor cores (mma, cudnn),")
 print("SIMT 1e-4 into F32, 2e-3 into F16 (tests/gpu/ops_attention_routes_gpu_test.cpp says why).")
-print("| route | in/dout/grads | out | lse | dq | dk | dv | backward declined by cuDNN |")
-print("|---|---|---|---|---|---|---|---|")
+print("| route | in/dout/grads | out | lse | dq | dk | dv | cases | cuDNN declined fwd / bwd |")
+print("|---|---|---|---|---|---|---|---|---|")
 for (route, types), w in worst.items():
+    fwd, bwd = fallbacks[(route, types)]
     print(f"| {route} | {types} | " + " | ".join(f"{w[k][0]:.2e}" for k in ("out", "lse", "dq", "dk", "dv")) +
-          f" | {fallbacks[(route, types)]} of {cases[(route, types)]} |")
+          f" | {cases[(route, types)]} | {fwd} / {bwd} |")
 PY
 fi
 
