@@ -6,7 +6,7 @@
 # (site-packages nvidia/cudnn/lib), put on LD_LIBRARY_PATH here. Prepare here:
 #   cmake --build build -j2 && ../shared/device/bundle-libs.sh build/tests/fsdpq_gpu_tests .device/lib
 # Run there with carry [".device/lib", "build/tests/fsdpq_gpu_tests"]:
-#   bash scripts/device_attention.sh      (SKIP=tests,nocudnn,model,perf,torch narrows it)
+#   bash scripts/device_attention.sh      (SKIP=tests,nocudnn,model,perf,torch and FILTER=<gtest filter> narrow it)
 T=$PWD/build/tests/fsdpq_gpu_tests
 skip() { [[ ",${SKIP:-}," == *",$1,"* ]]; }
 BASE_LD=$PWD/.device/lib:${LD_LIBRARY_PATH:-}
@@ -28,7 +28,7 @@ echo "cuDNN for fsdpq: ${CUDNN_LIB:-none found}"; ls "$CUDNN_LIB"/libcudnn.so.9*
 
 if ! skip tests; then
   echo "== attention tests (GpuOpsAttention*: SIMT, mma, every route against the CPU op, cuDNN)"
-  FSDPQ_TEST_REQUIRE_CUDNN=1 timeout 300 "$T" --gtest_filter='GpuOpsAttention*' > $OUT/attention_tests.log 2>&1
+  FSDPQ_TEST_REQUIRE_CUDNN=1 timeout 300 "$T" --gtest_filter="${FILTER:-GpuOpsAttention*}" > $OUT/attention_tests.log 2>&1
   echo "rc=$?"
   grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|^\[  (PASSED|FAILED)  \]|Failure|normalized error|max abs diff|^CUDNN|ran on|workspace|differ between|warning:" \
     $OUT/attention_tests.log | head -60
