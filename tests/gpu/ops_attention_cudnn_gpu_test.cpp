@@ -273,8 +273,9 @@ void perf_op_model_types(int64_t T) {
   test::GpuAttention g(c, in);
   const double fwd = 4.0 * c.B * c.H * c.T * c.T * c.D / 2;
   const std::string shape = "T" + std::to_string(T) + " B" + std::to_string(c.B) + " H32 KV32 D128 bf16";
-  for (const auto& [name, kernels] : {std::pair<const char*, GpuAttentionKernels>{"mma", GpuAttentionKernels::TensorCores},
-                                      {"cudnn-nondeterministic", GpuAttentionKernels::CudnnNondeterministic}}) {
+  using Named = std::pair<const char*, GpuAttentionKernels>;
+  for (const auto& [name, kernels] : {Named{"mma", GpuAttentionKernels::TensorCores},
+                                      Named{"cudnn-nondeterministic", GpuAttentionKernels::CudnnNondeterministic}}) {
     const test::UseAttentionKernels use(kernels);
     g.forward();
     test::report_perf(std::string("attention op-") + name + " bwd " + shape + " (f32 dout/grads)", 0, 2.5 * fwd,
