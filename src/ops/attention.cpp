@@ -16,6 +16,7 @@
 #ifdef FSDPQ_WITH_CUDA
 #include "kernels/attention.cuh"
 #include "kernels/attention_mma.cuh"
+#include "ops/attention_cudnn.h"
 #include "ops/cuda_dispatch.h"
 #endif
 
@@ -46,18 +47,22 @@ AttentionDims check_dims(const char* op, const TensorView& q, const TensorView& 
 
 GpuAttentionKernels& gpu_attention_choice() {
   static GpuAttentionKernels choice = [] {
-    const char* v = std::getenv("FSDPQ_ATTENTION");
-    return v != nullptr && std::string(v) == "simt" ? GpuAttentionKernels::Simt : GpuAttentionKernels::TensorCores;
+    const char* env = std::getenv("FSDPQ_ATTENTION");
+    const std::string v = env != nullptr ? env : "";
+    if (v == "simt") return GpuAttentionKernels::Simt;
+    if (v == "cudnn") return GpuAttentionKernels::Cudnn;
+    if (v == "cudnn-nondeterministic") return GpuAttentionKernels::CudnnNondeterministic;
+    return GpuAttentionKernels::TensorCores;
   }();
   return choice;
 }
 
 #ifdef FSDPQ_WITH_CUDA
-// The tensor-core kernels take a pass when chosen (gpu_attention_kernels) and when its types, head dim and pointer
-// alignment (16-byte vector loads) suit them; `dout` is null in the forward.
+// The tensor-core kernels take a pass unless the SIMT ones are chosen (gpu_attention_kernels) and when
+// its types, head dim and pointer alignment (16-byte vector loads) suit them; `dout` is null in the forward.
 bool use_mma_attention(const char* op, const AttentionDims& d, const TensorView& q, const TensorView& k,
                        const TensorView& v, const TensorView& out, const void* dout) {
-  return gpu_attention_kernels() == GpuAttentionKernels::TensorCores &&
+  return gpu_attention_kernels() != GpuAttentionKernels::Simt &&
          cuda::attention_mma_supported(ktype(op, q), ktype(op, k), ktype(op, v), ktype(op, out), d.D) &&
          cuda::attention_mma_aligned(q.data) && cuda::attention_mma_aligned(k.data) &&
          cuda::attention_mma_aligned(v.data) && (dout == nullptr || cuda::attention_mma_aligned(dout));
@@ -126,6 +131,7 @@ void attention_forward(TensorView out, TensorView lse, const TensorView& q, cons
 #ifdef FSDPQ_WITH_CUDA
     check_that(d.D >= 1 && d.D <= cuda::kAttentionMaxHeadDim, "{}: head dim {} is not in [1, {}] on CUDA", op, d.D,
                cuda::kAttentionMaxHeadDim);
+    if (cudnn_attention_chosen() && cudnn_attention_forward(out, lse, q, k, v)) return;
     if (use_mma_attention(op, d, q, k, v, out, nullptr)) {
       cuda::attention_mma_forward(out.data, ktype(op, out), lse.as<float>(), q.data, ktype(op, q), k.data,
                                   ktype(op, k), v.data, ktype(op, v), d.B, d.T, d.H, d.KV, d.D, cuda::stream());
@@ -194,6 +200,7 @@ void attention_backward(TensorView dq, TensorView dk, TensorView dv, const Tenso
 #ifdef FSDPQ_WITH_CUDA
     check_that(d.D >= 1 && d.D <= cuda::kAttentionMaxHeadDim, "{}: head dim {} is not in [1, {}] on CUDA", op, d.D,
                cuda::kAttentionMaxHeadDim);
+    if (cudnn_attention_chosen() && cudnn_attention_backward(dq, dk, dv, dout, q, k, v, out, lse)) return;
     // rowsum(dout * out) per query row, the one temporary (B * H * T floats).
     Tensor drow = Tensor::empty(Shape{d.B, d.H, d.T}, DType::F32, Device::CUDA);
     if (use_mma_attention(op, d, q, k, v, out, dout.data)) {

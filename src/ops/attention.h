@@ -19,8 +19,11 @@ void attention_backward(TensorView dq, TensorView dk, TensorView dv, const Tenso
 // Which GPU kernels run attention. TensorCores (the default) takes kernels/attention_mma.cu
 // wherever it applies (q, k, v all BF16 or all F16, head dim 64 or 128, 16-byte aligned) and the
 // fp32 SIMT kernels (kernels/attention.cu) elsewhere; Simt takes the SIMT kernels everywhere.
-// The environment's FSDPQ_ATTENTION=simt sets Simt at start-up; tests of the SIMT kernels set it.
-enum class GpuAttentionKernels { TensorCores, Simt };
+// Cudnn asks cuDNN's fused flash attention first (ops/attention_cudnn.h) and runs TensorCores'
+// choice where cuDNN declines; its backward is deterministic, CudnnNondeterministic's is cuDNN's
+// faster one whose bits vary from run to run. The environment's FSDPQ_ATTENTION (simt, cudnn,
+// cudnn-nondeterministic) sets the choice at start-up; tests set it with set_gpu_attention_kernels.
+enum class GpuAttentionKernels { TensorCores, Simt, Cudnn, CudnnNondeterministic };
 GpuAttentionKernels gpu_attention_kernels();
 void set_gpu_attention_kernels(GpuAttentionKernels kernels);
 
