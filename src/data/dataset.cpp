@@ -93,10 +93,14 @@ std::vector<Example> tokenize(const std::vector<Record>& records, PromptStyle st
 }
 
 // Nearest-rank percentile of sorted values.
-int64_t percentile(const std::vector<int64_t>& sorted, double p) {
-  if (sorted.empty()) return 0;
+DatasetStats::Length percentile(const std::vector<DatasetStats::Length>& sorted, double p) {
+  if (sorted.empty()) return {};
   size_t rank = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(sorted.size())));
   return sorted[std::clamp<size_t>(rank, 1, sorted.size()) - 1];
+}
+
+std::string length_text(const DatasetStats::Length& length) {
+  return fmt::format("{}{}", length.at_least ? "≥" : "", length.tokens);
 }
 
 }  // namespace
@@ -155,7 +159,7 @@ TokenizedDataset build_dataset(const DataOptions& o, const Tokenizer& tokenizer)
   s.examples = out.train.size();
   s.eval_examples = out.eval.size();
 
-  std::vector<int64_t> lengths;
+  std::vector<DatasetStats::Length> lengths;
   lengths.reserve(out.train.size());
   auto targets_of = [](const Example& e) {
     int64_t n = 0;
@@ -163,14 +167,18 @@ TokenizedDataset build_dataset(const DataOptions& o, const Tokenizer& tokenizer)
     return n;
   };
   for (const Example& e : out.train) {
-    lengths.push_back(e.full_length);
+    lengths.push_back({e.full_length, !e.full_length_exact});
+    s.lengths_at_least += !e.full_length_exact;
     s.truncated += e.truncated;
     const int64_t targets = targets_of(e);
     s.target_tokens += targets;
     s.train_without_targets += targets == 0;
   }
   for (const Example& e : out.eval) s.eval_without_targets += targets_of(e) == 0;
-  std::sort(lengths.begin(), lengths.end());
+  // A lower bound sorts after an exact length of the same value: it may stand for more.
+  std::sort(lengths.begin(), lengths.end(), [](const DatasetStats::Length& a, const DatasetStats::Length& b) {
+    return a.tokens != b.tokens ? a.tokens < b.tokens : a.at_least < b.at_least;
+  });
   s.length_p50 = percentile(lengths, 50);
   s.length_p90 = percentile(lengths, 90);
   s.length_p99 = percentile(lengths, 99);
@@ -185,7 +193,11 @@ std::string summarize(const DatasetStats& s) {
       "train lengths in tokens: p50 {}, p90 {}, p99 {}, max {}; {} truncated to context_length; "
       "{} target tokens",
       s.records_read, s.records_skipped, s.examples, s.dropped_for_batching, s.eval_examples,
-      s.length_p50, s.length_p90, s.length_p99, s.length_max, s.truncated, s.target_tokens);
+      length_text(s.length_p50), length_text(s.length_p90), length_text(s.length_p99), length_text(s.length_max),
+      s.truncated, s.target_tokens);
+  if (s.lengths_at_least > 0)
+    text += fmt::format("\n{} long text(s) encoded only as far as context_length keeps them: their lengths are "
+                        "lower bounds (≥)", s.lengths_at_least);
   if (s.train_without_targets > 0 || s.eval_without_targets > 0)
     text += fmt::format("\nno target token left after truncation: {} train, {} eval examples", s.train_without_targets,
                         s.eval_without_targets);

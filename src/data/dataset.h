@@ -34,8 +34,15 @@ struct DatasetStats {
   size_t truncated = 0;             // train examples longer than context_length (cut)
   size_t dropped_for_batching = 0;  // train examples dropped to reach a multiple of the batch
   size_t eval_examples = 0;
-  // Train example lengths in tokens before truncation (BOS and EOS included).
-  int64_t length_p50 = 0, length_p90 = 0, length_p99 = 0, length_max = 0;
+  // Train example lengths in tokens before truncation (BOS and EOS included). A long text is encoded
+  // only as far as context_length keeps it (examples.h): its length is then a lower bound, which
+  // `at_least` marks where a percentile falls on one.
+  struct Length {
+    int64_t tokens = 0;
+    bool at_least = false;
+  };
+  Length length_p50, length_p90, length_p99, length_max;
+  size_t lengths_at_least = 0;  // train examples whose length is a lower bound
   int64_t target_tokens = 0;              // train tokens the loss counts (after truncation)
   // Examples left with no token for the loss once truncated to context_length (their answers
   // were cut away): they train nothing and have no loss.
