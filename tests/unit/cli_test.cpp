@@ -133,6 +133,17 @@ TEST_F(Cli, DryRunReportsModelDatasetAndBatchPlan) {
     EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
 }
 
+// A dry run of a million dummy examples and two steps tokenizes the two it would read, and says so.
+TEST_F(Cli, DryRunOfAMillionExamplesTokenizesWhatTheStepsRead) {
+  auto r = dry_run("--dataset dummy --dataset_samples 1000000 --max_steps 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* part : {"examples: 1000000 train (0 dropped to fill whole batches), 0 eval",
+                           "tokenized 2 of the 1000000 train examples, those the run reads: the lengths, truncation "
+                           "and target tokens below are theirs",
+                           "examples 1000000 → 1000000 per rank (1 rank(s)), batch_size 1, accumulation 1"})
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+}
+
 TEST_F(Cli, DryRunOfTheBenchmarkPresetNeedsNoFiles) {
   auto r = run_command(std::string("cd '") + FSDPQ_SOURCE_DIR + "' && '" + FSDPQ_BINARY +
                        "' --dry_run inputs/dummy_7b.ini --output_dir " + (dir_ / "out7b").string());
