@@ -7,6 +7,7 @@
 
 #include "runtime/agreed_errors.h"
 #include "runtime/fault_injection.h"
+#include "runtime/host_out_of_memory.h"
 #include "runtime/log.h"
 #include "train/visited_examples.h"
 #include "util/error.h"
@@ -93,6 +94,7 @@ RunPlan prepare_run(const World& world, const ResolvedConfig& resolved, DataUse 
   });
   run_on_all_ranks(world, [&] {
     maybe_inject_fault(world, "load_data");
+    const HostMemoryPurpose purpose("reading and tokenizing the dataset");
     const data::DatasetRecords records = data::load_dataset_records(data_options_from(c));
     plan.batches = plan_batches(c, static_cast<int64_t>(records.train.size()), world.size);
     plan.dataset = data::tokenize_dataset(records, *plan.tokenizer, train_examples_to_tokenize(c, plan.batches, use));

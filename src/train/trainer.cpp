@@ -22,6 +22,7 @@
 #include "runtime/exit_codes.h"
 #include "runtime/fault_injection.h"
 #include "runtime/host_memory.h"
+#include "runtime/host_out_of_memory.h"
 #include "runtime/log.h"
 #include "runtime/preemption.h"
 #include "train/epoch_batches.h"
@@ -143,6 +144,7 @@ LlamaModel build_model(const RunPlan& plan, const ModelOptions& options, const U
 
 double evaluate_loss(LlamaModel& model, const std::vector<data::Example>& examples, int64_t batch_size,
                      int32_t pad_id, int64_t context_length, Communicator* world) {
+  const HostMemoryPurpose purpose("evaluating");
   const std::vector<data::Batch> batches = sequential_batches(examples, batch_size, pad_id, context_length);
   const int64_t ranks = world ? world->size() : 1, rank = world ? world->rank() : 0;
   const int64_t n = static_cast<int64_t>(batches.size());
@@ -197,6 +199,9 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
   // use_cpu_offload keeps the shards' masters, gradients and optimizer state in host memory and
   // steps them on the CPU; otherwise they live (and are stepped) where the model computes.
   const Device state_device = c.use_cpu_offload ? Device::CPU : device;
+  // What an out-of-memory message says the run was doing.
+  std::optional<HostMemoryPurpose> doing;
+  doing.emplace("loading the model (this rank's weights, fp32 masters and optimizer state)");
   FsdpEngine engine(groups,
                     {.compute_dtype = activation_dtype(options.precision),
                      .device = device,
@@ -331,6 +336,8 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
   outcome.last_loss = position.last_loss;
   int64_t& step = position.step;  // optimizer steps done
   const int64_t first_step = step;  // where this process began (after a resume, not 0)
+  doing.reset();
+  doing.emplace("training (activations, gradients and the optimizer's updates)");
   for (; position.epoch < c.num_epochs && step < total_steps; ++position.epoch, position.samples_in_epoch = 0) {
     const int64_t epoch = position.epoch;
     EpochBatches batches(plan.dataset.train, sampler, epoch, c.batch_size, pad_id, c.context_length,
@@ -495,6 +502,7 @@ TrainingOutcome train(const World& world, const ResolvedConfig& resolved, RunPla
     log::info("{}", describe_eval(*outcome.eval_loss, plan.dataset.eval));
   }
   if (c.save_model) {
+    const HostMemoryPurpose purpose("saving the model");
     engine.gather_masters_into_model();
     model.place_on(Device::CPU);  // the savers read host tensors; training is over
     if (world.is_root()) {

@@ -1,5 +1,6 @@
 // The fsdpq binary as a user drives it: help, print-config, dry runs, and the catalogue of bad
 // inputs (models, tokenizers, data files, launches), each asserting the exact message.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -175,6 +176,39 @@ TEST_F(Cli, SqlDryRunOnRealDataWithTheLlamaTokenizer) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("records: 4000 read, 0 skipped"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("sentencepiece"), std::string::npos);
+}
+
+// A fake /proc and cgroup tree for fsdpq to read its available memory from ($FSDPQ_HOST_ROOT):
+// MemAvailable `available_gib`, and a cgroup v2 limit of `cgroup_limit_gib` when positive.
+fs::path fake_host(const fs::path& dir, double available_gib, double cgroup_limit_gib = 0) {
+  const auto gib = [](double g) { return static_cast<int64_t>(g * (1 << 30)); };
+  test::write_file(dir / "proc/meminfo", fmt::format("MemAvailable: {} kB\n", gib(available_gib) / 1024));
+  test::write_file(dir / "proc/self/cgroup", "0::/job\n");
+  test::write_file(dir / "proc/self/mountinfo", "25 22 0:23 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n");
+  if (cgroup_limit_gib > 0) {
+    test::write_file(dir / "sys/fs/cgroup/job/memory.max", std::to_string(gib(cgroup_limit_gib)));
+    test::write_file(dir / "sys/fs/cgroup/job/memory.current", "0");
+  }
+  return dir;
+}
+
+// An allocation the host refuses (here a 1 GiB address-space limit, well above the process's own
+// few hundred MiB, below TinyLlama's 2 GiB of weights) ends the run as a user error, exit 2,
+// saying what it was doing, not as an internal error.
+TEST_F(Cli, RunningOutOfHostMemoryIsAUserError) {
+  const fs::path plenty = fake_host(dir_ / "host_plenty", 1024);  // the check passes: the allocation fails
+  auto r = shell("ulimit -v 1048576 && FSDPQ_HOST_ROOT=" + plenty.string() + " '" + FSDPQ_BINARY +
+                 "' --model_name preset:tinyllama-1.1b --tokenizer_path builtin:bytes --dataset dummy "
+                 "--dataset_samples 8 --max_steps 1 --train_type lora --output_dir no_memory");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  const std::string error = error_line(r.output);
+  EXPECT_EQ(error.rfind("fsdpq: error: host out of memory ", 0), 0u) << r.output;
+  EXPECT_NE(error.find(" while loading the model (this rank's weights, fp32 masters and optimizer state): available to "
+                       "this process 1024.00 GiB (MemAvailable 1024.00 GiB); its address space is limited to 1.00 GiB "
+                       "(ulimit -v). Lower batch_size"),
+            std::string::npos)
+      << error;
+  EXPECT_EQ(r.output.find("internal error"), std::string::npos) << r.output;
 }
 
 struct BadRun {
