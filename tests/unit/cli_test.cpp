@@ -192,6 +192,48 @@ fs::path fake_host(const fs::path& dir, double available_gib, double cgroup_limi
   return dir;
 }
 
+// Before loading the model, a run whose predicted host memory clearly exceeds what is available
+// stops with the numbers and what to change (here TinyLlama-1.1B LoRA on the CPU backend needs
+// about 3 GiB); a dry run only warns; under mpirun the message comes once.
+TEST_F(Cli, ARunThatCannotFitInHostMemoryIsRefusedBeforeLoading) {
+  const std::string run = "--model_name preset:tinyllama-1.1b --tokenizer_path builtin:bytes --dataset dummy "
+                          "--dataset_samples 8 --max_steps 1 --train_type lora --output_dir small_host";
+  const fs::path small = fake_host(dir_ / "host_1g", 1.0);
+  auto r = shell("FSDPQ_HOST_ROOT=" + small.string() + " '" + FSDPQ_BINARY + "' " + run);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  const std::string error = error_line(r.output);
+  EXPECT_EQ(error.rfind("fsdpq: error: host memory: the 1 rank(s) of this run on host ", 0), 0u) << error;
+  for (const char* part : {"of host memory for the model, its optimizer state and buffers (1 × ",
+                           "but 1.00 GiB is available there (MemAvailable 1.00 GiB): the run would run out of memory",
+                           "To need less: train_type = qlora (the frozen weights in 4-bit NF4); a smaller batch_size or "
+                           "context_length (the CPU backend keeps the activations in host memory);",
+                           "`fsdpq plan CONFIG.ini --host-mem GiB` shows where the host memory goes"})
+    EXPECT_NE(error.find(part), std::string::npos) << part << "\n" << error;
+  EXPECT_EQ(r.output.find("model ready"), std::string::npos) << "refused before loading";
+
+  // A cgroup limit below what the machine has free speaks instead.
+  const fs::path limited = fake_host(dir_ / "host_cgroup", 64.0, 1.0);
+  r = shell("FSDPQ_HOST_ROOT=" + limited.string() + " '" + FSDPQ_BINARY + "' " + run);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(error_line(r.output).find("of this run in cgroup /sys/fs/cgroup/job "), std::string::npos) << r.output;
+  EXPECT_NE(error_line(r.output).find("(MemAvailable 64.00 GiB; cgroup /sys/fs/cgroup/job: limit 1.00 GiB, 0.00 GiB "
+                                      "in use)"),
+            std::string::npos)
+      << r.output;
+
+  r = shell("FSDPQ_HOST_ROOT=" + small.string() + " '" + FSDPQ_BINARY + "' --dry_run " + run);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("warning: host memory: the 1 rank(s)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(a dry run only warns: the job may run on other machines)"), std::string::npos);
+
+  r = shell("FSDPQ_HOST_ROOT=" + small.string() + " " + MPIEXEC + " --allow-run-as-root --oversubscribe -x " +
+            "FSDPQ_HOST_ROOT -np 2 '" + FSDPQ_BINARY + "' " + run + " --batch_size 1");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(count(r.output, "fsdpq: error"), 1u) << r.output;
+  EXPECT_NE(error_line(r.output).find("host memory: the 2 rank(s) of this run on host "), std::string::npos)
+      << r.output;
+}
+
 // An allocation the host refuses (here a 1 GiB address-space limit, well above the process's own
 // few hundred MiB, below TinyLlama's 2 GiB of weights) ends the run as a user error, exit 2,
 // saying what it was doing, not as an internal error.

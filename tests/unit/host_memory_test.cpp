@@ -1,13 +1,15 @@
 // Host memory: what this process may still allocate (MemAvailable and the cgroup limit, read from
-// fixture files and from this machine), and running out of host memory as a user error that says
-// how much, for what and while doing what.
+// fixture files and from this machine), whether a run's predicted need fits it, and running out of
+// host memory as a user error that says how much, for what and while doing what.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
 
 #include <new>
 
+#include "app/host_memory_check.h"
 #include "backend/tensor.h"
+#include "config/train_config.h"
 #include "runtime/agreed_errors.h"
 #include "runtime/available_memory.h"
 #include "runtime/exit_codes.h"
@@ -150,6 +152,45 @@ TEST(AvailableMemory, ReadsThisMachine) {
   for (const CgroupDir& d : memory_cgroup_dirs(test::read_file("/proc/self/cgroup"), test::read_file("/proc/self/mountinfo")))
     EXPECT_TRUE(fs::is_directory(d.dir)) << d.dir;
   EXPECT_EQ(host_root(), std::getenv("FSDPQ_HOST_ROOT") ? fs::path(std::getenv("FSDPQ_HOST_ROOT")) : fs::path("/"));
+}
+
+TEST(HostMemoryCheck, RefusesOnlyWhatClearlyCannotFit) {
+  HostMemoryDemand d;
+  d.tensors_per_rank = 3 * kGiB;
+  d.process_per_rank = kGiB;
+  d.in_use_per_rank = kGiB / 4;
+  d.ranks = 2;
+  EXPECT_EQ(d.certain(), 6 * kGiB);
+  EXPECT_EQ(d.expected(), 6 * kGiB + 2 * (kGiB - kGiB / 4));
+  EXPECT_EQ(judge_host_memory(d, 8 * kGiB), HostMemoryFit::Fits);
+  EXPECT_EQ(judge_host_memory(d, 7 * kGiB), HostMemoryFit::MayNotFit) << "the process allowance no longer fits";
+  EXPECT_EQ(judge_host_memory(d, 5 * kGiB), HostMemoryFit::MayNotFit) << "within the margin: a warning";
+  EXPECT_EQ(judge_host_memory(d, 4 * kGiB), HostMemoryFit::DoesNotFit);
+  // The margin's edge: refused only beyond kHostRefuseAbove × available.
+  d.ranks = 1;
+  d.tensors_per_rank = 5 * kGiB;
+  ASSERT_EQ(kHostRefuseAbove, 1.25);
+  EXPECT_EQ(judge_host_memory(d, 4 * kGiB), HostMemoryFit::MayNotFit);
+  EXPECT_EQ(judge_host_memory(d, 4 * kGiB - 1), HostMemoryFit::DoesNotFit);
+  d.in_use_per_rank = 2 * kGiB;  // a rank already holding more than the allowance owes nothing more for it
+  EXPECT_EQ(d.expected(), d.certain());
+}
+
+TEST(HostMemoryCheck, SaysWhatToChange) {
+  TrainConfig c;
+  c.train_type = "lora";
+  c.use_cpu_offload = true;
+  const std::vector<std::string> gpu = ways_to_lower_host_memory(c, true, 1, 4);
+  EXPECT_EQ(gpu.front(), "use_cpu_offload = false (the weights and optimizer state then stay on the GPU)");
+  EXPECT_NE(std::find(gpu.begin(), gpu.end(), "train_type = qlora (the frozen weights in 4-bit NF4)"), gpu.end());
+  EXPECT_NE(std::find(gpu.begin(), gpu.end(),
+                      "sharding_strategy = full_shard (each rank then holds a shard of the model, not all of it)"),
+            gpu.end());
+  c.train_type = "qlora";
+  const std::vector<std::string> cpu = ways_to_lower_host_memory(c, false, 4, 4);
+  EXPECT_EQ(cpu.front(), "a smaller batch_size or context_length (the CPU backend keeps the activations in host memory)")
+      << "use_cpu_offload means nothing without a GPU";
+  EXPECT_EQ(cpu.size(), 3u);  // + fewer ranks per node, more memory
 }
 
 TEST(HostOutOfMemory, AHostTensorTooLargeIsAUserErrorSayingHowMuchForWhatAndWhile) {
