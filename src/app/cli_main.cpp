@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "runtime/agreed_errors.h"
 #include "runtime/environment.h"
 #include "runtime/exit_codes.h"
+#include "runtime/host_out_of_memory.h"
 #include "runtime/log.h"
 #include "runtime/preemption.h"
 #include "runtime/watchdog.h"
@@ -187,6 +189,8 @@ int cli_main(int argc, char** argv) {
   } catch (const UserError& e) {
     // Raised on this rank alone (other ranks may be waiting in a collective): end the job.
     abort_job(world, kExitUserError, e.what());
+  } catch (const std::bad_alloc&) {
+    abort_job(world, kExitUserError, out_of_host_memory_message());
   } catch (const std::exception& e) {
     abort_job(world, kExitInternalError, std::string("internal error: ") + e.what());
   }

@@ -33,7 +33,7 @@ int run_eval_command(const World& world, const std::vector<std::string>& args) {
     }
   }
   ResolvedConfig resolved = resolve_train_arguments(world, rest);
-  RunPlan plan = prepare_run(world, resolved);
+  RunPlan plan = prepare_run(world, resolved, DataUse::Evaluation);
   const TrainConfig& c = resolved.config;
   ModelOptions options = model_options_from(c);
   options.lora_dropout = 0;
@@ -57,7 +57,7 @@ int run_eval_command(const World& world, const std::vector<std::string>& args) {
     model.place_on(Device::CUDA);
   }
   const bool has_eval = !plan.dataset.eval.empty();
-  const auto& examples = has_eval ? plan.dataset.eval : plan.dataset.train;
+  const auto& examples = has_eval ? plan.dataset.eval : plan.dataset.train.tokenized_examples();
   double loss = evaluate_loss(model, examples, c.batch_size, plan.tokenizer->pad_id(), c.context_length);
   log::info("{} data{}: {}", has_eval ? "held-out" : "training",
             adapter_dir.empty() ? "" : fmt::format(" with adapters {}", adapter_dir), describe_eval(loss, examples));

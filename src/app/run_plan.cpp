@@ -3,11 +3,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "runtime/agreed_errors.h"
 #include "runtime/fault_injection.h"
+#include "runtime/host_out_of_memory.h"
 #include "runtime/log.h"
 #include "runtime/watchdog.h"
+#include "train/visited_examples.h"
 #include "util/error.h"
 #include "util/strings.h"
 
@@ -29,10 +32,10 @@ data::DataOptions data_options_from(const TrainConfig& c) {
   return o;
 }
 
-BatchPlan plan_batches(const TrainConfig& c, const data::TokenizedDataset& dataset, int world_size) {
+BatchPlan plan_batches(const TrainConfig& c, int64_t examples, int world_size) {
   BatchPlan p;
   p.world_size = world_size;
-  p.examples = static_cast<int64_t>(dataset.train.size());
+  p.examples = examples;
   p.examples_per_rank = (p.examples + world_size - 1) / world_size;
   p.micro_batches_per_epoch = (p.examples_per_rank + c.batch_size - 1) / c.batch_size;
   p.steps_per_epoch = p.micro_batches_per_epoch / c.gradient_accumulation_steps;
@@ -40,15 +43,39 @@ BatchPlan plan_batches(const TrainConfig& c, const data::TokenizedDataset& datas
   if (c.max_steps > 0) p.total_steps = std::min(p.total_steps, c.max_steps);
   p.global_batch = c.batch_size * c.gradient_accumulation_steps * world_size;
   p.max_tokens_per_step = p.global_batch * c.context_length;
-  double total_len = 0;
-  for (const auto& e : dataset.train) total_len += static_cast<double>(e.input_ids.size());
-  double mean_len = dataset.train.empty() ? 0 : total_len / static_cast<double>(dataset.train.size());
-  p.mean_tokens_per_step = c.pad_to_context_length ? static_cast<double>(p.max_tokens_per_step)
-                                                   : mean_len * static_cast<double>(p.global_batch);
   return p;
 }
 
-RunPlan prepare_run(const World& world, const ResolvedConfig& resolved) {
+double mean_tokens_per_step(const TrainConfig& c, const BatchPlan& b, const data::ExampleSet& train) {
+  if (c.pad_to_context_length) return static_cast<double>(b.max_tokens_per_step);
+  const std::vector<data::Example>& examples = train.tokenized_examples();
+  double total_len = 0;
+  for (const auto& e : examples) total_len += static_cast<double>(e.input_ids.size());
+  const double mean_len = examples.empty() ? 0 : total_len / static_cast<double>(examples.size());
+  return mean_len * static_cast<double>(b.global_batch);
+}
+
+namespace {
+
+// A training run tokenizes only the examples its steps read (all of them when it runs whole
+// epochs); evaluation reads them all. nullopt: all.
+std::optional<std::vector<size_t>> train_examples_to_tokenize(const TrainConfig& c, const BatchPlan& b,
+                                                              DataUse use) {
+  if (use == DataUse::Evaluation || b.total_steps == 0) return std::nullopt;  // (no step: the trainer says so)
+  std::vector<size_t> visited = examples_the_run_visits({.examples = b.examples,
+                                                         .world_size = b.world_size,
+                                                         .seed = static_cast<uint64_t>(c.seed),
+                                                         .batch_size = c.batch_size,
+                                                         .gradient_accumulation_steps = c.gradient_accumulation_steps,
+                                                         .num_epochs = c.num_epochs,
+                                                         .total_steps = b.total_steps});
+  if (visited.size() == static_cast<size_t>(b.examples)) return std::nullopt;
+  return visited;
+}
+
+}  // namespace
+
+RunPlan prepare_run(const World& world, const ResolvedConfig& resolved, DataUse use) {
   const TrainConfig& c = resolved.config;
   RunPlan plan;
   run_on_all_ranks(world, [&] {
@@ -69,24 +96,36 @@ RunPlan prepare_run(const World& world, const ResolvedConfig& resolved) {
   watchdog_phase("reading and tokenizing the data");
   run_on_all_ranks(world, [&] {
     maybe_inject_fault(world, "load_data");
-    plan.dataset = data::build_dataset(data_options_from(c), *plan.tokenizer);
+    const HostMemoryPurpose purpose("reading and tokenizing the dataset");
+    const data::DatasetRecords records = data::load_dataset_records(data_options_from(c));
+    plan.batches = plan_batches(c, static_cast<int64_t>(records.train.size()), world.size);
+    plan.dataset = data::tokenize_dataset(records, *plan.tokenizer, train_examples_to_tokenize(c, plan.batches, use));
+    plan.batches.mean_tokens_per_step = mean_tokens_per_step(c, plan.batches, plan.dataset.train);
     // Never train on nothing: with every answer truncated away the loss would count no token.
     if (plan.dataset.stats.target_tokens == 0)
       fail("no training example keeps any answer token after truncation to {}: every label is masked "
-           "(prompt tokens are not trained on); increase context_length", resolved.cite("context_length"));
+           "(prompt tokens are not trained on{}); increase context_length",
+           resolved.cite("context_length"),
+           plan.dataset.train.complete()
+               ? ""
+               : fmt::format("; checked on the {} examples the run reads, of {}", plan.dataset.train.tokenized(),
+                             plan.dataset.train.size()));
   });
   const data::DatasetStats& stats = plan.dataset.stats;
+  if (!plan.dataset.train.complete() && !c.dry_run)  // (a dry run's report says so)
+    log::info("tokenized {} of the {} train examples: those the run's {} step(s) read", stats.examples_tokenized,
+              stats.examples, plan.batches.total_steps);
   if (stats.train_without_targets > 0)
-    log::warn("{} of {} training examples keep no answer token after truncation to {}: they train nothing, and a "
+    log::warn("{} of {} training examples{} keep no answer token after truncation to {}: they train nothing, and a "
               "step made only of them logs no loss (increase context_length to keep them)",
-              stats.train_without_targets, stats.examples, resolved.cite("context_length"));
+              stats.train_without_targets, stats.examples_tokenized,
+              plan.dataset.train.complete() ? "" : " the run reads", resolved.cite("context_length"));
   if (stats.eval_without_targets > 0)
     log::warn("{} of {} eval examples keep no answer token after truncation to {}: the eval loss leaves them out",
               stats.eval_without_targets, stats.eval_examples, resolved.cite("context_length"));
   plan.footprint = model_footprint(plan.model.config, c.quantized_base(), !c.is_lora(),
                                    c.is_lora() ? c.lora_rank : 0,
                                    c.is_lora() ? c.lora_target_modules : std::vector<std::string>{});
-  plan.batches = plan_batches(c, plan.dataset, world.size);
   return plan;
 }
 

@@ -26,7 +26,14 @@ struct BatchPlan {
   double mean_tokens_per_step = 0;      // global_batch × mean (truncated) example length
 };
 
-BatchPlan plan_batches(const TrainConfig& config, const data::TokenizedDataset& dataset, int world_size);
+// The counts of a run over `examples` train examples (mean_tokens_per_step left at 0).
+BatchPlan plan_batches(const TrainConfig& config, int64_t examples, int world_size);
+// global_batch × the mean length of the tokenized train examples (context_length when padded to it).
+double mean_tokens_per_step(const TrainConfig& config, const BatchPlan& batches, const data::ExampleSet& train);
+
+// What the run does with the train set: train on the examples its steps read (only those are
+// tokenized), or evaluate on all of them.
+enum class DataUse { Training, Evaluation };
 
 struct RunPlan {
   ModelSource model;
@@ -39,7 +46,7 @@ struct RunPlan {
 data::DataOptions data_options_from(const TrainConfig& config);
 
 // Collective: every rank prepares the same plan; any failure stops all ranks with one message.
-RunPlan prepare_run(const World& world, const ResolvedConfig& resolved);
+RunPlan prepare_run(const World& world, const ResolvedConfig& resolved, DataUse use = DataUse::Training);
 
 std::string format_dry_run(const ResolvedConfig& resolved, const RunPlan& plan, const World& world,
                            const GpuInfo& gpu);

@@ -2,6 +2,7 @@
 #include <vector>
 
 #include "app/commands.h"
+#include "app/host_memory_check.h"
 #include "app/run_plan.h"
 #include "runtime/agreed_errors.h"
 #include "runtime/exit_codes.h"
@@ -87,6 +88,8 @@ int run_training_job(const World& world, const ResolvedConfig& resolved) {
   // Claimed before the slow preparation, so that a second run into the same directories stops at once.
   const std::vector<DirectoryLock> claimed = claim_run_directories(world, resolved);
   RunPlan plan = prepare_run(world, resolved);
+  // Before the model is loaded: a run that cannot fit in host memory stops here, with the numbers.
+  check_host_memory(world, resolved, plan, gpu);
   if (resolved.config.dry_run) {
     log::info("{}", format_dry_run(resolved, plan, world, gpu));
     check_resume(world, resolved, plan);

@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "runtime/watchdog.h"
+#include "runtime/host_out_of_memory.h"
 #include "util/error.h"
 
 #ifdef FSDPQ_WITH_CUDA
@@ -214,7 +215,7 @@ void* HostStaging::reserve(size_t bytes) {
   cudaGetLastError();  // pinning can fail (locked-memory limits): ordinary memory still works
 #endif
   data_ = std::malloc(size);
-  if (!data_) throw std::bad_alloc();
+  if (!data_) fail_host_allocation(size, "a staging buffer of host⇄GPU copies");
   pinned_ = false;
   size_ = size;
   return data_;

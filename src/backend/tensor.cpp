@@ -1,6 +1,7 @@
 #include "backend/tensor.h"
 
 #include "backend/host_tensor_bytes.h"
+#include "runtime/host_out_of_memory.h"
 
 #include <fmt/format.h>
 
@@ -135,7 +136,7 @@ Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
   const size_t bytes = tensor.nbytes();
   if (device == Device::CPU) {
     tensor.data_ = std::aligned_alloc(kCpuAlignment, cpu_allocation_bytes(bytes));
-    if (tensor.data_ == nullptr) throw std::bad_alloc();
+    if (tensor.data_ == nullptr) fail_host_allocation(bytes, "a host tensor " + tensor.view().describe());
     host_bytes_added(bytes);
   } else {
     tensor.data_ = hooks_for(device).allocate(bytes == 0 ? 1 : bytes);

@@ -1,5 +1,7 @@
 #include "data/bpe_tokenizer.h"
 
+#include <algorithm>
+
 #include "data/byte_level.h"
 #include "util/error.h"
 #include "util/strings.h"
@@ -18,9 +20,14 @@ BpeTokenizer::BpeTokenizer(BpeModel model, PreTokenizer pre_tokenizer, Parts par
       template_prefix_(std::move(parts.template_prefix)),
       template_suffix_(std::move(parts.template_suffix)) {
   for (const AddedToken& t : parts.added_tokens) added_ids_.emplace(t.content, t.id);
+  cut_at_word_ends_ = pre_tokenizer_.splits_as_llama3() &&
+                      std::none_of(parts.added_tokens.begin(), parts.added_tokens.end(), [](const AddedToken& t) {
+                        return t.content.find_first_of(" \t\r\n\f\v") != std::string::npos;
+                      });
   // Hugging Face's ByteLevel decoder, applied to every token, added ones included.
   token_bytes_.reserve(token_text_.size());
   for (const std::string& text : token_text_) token_bytes_.push_back(byte_level::decode_token(text));
+  for (const std::string& bytes : token_bytes_) max_token_bytes_ = std::max(max_token_bytes_, bytes.size());
 
   if (parts.bos_name) {
     bos_ = resolve(parts.bos_name, "bos_token", parts.names_source);
@@ -67,6 +74,14 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
       text, [&](std::string_view stretch) { pre_tokenizer_.split(stretch, encode_piece); },
       [&](int32_t id) { ids.push_back(id); });
   return ids;
+}
+
+size_t BpeTokenizer::cut_point(std::string_view text, size_t at) const {
+  if (!cut_at_word_ends_) return text.size();
+  auto is_letter = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); };
+  for (size_t p = std::max<size_t>(at, 1); p < text.size(); ++p)
+    if ((text[p] == ' ' || text[p] == '\n') && is_letter(text[p - 1])) return p;
+  return text.size();
 }
 
 std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {

@@ -51,6 +51,12 @@ class BpeTokenizer final : public Tokenizer {
   int64_t vocab_size() const override { return static_cast<int64_t>(token_text_.size()); }
   std::string description() const override;
   std::optional<int32_t> template_bos_id() const override;
+  // Llama-3's pre-tokenizer (PreTokenizer::splits_as_llama3) with no added token holding
+  // whitespace: the end of a word (an ASCII letter, then a space or a newline) is a boundary of
+  // every pre-token and added-token match, so a text cut there encodes to exactly the first ids of
+  // the whole. Other tokenizers are never cut.
+  size_t cut_point(std::string_view text, size_t at) const override;
+  size_t max_token_bytes() const override { return max_token_bytes_; }
 
   const std::vector<int32_t>& template_prefix() const { return template_prefix_; }
   const std::vector<int32_t>& template_suffix() const { return template_suffix_; }
@@ -72,6 +78,8 @@ class BpeTokenizer final : public Tokenizer {
   std::unordered_map<std::string, int32_t> vocab_ids_;
   std::vector<int32_t> template_prefix_, template_suffix_;
   int32_t bos_ = -1, eos_ = -1, pad_ = -1;
+  bool cut_at_word_ends_ = false;
+  size_t max_token_bytes_ = 0;  // the longest token's bytes
 };
 
 }  // namespace fsdpq::data

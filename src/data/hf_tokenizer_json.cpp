@@ -280,6 +280,7 @@ PreTokenizer::Split TokenizerJson::read_split(const json& node) const {
         "MergedWithPrevious, MergedWithNext, Contiguous",
         node.contains("behavior") ? node["behavior"].dump() : "missing");
   split.invert = flag(node, "invert", false, "a Split pre-tokenizer");
+  if (is_regex) split.source = pattern["Regex"].get<std::string>();
   return split;
 }
 

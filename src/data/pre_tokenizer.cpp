@@ -96,6 +96,16 @@ PreTokenizer::PreTokenizer(PreTokenizer&&) noexcept = default;
 
 void PreTokenizer::split(std::string_view text, const Emit& emit) const { run(0, text, emit); }
 
+bool PreTokenizer::splits_as_llama3() const {
+  if (steps_.empty() || steps_.size() > 2) return false;
+  const auto* split = std::get_if<Split>(&steps_[0]);
+  if (!split || split->source != kLlama3SplitPattern || split->behavior != SplitBehavior::Isolated || split->invert)
+    return false;
+  if (steps_.size() == 1) return true;
+  const auto* byte_level = std::get_if<ByteLevel>(&steps_[1]);
+  return byte_level && !byte_level->add_prefix_space && !byte_level->use_regex;
+}
+
 void PreTokenizer::run(size_t step, std::string_view text, const Emit& emit) const {
   if (text.empty()) return;
   if (step == steps_.size()) return emit(text);

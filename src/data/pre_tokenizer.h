@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <variant>
 #include <vector>
@@ -13,6 +14,10 @@
 #include "data/unicode_regex.h"
 
 namespace fsdpq::data {
+
+// Meta's Llama-3 split pattern (its tokenizer.py's pat_str; the same text in a Llama-3 tokenizer.json).
+inline constexpr std::string_view kLlama3SplitPattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
 // What Split does with the pieces its pattern matches (Hugging Face's SplitDelimiterBehavior).
 enum class SplitBehavior { Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous };
@@ -23,6 +28,7 @@ class PreTokenizer {
     std::unique_ptr<UnicodeRegex> pattern;
     SplitBehavior behavior = SplitBehavior::Isolated;
     bool invert = false;  // the pattern matches what lies between delimiters
+    std::string source;   // the pattern as the file gives it (a regex)
   };
   struct ByteLevel {
     bool add_prefix_space = false;  // a space before each piece that lacks one
@@ -37,6 +43,11 @@ class PreTokenizer {
 
   // Calls emit(piece) for each pre-token of `text` (valid UTF-8). Thread-safe.
   void split(std::string_view text, const Emit& emit) const;
+
+  // Whether this is Llama-3's pre-tokenizer: its split pattern (Isolated), then at most a ByteLevel
+  // step that adds no space and splits nothing. No pre-token it makes spans the end of a word
+  // (an ASCII letter followed by a space or a newline): see BpeTokenizer::cut_point.
+  bool splits_as_llama3() const;
 
  private:
   void run(size_t step, std::string_view text, const Emit& emit) const;

@@ -68,6 +68,15 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int world_size, int
 }
 
 std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
+  const std::vector<int64_t> all = epoch_order(epoch);
+  std::vector<int64_t> mine;
+  mine.reserve(static_cast<size_t>(num_samples_));
+  for (size_t i = static_cast<size_t>(rank_); i < all.size(); i += static_cast<size_t>(world_size_))
+    mine.push_back(all[i]);
+  return mine;
+}
+
+std::vector<int64_t> DistributedSampler::epoch_order(int64_t epoch) const {
   std::vector<int64_t> all;
   if (shuffle_) {
     // g.manual_seed(self.seed + self.epoch)
@@ -80,12 +89,7 @@ std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
   const int64_t total_size = num_samples_ * world_size_;
   for (int64_t i = dataset_size_; i < total_size; ++i)
     all.push_back(all[static_cast<size_t>(i % dataset_size_)]);
-
-  std::vector<int64_t> mine;
-  mine.reserve(static_cast<size_t>(num_samples_));
-  for (int64_t i = rank_; i < total_size; i += world_size_)
-    mine.push_back(all[static_cast<size_t>(i)]);
-  return mine;
+  return all;
 }
 
 }  // namespace fsdpq::data

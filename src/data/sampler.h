@@ -18,6 +18,9 @@ class DistributedSampler {
 
   // The dataset indices this rank visits in `epoch`, in order (num_samples() of them).
   std::vector<int64_t> indices(int64_t epoch) const;
+  // Every rank's indices of `epoch` in one list (num_samples() × world_size): the shuffled indices
+  // padded by repeating them; rank r visits positions r, r + world_size, r + 2·world_size, …
+  std::vector<int64_t> epoch_order(int64_t epoch) const;
   // ceil(dataset_size / world_size): ranks pad by repeating indices so all get the same count.
   int64_t num_samples() const { return num_samples_; }
 

@@ -23,7 +23,7 @@ namespace {
 // made with plain modulo (the tiny bias does not matter here).
 class Draw {
  public:
-  explicit Draw(uint64_t seed) : engine_(seed) {}
+  explicit Draw(std::mt19937_64& engine) : engine_(engine) {}
   int64_t below(int64_t n) { return static_cast<int64_t>(engine_() % static_cast<uint64_t>(n)); }
   template <class T, size_t N>
   const T& pick(const std::array<T, N>& items) {
@@ -31,7 +31,7 @@ class Draw {
   }
 
  private:
-  std::mt19937_64 engine_;
+  std::mt19937_64& engine_;
 };
 
 constexpr std::array<const char*, 24> kWords = {
@@ -146,31 +146,42 @@ Record sql_query(Draw& d) {
 
 }  // namespace
 
-std::vector<Record> make_dummy_records(int64_t samples, int64_t context_length) {
-  if (samples < 1) fail("dataset_samples is {}; the dummy dataset needs at least 1", samples);
+Record make_dummy_record(int64_t context_length, size_t index) {
   if (context_length < 1)
     fail("context_length is {}; expected a positive number of tokens", context_length);
   std::string output;
   output.reserve(static_cast<size_t>(6 * 2 * context_length));
   for (int64_t i = 0; i < 2 * context_length; ++i) output += "output";
-  std::vector<Record> records(static_cast<size_t>(samples),
-                              make_record("instruction", "input", output));
+  Record record = make_record("instruction", "input", output);
+  record.line = index + 1;
+  return record;
+}
+
+std::vector<Record> make_dummy_records(int64_t samples, int64_t context_length) {
+  if (samples < 1) fail("dataset_samples is {}; the dummy dataset needs at least 1", samples);
+  std::vector<Record> records(static_cast<size_t>(samples), make_dummy_record(context_length, 0));
   for (size_t i = 0; i < records.size(); ++i) records[i].line = i + 1;
   return records;
 }
 
-std::vector<Record> make_synthetic_records(int64_t samples, uint64_t seed) {
-  if (samples < 1) fail("dataset_samples is {}; the synthetic dataset needs at least 1", samples);
+SyntheticRecords::SyntheticRecords(uint64_t seed) : engine_(seed) {}
+
+Record SyntheticRecords::next() {
   using Family = Record (*)(Draw&);
   static constexpr std::array<Family, 6> families = {addition,     reverse_word, count_letter,
                                                      sort_numbers, number_words, sql_query};
-  Draw draw(seed);
+  Draw draw(engine_);
+  Record record = draw.pick(families)(draw);
+  record.line = ++made_;
+  return record;
+}
+
+std::vector<Record> make_synthetic_records(int64_t samples, uint64_t seed) {
+  if (samples < 1) fail("dataset_samples is {}; the synthetic dataset needs at least 1", samples);
+  SyntheticRecords made(seed);
   std::vector<Record> records;
   records.reserve(static_cast<size_t>(samples));
-  for (int64_t i = 0; i < samples; ++i) {
-    records.push_back(draw.pick(families)(draw));
-    records.back().line = static_cast<size_t>(i + 1);
-  }
+  for (int64_t i = 0; i < samples; ++i) records.push_back(made.next());
   return records;
 }
 

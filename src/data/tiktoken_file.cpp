@@ -13,10 +13,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Meta's Llama-3 split pattern (tokenizer.py's pat_str).
-constexpr std::string_view kLlama3Pattern =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-
 // Meta's 256 special tokens, numbered on from the last rank: the named ones of llama-models'
 // llama3/tokenizer.py, then <|reserved_special_token_2|> onwards.
 std::vector<std::string> llama3_special_tokens() {
@@ -181,8 +177,8 @@ std::unique_ptr<BpeTokenizer> load_tiktoken_file(const fs::path& file) {
 
   std::vector<PreTokenizer::Step> steps;
   steps.emplace_back(PreTokenizer::Split{
-      std::make_unique<UnicodeRegex>(kLlama3Pattern, false, "Meta's Llama-3 split pattern"),
-      SplitBehavior::Isolated, false});
+      std::make_unique<UnicodeRegex>(kLlama3SplitPattern, false, "Meta's Llama-3 split pattern"),
+      SplitBehavior::Isolated, false, std::string(kLlama3SplitPattern)});
 
   parts.details = fmt::format("{} ranks + {} Llama-3 special tokens", base_count, parts.added_tokens.size());
   const SpecialTokenNames names = read_special_token_names(file);

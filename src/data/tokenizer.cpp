@@ -13,6 +13,8 @@
 #include "data/hf_tokenizer_json.h"
 #include "data/records.h"
 #include "data/tiktoken_file.h"
+#include "data/sentencepiece_cuts.h"
+#include "data/sentencepiece_spec.h"
 #include "util/error.h"
 #include "util/strings.h"
 
@@ -35,6 +37,7 @@ std::string status_message(const sentencepiece::util::Status& status) {
 
 struct SentencePieceTokenizer::Impl {
   sentencepiece::SentencePieceProcessor processor;
+  SentencePieceCuts cuts;
 };
 
 SentencePieceTokenizer::SentencePieceTokenizer(const fs::path& model_file)
@@ -61,6 +64,11 @@ SentencePieceTokenizer::SentencePieceTokenizer(const fs::path& model_file)
   if (bos_id_ < 0 || eos_id_ < 0)
     fail("tokenizer '{}' has no {} piece; fsdpq needs both <s> (BOS) and </s> (EOS)",
          model_file.string(), bos_id_ < 0 ? "BOS" : "EOS");
+  std::vector<std::string> pieces;
+  pieces.reserve(static_cast<size_t>(vocab_size_));
+  for (int id = 0; id < vocab_size_; ++id) pieces.push_back(impl_->processor.IdToPiece(id));
+  impl_->cuts = sentencepiece_cuts(
+      read_sentencepiece_spec(impl_->processor.serialized_model_proto(), model_file.string()), pieces);
 }
 
 SentencePieceTokenizer::~SentencePieceTokenizer() = default;
@@ -92,6 +100,14 @@ std::string SentencePieceTokenizer::piece(int32_t id) const {
   if (id < 0 || id >= vocab_size_) return "";
   return impl_->processor.IdToPiece(id);
 }
+
+size_t SentencePieceTokenizer::cut_point(std::string_view text, size_t at) const {
+  return impl_->cuts.allowed ? cut_before_space(text, at) : text.size();
+}
+
+size_t SentencePieceTokenizer::max_token_bytes() const { return impl_->cuts.max_token_bytes; }
+
+const std::string& SentencePieceTokenizer::why_texts_are_not_cut() const { return impl_->cuts.why_not; }
 
 std::string SentencePieceTokenizer::description() const {
   return fmt::format("sentencepiece {} ({} pieces)", path_.string(), vocab_size_);

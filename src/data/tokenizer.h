@@ -1,6 +1,8 @@
 // Tokenizers: the Llama sentencepiece model, byte-level BPE (Llama-3: bpe_tokenizer.h), a
 // byte-level stand-in for benchmarks, and training a small sentencepiece model for demos.
 #pragma once
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -31,6 +33,16 @@ class Tokenizer {
   // The id that Hugging Face's encode(text) puts first by the tokenizer file's post-processor
   // (Llama-3's tokenizer.json: <|begin_of_text|>); nullopt when the file has no such template.
   virtual std::optional<int32_t> template_bos_id() const { return std::nullopt; }
+
+  // For encoding only the start of a long text (encode_leading): a position p >= at where the text
+  // may be cut, such that encode(text[0, p)) is exactly the first ids of encode(text); text.size()
+  // when there is none at or after `at`, or the tokenizer cannot tell (then it is never cut).
+  virtual size_t cut_point(std::string_view text, size_t at) const {
+    (void)at;
+    return text.size();
+  }
+  // The most bytes of text one token stands for: n tokens never cover more than n times this.
+  virtual size_t max_token_bytes() const { return 0; }
 };
 
 // Loads a sentencepiece tokenizer.model. Encodes like Hugging Face's LlamaTokenizer (legacy):
@@ -47,6 +59,12 @@ class SentencePieceTokenizer final : public Tokenizer {
   int32_t eos_id() const override { return eos_id_; }
   int64_t vocab_size() const override { return vocab_size_; }
   std::string description() const override;
+  // Just before a space that follows a non-space, for the models where that is exact
+  // (data/sentencepiece_cuts.h; Llama's is one); never for the others.
+  size_t cut_point(std::string_view text, size_t at) const override;
+  size_t max_token_bytes() const override;
+  // Why this model's texts are never cut ("" when they may be).
+  const std::string& why_texts_are_not_cut() const;
 
  private:
   struct Impl;
@@ -69,6 +87,9 @@ class ByteTokenizer final : public Tokenizer {
   int32_t eos_id() const override { return kEos; }
   int64_t vocab_size() const override { return kFirstByte + 256; }
   std::string description() const override;
+  // One token per byte: any position is exact.
+  size_t cut_point(std::string_view text, size_t at) const override { return std::min(at, text.size()); }
+  size_t max_token_bytes() const override { return 1; }
 };
 
 // `spec` is "builtin:bytes", a tokenizer file, or a model folder. A file is read by its content:

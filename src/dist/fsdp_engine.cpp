@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <new>
 #include <stdexcept>
 
 #include "backend/cuda_backend.h"
@@ -18,6 +19,7 @@
 #include "optim/device_grads.h"
 #include "optim/device_optimizer.h"
 #include "runtime/watchdog.h"
+#include "runtime/host_out_of_memory.h"
 #include "util/bf16.h"
 
 namespace fsdpq {
@@ -221,8 +223,15 @@ void FsdpEngine::init_shard_state(Unit& u) {
     u.grad_d = Tensor::zeros(Shape{u.shard_numel}, DType::F32, Device::CUDA);
     u.device_optimizer = std::make_unique<DeviceShardOptimizer>(options_.optimizer, u.shard_numel);
   } else {
-    u.grad.assign(static_cast<size_t>(u.shard_numel), 0.0f);
-    u.optimizer = std::make_unique<ShardOptimizer>(options_.optimizer, u.shard_numel);
+    try {
+      u.grad.assign(static_cast<size_t>(u.shard_numel), 0.0f);
+      u.optimizer = std::make_unique<ShardOptimizer>(options_.optimizer, u.shard_numel);
+    } catch (const std::bad_alloc&) {
+      const size_t buffers = 1 + optimizer_state_names(options_.optimizer.kind).size();
+      fail_host_allocation(buffers * static_cast<size_t>(u.shard_numel) * sizeof(float),
+                           fmt::format("the fp32 gradient and {} optimizer state of a shard of {} parameters",
+                                       optimizer_kind_name(options_.optimizer.kind), u.shard_numel));
+    }
   }
 }
 
@@ -236,7 +245,12 @@ void FsdpEngine::adopt_unit(int index, ParamUnit& contents) {
   record_layout(u, contents, layout, dense_dtypes);
 
   // This rank's master shard (zeros past the end: padding that never changes).
-  u.master.assign(static_cast<size_t>(u.shard_numel), 0.0f);
+  try {
+    u.master.assign(static_cast<size_t>(u.shard_numel), 0.0f);
+  } catch (const std::bad_alloc&) {
+    fail_host_allocation(static_cast<size_t>(u.shard_numel) * sizeof(float),
+                         fmt::format("the fp32 master of a shard of {} parameters", u.shard_numel));
+  }
   const int64_t begin = u.shard_offset(s), end = begin + u.shard_numel;
   for (const TrainableEntry& e : u.trainables) {
     const int64_t lo = std::max(begin, e.offset), hi = std::min(end, e.offset + e.numel);

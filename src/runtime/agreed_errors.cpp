@@ -1,9 +1,11 @@
 #include "runtime/agreed_errors.h"
 
+#include <new>
 #include <vector>
 
 #include "runtime/exit_codes.h"
 #include "runtime/watchdog.h"
+#include "runtime/host_out_of_memory.h"
 #include "util/error.h"
 
 namespace fsdpq {
@@ -17,6 +19,9 @@ void run_on_all_ranks(const World& world, const std::function<void()>& step) {
     throw;  // already agreed by a nested call
   } catch (const UserError& e) {
     message = e.what();
+    exit_code = kExitUserError;
+  } catch (const std::bad_alloc&) {  // a size the user chose (model, batch, data) that the host cannot hold
+    message = out_of_host_memory_message();
     exit_code = kExitUserError;
   } catch (const std::exception& e) {
     message = std::string("internal error: ") + e.what();

@@ -4,7 +4,7 @@
 
 namespace fsdpq {
 
-EpochBatches::EpochBatches(const std::vector<data::Example>& examples, const data::DistributedSampler& sampler,
+EpochBatches::EpochBatches(const data::ExampleSet& examples, const data::DistributedSampler& sampler,
                            int64_t epoch, int64_t batch_size, int32_t pad_id, int64_t context_length,
                            bool pad_to_context_length, int64_t skip)
     : examples_(examples),

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "data/collate.h"
+#include "data/example_set.h"
 #include "data/examples.h"
 #include "data/sampler.h"
 
@@ -14,14 +15,14 @@ namespace fsdpq {
 class EpochBatches {
  public:
   // `skip`: drop this rank's first `skip` indices (a run resumed mid-epoch starts after them).
-  EpochBatches(const std::vector<data::Example>& examples, const data::DistributedSampler& sampler, int64_t epoch,
+  EpochBatches(const data::ExampleSet& examples, const data::DistributedSampler& sampler, int64_t epoch,
                int64_t batch_size, int32_t pad_id, int64_t context_length, bool pad_to_context_length,
                int64_t skip = 0);
   int64_t size() const { return static_cast<int64_t>((indices_.size() + batch_size_ - 1) / batch_size_); }
   data::Batch batch(int64_t i) const;
 
  private:
-  const std::vector<data::Example>& examples_;
+  const data::ExampleSet& examples_;
   std::vector<int64_t> indices_;
   size_t batch_size_;
   int32_t pad_id_;

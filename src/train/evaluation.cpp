@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "runtime/host_out_of_memory.h"
 #include "runtime/watchdog.h"
 #include "train/epoch_batches.h"
 
@@ -12,6 +13,7 @@ namespace fsdpq {
 
 double evaluate_loss(LlamaModel& model, const std::vector<data::Example>& examples, int64_t batch_size,
                      int32_t pad_id, int64_t context_length, Communicator* world) {
+  const HostMemoryPurpose purpose("evaluating");
   const std::vector<data::Batch> batches = sequential_batches(examples, batch_size, pad_id, context_length);
   const int64_t ranks = world ? world->size() : 1, rank = world ? world->rank() : 0;
   const int64_t n = static_cast<int64_t>(batches.size());

@@ -32,6 +32,8 @@ nlohmann::json run_header(const ResolvedConfig& resolved, const RunPlan& plan, c
         {"trainable_parameters", plan.footprint.trainable_params}}},
       {"dataset",
        {{"train_examples", plan.dataset.train.size()},
+        // All of them, or those the run reads (only those are tokenized): the target tokens are theirs.
+        {"train_examples_tokenized", plan.dataset.train.tokenized()},
         {"eval_examples", plan.dataset.eval.size()},
         {"target_tokens", plan.dataset.stats.target_tokens}}},
       {"world_size", world.size},

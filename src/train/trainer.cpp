@@ -22,6 +22,7 @@
 #include "runtime/exit_codes.h"
 #include "runtime/fault_injection.h"
 #include "runtime/host_memory.h"
+#include "runtime/host_out_of_memory.h"
 #include "runtime/log.h"
 #include "runtime/preemption.h"
 #include "runtime/watchdog.h"
@@ -127,6 +128,7 @@ class Trainer {
                   num_training_steps(c_.num_epochs, plan.batches.micro_batches_per_epoch, gas_), c_.min_lr_fraction),
         sampler_(static_cast<int64_t>(plan.dataset.train.size()), world.size, world.rank,
                  static_cast<uint64_t>(c_.seed)) {
+    doing_.emplace("loading the model (this rank's weights, fp32 masters and optimizer state)");
     load_model();
     maybe_inject_fault(world_, "after_load");
     if (total_steps_ == 0)
@@ -143,6 +145,8 @@ class Trainer {
     outcome_.first_loss = position_.first_loss;
     outcome_.last_loss = position_.last_loss;
     first_step_ = position_.step;
+    doing_.reset();
+    doing_.emplace("training (activations, gradients and the optimizer's updates)");
     for (; position_.epoch < c_.num_epochs && position_.step < total_steps_;
          ++position_.epoch, position_.samples_in_epoch = 0)
       if (!train_epoch()) return outcome_;  // preempted: checkpointed, to be requeued
@@ -500,6 +504,7 @@ class Trainer {
   }
 
   void save_model() {
+    const HostMemoryPurpose purpose("saving the model");
     watchdog_phase("saving the model", position_.step);
     engine_.gather_masters_into_model();
     model_->place_on(Device::CPU);  // the savers read host tensors; training is over
@@ -575,6 +580,7 @@ class Trainer {
   bool first_pass_ = false;
   int64_t first_step_ = 0;  // where this process began (after a resume, not 0)
   TrainingOutcome outcome_;
+  std::optional<HostMemoryPurpose> doing_;  // what an out-of-memory message says the run was doing
 };
 
 }  // namespace

@@ -1,5 +1,6 @@
 // The fsdpq binary as a user drives it: help, print-config, dry runs, and the catalogue of bad
 // inputs (models, tokenizers, data files, launches), each asserting the exact message.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -133,6 +134,17 @@ TEST_F(Cli, DryRunReportsModelDatasetAndBatchPlan) {
     EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
 }
 
+// A dry run of a million dummy examples and two steps tokenizes the two it would read, and says so.
+TEST_F(Cli, DryRunOfAMillionExamplesTokenizesWhatTheStepsRead) {
+  auto r = dry_run("--dataset dummy --dataset_samples 1000000 --max_steps 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* part : {"examples: 1000000 train (0 dropped to fill whole batches), 0 eval",
+                           "tokenized 2 of the 1000000 train examples, those the run reads: the lengths, truncation "
+                           "and target tokens below are theirs",
+                           "examples 1000000 → 1000000 per rank (1 rank(s)), batch_size 1, accumulation 1"})
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+}
+
 TEST_F(Cli, DryRunOfTheBenchmarkPresetNeedsNoFiles) {
   auto r = run_command(std::string("cd '") + FSDPQ_SOURCE_DIR + "' && '" + FSDPQ_BINARY +
                        "' --dry_run inputs/dummy_7b.ini --output_dir " + (dir_ / "out7b").string());
@@ -164,6 +176,81 @@ TEST_F(Cli, SqlDryRunOnRealDataWithTheLlamaTokenizer) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("records: 4000 read, 0 skipped"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("sentencepiece"), std::string::npos);
+}
+
+// A fake /proc and cgroup tree for fsdpq to read its available memory from ($FSDPQ_HOST_ROOT):
+// MemAvailable `available_gib`, and a cgroup v2 limit of `cgroup_limit_gib` when positive.
+fs::path fake_host(const fs::path& dir, double available_gib, double cgroup_limit_gib = 0) {
+  const auto gib = [](double g) { return static_cast<int64_t>(g * (1 << 30)); };
+  test::write_file(dir / "proc/meminfo", fmt::format("MemAvailable: {} kB\n", gib(available_gib) / 1024));
+  test::write_file(dir / "proc/self/cgroup", "0::/job\n");
+  test::write_file(dir / "proc/self/mountinfo", "25 22 0:23 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n");
+  if (cgroup_limit_gib > 0) {
+    test::write_file(dir / "sys/fs/cgroup/job/memory.max", std::to_string(gib(cgroup_limit_gib)));
+    test::write_file(dir / "sys/fs/cgroup/job/memory.current", "0");
+  }
+  return dir;
+}
+
+// Before loading the model, a run whose predicted host memory clearly exceeds what is available
+// stops with the numbers and what to change (here TinyLlama-1.1B LoRA on the CPU backend needs
+// about 3 GiB); a dry run only warns; under mpirun the message comes once.
+TEST_F(Cli, ARunThatCannotFitInHostMemoryIsRefusedBeforeLoading) {
+  const std::string run = "--model_name preset:tinyllama-1.1b --tokenizer_path builtin:bytes --dataset dummy "
+                          "--dataset_samples 8 --max_steps 1 --train_type lora --output_dir small_host";
+  const fs::path small = fake_host(dir_ / "host_1g", 1.0);
+  auto r = shell("FSDPQ_HOST_ROOT=" + small.string() + " '" + FSDPQ_BINARY + "' " + run);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  const std::string error = error_line(r.output);
+  EXPECT_EQ(error.rfind("fsdpq: error: host memory: the 1 rank(s) of this run on host ", 0), 0u) << error;
+  for (const char* part : {"of host memory for the model, its optimizer state and buffers (1 × ",
+                           "but 1.00 GiB is available there (MemAvailable 1.00 GiB): the run would run out of memory",
+                           "To need less: train_type = qlora (the frozen weights in 4-bit NF4); a smaller batch_size or "
+                           "context_length (the CPU backend keeps the activations in host memory);",
+                           "`fsdpq plan CONFIG.ini --host-mem GiB` shows where the host memory goes"})
+    EXPECT_NE(error.find(part), std::string::npos) << part << "\n" << error;
+  EXPECT_EQ(r.output.find("model ready"), std::string::npos) << "refused before loading";
+
+  // A cgroup limit below what the machine has free speaks instead.
+  const fs::path limited = fake_host(dir_ / "host_cgroup", 64.0, 1.0);
+  r = shell("FSDPQ_HOST_ROOT=" + limited.string() + " '" + FSDPQ_BINARY + "' " + run);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(error_line(r.output).find("of this run in cgroup /sys/fs/cgroup/job "), std::string::npos) << r.output;
+  EXPECT_NE(error_line(r.output).find("(MemAvailable 64.00 GiB; cgroup /sys/fs/cgroup/job: limit 1.00 GiB, 0.00 GiB "
+                                      "in use)"),
+            std::string::npos)
+      << r.output;
+
+  r = shell("FSDPQ_HOST_ROOT=" + small.string() + " '" + FSDPQ_BINARY + "' --dry_run " + run);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("warning: host memory: the 1 rank(s)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(a dry run only warns: the job may run on other machines)"), std::string::npos);
+
+  r = shell("FSDPQ_HOST_ROOT=" + small.string() + " " + MPIEXEC + " --allow-run-as-root --oversubscribe -x " +
+            "FSDPQ_HOST_ROOT -np 2 '" + FSDPQ_BINARY + "' " + run + " --batch_size 1");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(count(r.output, "fsdpq: error"), 1u) << r.output;
+  EXPECT_NE(error_line(r.output).find("host memory: the 2 rank(s) of this run on host "), std::string::npos)
+      << r.output;
+}
+
+// An allocation the host refuses (here a 1 GiB address-space limit, well above the process's own
+// few hundred MiB, below TinyLlama's 2 GiB of weights) ends the run as a user error, exit 2,
+// saying what it was doing, not as an internal error.
+TEST_F(Cli, RunningOutOfHostMemoryIsAUserError) {
+  const fs::path plenty = fake_host(dir_ / "host_plenty", 1024);  // the check passes: the allocation fails
+  auto r = shell("ulimit -v 1048576 && FSDPQ_HOST_ROOT=" + plenty.string() + " '" + FSDPQ_BINARY +
+                 "' --model_name preset:tinyllama-1.1b --tokenizer_path builtin:bytes --dataset dummy "
+                 "--dataset_samples 8 --max_steps 1 --train_type lora --output_dir no_memory");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  const std::string error = error_line(r.output);
+  EXPECT_EQ(error.rfind("fsdpq: error: host out of memory ", 0), 0u) << r.output;
+  EXPECT_NE(error.find(" while loading the model (this rank's weights, fp32 masters and optimizer state): available to "
+                       "this process 1024.00 GiB (MemAvailable 1024.00 GiB); its address space is limited to 1.00 GiB "
+                       "(ulimit -v). Lower batch_size"),
+            std::string::npos)
+      << error;
+  EXPECT_EQ(r.output.find("internal error"), std::string::npos) << r.output;
 }
 
 struct BadRun {

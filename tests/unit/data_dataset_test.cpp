@@ -89,12 +89,18 @@ TEST(DataDataset, StatsDescribeLengthsTruncationAndTargets) {
       "Below is an instruction that describes a task, paired with an input that provides further "
       "context. Write a response that appropriately completes the request.\n\n### Instruction:\n"
       "instruction\n\n### Input:\ninput\n\n### Response:";
-  const int64_t full = 1 + static_cast<int64_t>(prompt.size()) + 6 * 2 * 64 + 1;
-  EXPECT_EQ(d.stats.length_max, full);
-  EXPECT_EQ(d.stats.length_p50, full);
+  // The texts are encoded only as far as the context keeps them (63 bytes after BOS): their lengths
+  // are lower bounds, and say so.
+  EXPECT_EQ(d.stats.length_max.tokens, 1 + 63 + 1);
+  EXPECT_TRUE(d.stats.length_max.at_least);
+  EXPECT_TRUE(d.stats.length_p50.at_least);
+  EXPECT_EQ(d.stats.lengths_at_least, 4u);
   EXPECT_EQ(d.train[0].input_ids.size(), 64u);
   EXPECT_EQ(d.stats.target_tokens, 0);  // the prompt alone fills the 64-token context
   EXPECT_NE(summarize(d.stats).find("4 truncated to context_length"), std::string::npos);
+  EXPECT_NE(summarize(d.stats).find("p50 ≥65, p90 ≥65, p99 ≥65, max ≥65"), std::string::npos) << summarize(d.stats);
+  EXPECT_NE(summarize(d.stats).find("4 long text(s) encoded only as far as context_length keeps them"),
+            std::string::npos);
 
   // With a longer context the start of the output is trained on: what follows BOS + prompt.
   o.context_length = 1024;
@@ -132,8 +138,8 @@ TEST(DataDataset, FileDatasetsOnRealData) {
   TokenizedDataset a = build_dataset(o, *tok);
   EXPECT_EQ(a.stats.records_read, 128u);
   EXPECT_EQ(a.train.size(), 128u);
-  EXPECT_GT(a.stats.length_p90, a.stats.length_p50);
-  EXPECT_LE(a.stats.length_p99, a.stats.length_max);
+  EXPECT_GT(a.stats.length_p90.tokens, a.stats.length_p50.tokens);
+  EXPECT_LE(a.stats.length_p99.tokens, a.stats.length_max.tokens);
   // Parallel tokenization with sentencepiece gives what a serial loop gives.
   auto records = read_records(alpaca, required_fields(PromptStyle::Alpaca), false, nullptr, 128);
   for (size_t i = 0; i < records.size(); ++i) {

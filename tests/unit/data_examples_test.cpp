@@ -16,6 +16,7 @@ TEST(DataExamples, MasksThePromptAndAppendsEos) {
   EXPECT_EQ(e.input_ids, (Ids{1, 'a' + 3, 'b' + 3, 'c' + 3, 2}));
   EXPECT_EQ(e.labels, (Ids{M, M, M, 'c' + 3, 2}));
   EXPECT_EQ(e.full_length, 5);
+  EXPECT_TRUE(e.full_length_exact);
   EXPECT_FALSE(e.truncated);
 }
 
@@ -24,7 +25,9 @@ TEST(DataExamples, TruncatesToContextLength) {
   Example e = make_example({"ab", "abcdef"}, tok, 4);
   EXPECT_EQ(e.input_ids, (Ids{1, 'a' + 3, 'b' + 3, 'c' + 3}));
   EXPECT_EQ(e.labels, (Ids{M, M, M, 'c' + 3}));
-  EXPECT_EQ(e.full_length, 8);
+  // Only the 3 bytes that fit after BOS were encoded: the length is a lower bound.
+  EXPECT_EQ(e.full_length, 5);
+  EXPECT_FALSE(e.full_length_exact);
   EXPECT_TRUE(e.truncated);
   // A prompt longer than the context masks everything, as in fsdp_qlora.
   Example all_prompt = make_example({"abcdef", "abcdefg"}, tok, 3);

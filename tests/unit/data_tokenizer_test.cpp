@@ -115,6 +115,8 @@ TEST(DataTokenizer, TrainOnSyntheticDataRoundTripsAndIsDeterministic) {
   // Common words of the data became single pieces.
   EXPECT_LE(tok->encode("Reverse the letters of the word.").size(), 12u);
   EXPECT_EQ(tok->encode("the").size(), 1u);
+  // Like Llama's, the trained model lets long texts be cut before encoding (docs/data.md).
+  EXPECT_EQ(SentencePieceTokenizer(dir / "a.model").why_texts_are_not_cut(), "");
 
   // Plain text input works too.
   std::string text;

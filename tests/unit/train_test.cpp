@@ -360,5 +360,52 @@ TEST_F(Train, CpuOffloadTrainsBitIdentically) {
   }
 }
 
+// A run tokenizes only the train examples its steps read and trains exactly as with all of them
+// tokenized: a 3-step run against the first 3 steps of a whole epoch (which tokenizes every
+// example; the learning-rate schedule does not depend on max_steps), on 1 and 2 ranks.
+TEST_F(Train, AShortRunTokenizesOnlyWhatItReadsAndTrainsTheSame) {
+  const std::string common = "--model_name preset:tiny --tokenizer_path builtin:bytes --dataset synthetic "
+                             "--dataset_samples 64 --batch_size 2 --gradient_accumulation_steps 2 --context_length 512 "
+                             "--lora_rank 4 --lr 1e-3 --log_to stdout";
+  for (int ranks : {1, 2}) {
+    SCOPED_TRACE(std::to_string(ranks) + " rank(s)");
+    std::vector<std::vector<nlohmann::json>> steps;
+    std::vector<nlohmann::json> headers;
+    for (const std::string max_steps : {"-1", "3"}) {
+      const std::string out = "chosen_np" + std::to_string(ranks) + "_max" + max_steps;
+      auto r = run_command("cd '" + dir_.string() + "' && " + MPIEXEC + " --allow-run-as-root --oversubscribe -np " +
+                           std::to_string(ranks) + " '" + FSDPQ_BINARY + "' " + common + " --max_steps " + max_steps +
+                           " --output_dir " + out + " 2>&1");
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      const auto lines = read_jsonl(dir_ / out / "metrics.jsonl");
+      steps.push_back(of_type(lines, "step"));
+      headers.push_back(of_type(lines, "header").at(0));
+    }
+    const int64_t global_batch = 2 * 2 * ranks;
+    ASSERT_EQ(steps[0].size(), static_cast<size_t>(64 / global_batch));
+    ASSERT_EQ(steps[1].size(), 3u);
+    for (size_t k = 0; k < 3; ++k)
+      EXPECT_EQ(steps[1][k].at("loss").get<double>(), steps[0][k].at("loss").get<double>()) << "step " << k + 1;
+    EXPECT_EQ(headers[0].at("dataset").at("train_examples_tokenized"), 64);
+    EXPECT_EQ(headers[1].at("dataset").at("train_examples"), 64);
+    EXPECT_EQ(headers[1].at("dataset").at("train_examples_tokenized"), 3 * global_batch);
+  }
+}
+
+// A million dummy examples and two steps: the run makes and tokenizes the 4 it reads.
+TEST_F(Train, AMillionExamplesAndTwoStepsTokenizeFour) {
+  auto r = fsdpq("--model_name preset:tiny --tokenizer_path builtin:bytes --dataset dummy --dataset_samples 1000000 "
+                 "--batch_size 2 --max_steps 2 --context_length 256 --lora_rank 4 --log_to stdout --output_dir million");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("tokenized 4 of the 1000000 train examples: those the run's 2 step(s) read"),
+            std::string::npos)
+      << r.output;
+  const auto lines = read_jsonl(dir_ / "million" / "metrics.jsonl");
+  const auto header = of_type(lines, "header").at(0);
+  EXPECT_EQ(header.at("dataset").at("train_examples"), 1000000);
+  EXPECT_EQ(header.at("dataset").at("train_examples_tokenized"), 4);
+  EXPECT_EQ(of_type(lines, "step").size(), 2u);
+}
+
 }  // namespace
 }  // namespace fsdpq
