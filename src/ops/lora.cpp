@@ -6,6 +6,7 @@
 #include "ops/matmul.h"
 #include "ops/storage.h"
 #include "util/error.h"
+#include "kernels/lora_dropout_mask.h"
 
 #ifdef FSDPQ_WITH_CUDA
 #include "kernels/lora_dropout.cuh"
@@ -22,26 +23,9 @@ namespace fsdpq {
 
 namespace {
 
-constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
-
-inline uint64_t mix64(uint64_t z) {  // splitmix64's finalizer: a bijection with full avalanche
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-// 16 bits of one hash decide each element: a splitmix64 word covers 4 consecutive elements, so
-// the GPU hashes once per 4 (docs/ops.md: a hash per element cost more than the memory traffic).
+// 16 bits of one hash decide each element (kernels/lora_dropout_mask.h): p to 2^-16.
 inline uint32_t drop_threshold(float probability) {
   return static_cast<uint32_t>(std::llround(static_cast<double>(probability) * 65536.0));
-}
-
-// The word of elements 4·quad … 4·quad + 3, and element 4·quad + lane's decision in it.
-inline uint64_t keep_word(uint64_t mixed_key, int64_t quad) {
-  return mix64(mixed_key + static_cast<uint64_t>(quad + 1) * kGolden);
-}
-inline bool keeps_lane(uint64_t word, int64_t lane, uint32_t threshold) {
-  return static_cast<uint32_t>((word >> (16 * lane)) & 0xFFFFu) >= threshold;
 }
 
 // For every element e of [0, n), in quads (one word per quad and key), parallel over the quads.
@@ -85,7 +69,7 @@ void apply_dropout(std::span<const TensorView> outs, const TensorView& x, std::s
       for (size_t i = 0; i < count; ++i) {
         const uint64_t word = keep_word(keys[i], q);
         for (int64_t e = begin; e < end; ++e)
-          out[i][e] = keeps_lane(word, e - begin, threshold) ? from_f32<S>(to_f32(in[e]) * keep_scale) : from_f32<S>(0.0f);
+          out[i][e] = keeps_lane(word, static_cast<int>(e - begin), threshold) ? from_f32<S>(to_f32(in[e]) * keep_scale) : from_f32<S>(0.0f);
       }
     });
   });
@@ -210,7 +194,7 @@ void accumulate_dropped(TensorView dx, const Tensor& g_storage, const LoraParams
     for_each_quad(n, [&](int64_t q, int64_t begin, int64_t end) {
       const uint64_t word = keep_word(mixed_key, q);
       for (int64_t e = begin; e < end; ++e)
-        if (keeps_lane(word, e - begin, threshold)) out[e] = from_f32<S>(to_f32(out[e]) + keep_scale * g[e]);
+        if (keeps_lane(word, static_cast<int>(e - begin), threshold)) out[e] = from_f32<S>(to_f32(out[e]) + keep_scale * g[e]);
     });
   });
 }
@@ -220,7 +204,7 @@ void accumulate_dropped(TensorView dx, const Tensor& g_storage, const LoraParams
 float lora_scaling(const LoraParams& params, int64_t rank) { return params.alpha / static_cast<float>(rank); }
 
 bool lora_dropout_keeps(uint64_t key, uint64_t index, float probability) {
-  return keeps_lane(keep_word(mix64(key), static_cast<int64_t>(index / 4)), static_cast<int64_t>(index % 4),
+  return keeps_lane(keep_word(mix64(key), static_cast<int64_t>(index / 4)), static_cast<int>(index % 4),
                     drop_threshold(probability));
 }
 
