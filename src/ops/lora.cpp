@@ -1,18 +1,14 @@
 #include "ops/lora.h"
 
 #include "ops/checks.h"
+#include "ops/cuda_ops.h"
+#include "ops/dispatch.h"
 #include "ops/elementwise.h"
 #include "ops/parallel.h"
 #include "ops/matmul.h"
 #include "ops/storage.h"
 #include "util/error.h"
 #include "kernels/lora_dropout_mask.h"
-
-#ifdef FSDPQ_WITH_CUDA
-#include "kernels/lora_dropout.cuh"
-#include "ops/cuda_dispatch.h"
-static_assert(fsdpq::cuda::kMaxDropoutOutputs == static_cast<int>(fsdpq::kMaxLoraGroup));
-#endif
 
 #include <algorithm>
 #include <array>
@@ -48,18 +44,9 @@ void apply_dropout(std::span<const TensorView> outs, const TensorView& x, std::s
   const size_t count = sites.size();
   std::array<uint64_t, kMaxLoraGroup> keys{};
   for (size_t i = 0; i < count; ++i) keys[i] = mix64(sites[i].params.dropout_key);
-  if (runs_on_cuda("lora_dropout", {x, outs[0]})) {
-#ifdef FSDPQ_WITH_CUDA
-    cuda::DropoutOutputs targets{};
-    targets.count = static_cast<int>(count);
-    for (size_t i = 0; i < count; ++i) {
-      targets.out[i] = outs[i].data;
-      targets.mixed_key[i] = keys[i];
-    }
-    cuda::lora_dropout_apply(ktype("lora_dropout", x), targets, x.data, n, threshold, keep_scale, cuda::stream());
-#endif
-    return;
-  }
+  const std::span<const uint64_t> mixed_keys(keys.data(), count);
+  if (runs_on_cuda("lora_dropout", {x, outs[0]}))
+    if constexpr (kWithCuda) return cuda_ops::lora_dropout_apply(outs, x, mixed_keys, threshold, keep_scale);
   with_storage(x.dtype, "lora_dropout", [&](auto tag) {
     using S = decltype(tag);
     const S* in = x.as<const S>();
@@ -182,12 +169,8 @@ void accumulate_dropped(TensorView dx, const Tensor& g_storage, const LoraParams
   const float keep_scale = 1.0f / (1.0f - params.dropout);
   const float* g = g_storage.data<float>();
   const int64_t n = dx.numel();
-  if (runs_on_cuda(op, {dx, g_storage.view()})) {
-#ifdef FSDPQ_WITH_CUDA
-    cuda::lora_dropout_accumulate(ktype(op, dx), dx.data, g, n, mixed_key, threshold, keep_scale, cuda::stream());
-#endif
-    return;
-  }
+  if (runs_on_cuda(op, {dx, g_storage.view()}))
+    if constexpr (kWithCuda) return cuda_ops::lora_dropout_accumulate(dx, g_storage, mixed_key, threshold, keep_scale);
   with_storage(dx.dtype, op, [&](auto tag) {
     using S = decltype(tag);
     S* out = dx.as<S>();

@@ -26,10 +26,6 @@ cuda::KType compute_ktype(DType dtype, const char* what) {
 }
 #endif
 
-[[noreturn]] void no_cuda(const char* what) {
-  throw std::logic_error(fmt::format("{}: this fsdpq was built without CUDA", what));
-}
-
 }  // namespace
 
 DeviceShardOptimizer::DeviceShardOptimizer(OptimizerConfig config, int64_t numel)
