@@ -252,16 +252,9 @@ void lora_backward_input(TensorView dx, std::span<const TensorView> dAs, const T
   }
   const int64_t rows = x.shape.rows(), in = g.site[0].in;
 
-  // The GPU multiplies d(xa) in A's 16-bit type: round it once for the GEMMs that read it (the
-  // same bits as each GEMM rounding it).
+  // d(xa) as the GEMMs against A read it: one copy where the device rounds it.
   Tensor dxa_rounded;
-  TensorView dxa = dxa_f32;
-  const DType a_dtype = sites[0].A.dtype;
-  if (x.device != Device::CPU && (a_dtype == DType::BF16 || a_dtype == DType::F16)) {
-    dxa_rounded = Tensor::empty(dxa_f32.shape, a_dtype, x.device);
-    copy_convert(dxa_rounded, dxa_f32);
-    dxa = dxa_rounded.view();
-  }
+  const TensorView dxa = round_for_gemms(dxa_f32, {sites[0].A.dtype}, dxa_rounded);
 
   if (const StackedA stacked = stack_a(sites, g); stacked.view.data != nullptr) {
     // dA += d(xa)ᵀ · x for the whole stack, and dx += d(xa) · A: one GEMM each.

@@ -1,5 +1,8 @@
 #include "ops/matmul.h"
 
+#include <optional>
+
+#include "backend/section_times.h"
 #include "ops/checks.h"
 #include "ops/cuda_ops.h"
 #include "ops/dispatch.h"
@@ -41,6 +44,8 @@ std::string describe(const MatrixView& x) {
   return fmt::format("{} columns [{}, {})", x.tensor.shape.to_string(), x.first_column, x.first_column + x.cols());
 }
 
+bool is_half(DType dtype) { return dtype == DType::BF16 || dtype == DType::F16; }
+
 // The one storage type cuBLAS multiplies the inputs in: half precision wins, as under autocast
 // (an F32 activation gradient meeting a BF16 weight is multiplied in BF16, like PyTorch's
 // bf16 backward; accumulation stays fp32).
@@ -80,6 +85,19 @@ bool gemm_on_cuda(const char* op, const MatrixView& out, Factor p, Factor q, boo
 }
 
 }  // namespace
+
+TensorView round_for_gemms(const TensorView& x, std::initializer_list<DType> weight_dtypes, Tensor& storage,
+                           const char* section) {
+  const DType half = *weight_dtypes.begin();
+  if (x.device == Device::CPU || x.dtype != DType::F32 || !is_half(half)) return x;
+  for (DType dtype : weight_dtypes)
+    if (dtype != half) return x;  // the GEMMs would round x to different types
+  std::optional<ScopedSection> timed;
+  if (section != nullptr) timed.emplace(section);
+  storage = Tensor::empty(x.shape, half, x.device);
+  copy_convert(storage, x);
+  return storage.view();
+}
 
 void* MatrixView::data() const {
   return static_cast<char*>(tensor.data) + first_column * static_cast<int64_t>(dtype_size(tensor.dtype));
