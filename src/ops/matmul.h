@@ -1,6 +1,7 @@
 // Linear layers (y = x·Wᵀ, weights [out, in] as HF stores them) and their gradients, on the
-// blocked fp32-accumulating GEMM of gemm.h. Every tensor is F32 or BF16; x, y, dx, dy may have
-// any leading dims ([B, T, C] or [B*T, C]): they are read as matrices [rows, last dim].
+// blocked fp32-accumulating GEMM of gemm.h (on the GPU, cuBLAS: src/ops/cuda/cublas_gemm.cpp).
+// Every tensor is F32, BF16 or F16; x, y, dx, dy may have any leading dims ([B, T, C] or
+// [B*T, C]): they are read as matrices [rows, last dim].
 // Each op writes out = (accumulate ? out : 0) + scale * product, rounded once to out's dtype.
 #pragma once
 #include <initializer_list>
