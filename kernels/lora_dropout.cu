@@ -1,24 +1,9 @@
 #include "kernels/lora_dropout.cuh"
 
+#include "kernels/lora_dropout_mask.h"  // keep_word, keeps_lane: the CPU's mask, shared
+
 namespace fsdpq::cuda {
 namespace {
-
-constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
-
-__device__ __forceinline__ uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-// One hash gives the keep decisions of 4 consecutive elements, 16 bits each (ops/lora.h).
-__device__ __forceinline__ uint64_t keep_word(uint64_t mixed_key, int64_t quad) {
-  return mix64(mixed_key + static_cast<uint64_t>(quad + 1) * kGolden);
-}
-
-__device__ __forceinline__ bool keeps(uint64_t word, int lane, uint32_t threshold) {
-  return static_cast<uint32_t>((word >> (16 * lane)) & 0xFFFFu) >= threshold;
-}
 
 // Four consecutive elements, loaded and stored as one access (8 bytes for bf16/f16, 16 for fp32).
 template <class T>
@@ -49,7 +34,7 @@ __global__ void apply_kernel(DropoutOutputs outs, const T* in, int64_t n, uint32
         const uint64_t word = keep_word(outs.mixed_key[j], q);
         Quad<T> out;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) out.v[e] = keeps(word, e, threshold) ? kept.v[e] : from_float<T>(0.0f);
+        for (int e = 0; e < 4; ++e) out.v[e] = keeps_lane(word, e, threshold) ? kept.v[e] : from_float<T>(0.0f);
         reinterpret_cast<Quad<T>*>(outs.out[j])[q] = out;
       }
       continue;
@@ -57,7 +42,7 @@ __global__ void apply_kernel(DropoutOutputs outs, const T* in, int64_t n, uint32
     for (int e = 0; e < 4 && base + e < n; ++e) {
       const T kept = from_float<T>(to_float(in[base + e]) * keep_scale);
       for (int j = 0; j < outs.count; ++j)
-        static_cast<T*>(outs.out[j])[base + e] = keeps(keep_word(outs.mixed_key[j], q), e, threshold) ? kept
+        static_cast<T*>(outs.out[j])[base + e] = keeps_lane(keep_word(outs.mixed_key[j], q), e, threshold) ? kept
                                                                                                      : from_float<T>(0.0f);
     }
   }
@@ -77,12 +62,12 @@ __global__ void accumulate_kernel(T* dx, const float* g, int64_t n, uint64_t key
       const float gv[4] = {gq.x, gq.y, gq.z, gq.w};
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        if (keeps(word, e, threshold)) d.v[e] = from_float<T>(to_float(d.v[e]) + keep_scale * gv[e]);
+        if (keeps_lane(word, e, threshold)) d.v[e] = from_float<T>(to_float(d.v[e]) + keep_scale * gv[e]);
       reinterpret_cast<Quad<T>*>(dx)[q] = d;
       continue;
     }
     for (int e = 0; e < 4 && base + e < n; ++e)
-      if (keeps(word, e, threshold)) dx[base + e] = from_float<T>(to_float(dx[base + e]) + keep_scale * g[base + e]);
+      if (keeps_lane(word, e, threshold)) dx[base + e] = from_float<T>(to_float(dx[base + e]) + keep_scale * g[base + e]);
   }
 }
 

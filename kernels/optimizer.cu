@@ -168,13 +168,13 @@ void launch_with_compute(const Op& op, float* param, const float* grad, float* s
 // The scalars of the CPU's steps, computed the same way (in double on the host, then rounded to
 // fp32), so both devices apply the same fp32 constants; Adam's come from the one function both
 // devices share (adam_scalars.h).
-AdamOp adam_op(const OptimizerHyper& c, bool decoupled_decay, double lr, int64_t step) {
+AdamOp adam_op(const OptimizerConfig& c, bool decoupled_decay, double lr, int64_t step) {
   AdamOp op;
   static_cast<AdamScalars&>(op) = adam_scalars(c.beta1, c.beta2, c.eps, c.weight_decay, decoupled_decay, lr, step);
   return op;
 }
 
-SgdOp sgd_op(const OptimizerHyper& c, double lr) {
+SgdOp sgd_op(const OptimizerConfig& c, double lr) {
   SgdOp op;
   op.decay = c.weight_decay != 0.0;
   op.l2_weight = static_cast<float>(c.weight_decay);
@@ -182,7 +182,7 @@ SgdOp sgd_op(const OptimizerHyper& c, double lr) {
   return op;
 }
 
-AdadeltaOp adadelta_op(const OptimizerHyper& c, double lr) {
+AdadeltaOp adadelta_op(const OptimizerConfig& c, double lr) {
   AdadeltaOp op;
   op.decay = c.weight_decay != 0.0;
   op.l2_weight = static_cast<float>(c.weight_decay);
@@ -195,25 +195,25 @@ AdadeltaOp adadelta_op(const OptimizerHyper& c, double lr) {
 
 }  // namespace
 
-void optimizer_step(const OptimizerHyper& hyper, double lr, int64_t step, float* param, const float* grad,
+void optimizer_step(const OptimizerConfig& config, double lr, int64_t step, float* param, const float* grad,
                     float* const* state, int64_t n, void* compute, KType compute_type, cudaStream_t stream) {
   if (step < 1) throw std::logic_error("cuda::optimizer_step: step counts from 1");
   if (n < 0) throw std::logic_error("cuda::optimizer_step: negative size");
   if (n == 0) return;
-  switch (hyper.algo) {
-    case OptimizerAlgo::adamw:
-    case OptimizerAlgo::adam:
-      launch_with_compute(adam_op(hyper, hyper.algo == OptimizerAlgo::adamw, lr, step), param, grad, state[0],
+  switch (config.kind) {
+    case OptimizerKind::adamw:
+    case OptimizerKind::adam:
+      launch_with_compute(adam_op(config, config.kind == OptimizerKind::adamw, lr, step), param, grad, state[0],
                           state[1], n, compute, compute_type, stream);
       break;
-    case OptimizerAlgo::sgd:
-      launch_with_compute(sgd_op(hyper, lr), param, grad, nullptr, nullptr, n, compute, compute_type, stream);
+    case OptimizerKind::sgd:
+      launch_with_compute(sgd_op(config, lr), param, grad, nullptr, nullptr, n, compute, compute_type, stream);
       break;
-    case OptimizerAlgo::adadelta:
-      launch_with_compute(adadelta_op(hyper, lr), param, grad, state[0], state[1], n, compute, compute_type,
+    case OptimizerKind::adadelta:
+      launch_with_compute(adadelta_op(config, lr), param, grad, state[0], state[1], n, compute, compute_type,
                           stream);
       break;
-    default: throw std::logic_error("cuda::optimizer_step: unknown OptimizerAlgo");
+    default: throw std::logic_error("cuda::optimizer_step: unknown OptimizerKind");
   }
   check_launch("optimizer_step");
 }

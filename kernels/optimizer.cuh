@@ -5,28 +5,16 @@
 // bits, and a shard can move between the CPU and the GPU mid-run.
 #pragma once
 #include "kernels/kernel_types.cuh"
+#include "kernels/optimizer_config.h"
 
 namespace fsdpq::cuda {
 
-// Mirrors of optim/optimizer.h's OptimizerKind / OptimizerConfig (that header needs C++20; the
-// kernels build as C++17). src/optim/device_optimizer.cpp converts one into the other.
-enum class OptimizerAlgo : uint8_t { adamw, adam, sgd, adadelta };
-
-struct OptimizerHyper {
-  OptimizerAlgo algo = OptimizerAlgo::adamw;
-  double beta1 = 0.9;
-  double beta2 = 0.95;
-  double eps = 1e-5;
-  double weight_decay = 0.1;
-  double rho = 0.9;
-};
-
-// One step over elements [0, n) of flat device fp32 buffers, as the CPU's optimizer_step:
-// `state` is a host array of device pointers, one per state buffer in optimizer_state_names
+// One step over elements [0, n) of flat device fp32 buffers, as the CPU's optimizer_step (lr is
+// the scheduled rate; config.lr is not read): `state` is a host array of device pointers, one per state buffer in optimizer_state_names
 // order (none for sgd); `step` is the count after its increment (≥ 1, else std::logic_error).
 // When `compute` is not null, the updated param is also stored there as `compute_type`
 // (round to nearest even, the bits of util/bf16.h) in the same pass.
-void optimizer_step(const OptimizerHyper& hyper, double lr, int64_t step, float* param, const float* grad,
+void optimizer_step(const OptimizerConfig& config, double lr, int64_t step, float* param, const float* grad,
                     float* const* state, int64_t n, void* compute, KType compute_type, cudaStream_t stream);
 
 // dst[i] = src[i] stored as dst_type (F32: a device-to-device copy; BF16 / F16: convert.cuh's

@@ -196,6 +196,10 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
 
 #endif
 
+void no_cuda(const char* what) {
+  throw std::logic_error(fmt::format("{}: this fsdpq was built without CUDA", what));
+}
+
 void copy_tensor(TensorView dst, const TensorView& src) {
   if (dst.dtype != src.dtype || dst.numel() != src.numel())
     throw std::logic_error(fmt::format("copy_tensor: {} into {}", src.describe(), dst.describe()));

@@ -26,6 +26,12 @@ MemoryStats cuda_memory_stats();
 void cuda_reset_peak_memory();
 void cuda_empty_cache();
 
+// What a CUDA-only function (a device optimizer, a device gradient pass) does when called in a build
+// without CUDA, where no CUDA tensor can exist: throws std::logic_error("<what>: this fsdpq was
+// built without CUDA"). The ops need no such branch: runs_on_cuda (ops/dispatch.h) stops a CUDA
+// operand before an op reaches its CUDA implementation.
+[[noreturn]] void no_cuda(const char* what);
+
 // The compute stream as an opaque handle (a cudaStream_t), for libraries that order work after
 // it (NCCL); nullptr before cuda_init or without CUDA.
 void* cuda_compute_stream();

@@ -17,6 +17,7 @@
 
 #include "io/file_digest.h"
 #include "io/safetensors.h"  // sync_directory
+#include "kernels/splitmix64.h"
 #include "runtime/watchdog.h"
 #include "util/error.h"
 #include "util/shape_text.h"
@@ -301,10 +302,7 @@ uint64_t checksum_elements(int64_t offset, std::span<const float> values) {
   for (int64_t i = 0; i < n; ++i) {
     uint32_t bits;
     std::memcpy(&bits, data + i, sizeof bits);
-    uint64_t z = (static_cast<uint64_t>(offset + i) * 0x9E3779B97F4A7C15ull) ^ bits ^ kChecksumSeed;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    sum += z ^ (z >> 31);
+    sum += mix64((static_cast<uint64_t>(offset + i) * kGolden64) ^ bits ^ kChecksumSeed);
   }
   return sum;
 }

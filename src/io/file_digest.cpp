@@ -10,18 +10,13 @@
 #include <vector>
 
 #include "io/model_files.h"  // write_file_atomically
+#include "kernels/splitmix64.h"
 #include "util/error.h"
 
 namespace fsdpq {
 namespace {
 
 constexpr uint64_t kDigestSeed = 0x13198A2E03707344;  // more digits of pi
-
-uint64_t mix(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 }  // namespace
 
@@ -40,14 +35,14 @@ FileDigest digest_file(const std::filesystem::path& path) {
     uint64_t sum = 0;
 #pragma omp parallel for reduction(+ : sum) schedule(static) if (n >= (int64_t{1} << 18))
     for (int64_t i = 0; i < n; ++i)
-      sum += mix(((index + static_cast<uint64_t>(i)) * 0x9E3779B97F4A7C15ull) ^ words[static_cast<size_t>(i)] ^ kDigestSeed);
+      sum += mix64(((index + static_cast<uint64_t>(i)) * kGolden64) ^ words[static_cast<size_t>(i)] ^ kDigestSeed);
     d.hash += sum;
     d.bytes += got;
     index += static_cast<uint64_t>(n);
     if (got < words.size() * sizeof(uint64_t)) break;
   }
   if (std::ferror(file.get())) fail("cannot read '{}' to check its digest: read error", path.string());
-  d.hash ^= mix(d.bytes ^ kDigestSeed);  // the length counts: a zero tail cut off is caught
+  d.hash ^= mix64(d.bytes ^ kDigestSeed);  // the length counts: a zero tail cut off is caught
   return d;
 }
 

@@ -52,18 +52,12 @@ void linear_group_forward(std::span<const TensorView> ys, const TensorView& x, i
   lora_forward_group(adapted, a.xa[group], x, g.sites);
 }
 
-// The GPU multiplies an fp32 activation gradient in the weights' 16-bit type (ops/matmul.cpp);
-// the three or four GEMMs that read dy then share one rounded copy instead of rounding it each.
-// The same bits as rounding per GEMM; the CPU computes in fp32 and keeps dy as it is.
+// dy as module m's GEMMs (its weight's, and its adapter's B) read it: the three or four of them
+// share one copy where the device rounds it (round_for_gemms, ops/matmul.h).
 TensorView gemm_ready(const TensorView& dy, int m, const LayerCompute& w, Tensor& storage) {
-  const DType half = w.weight[m].dtype;
-  if (dy.device == Device::CPU || dy.dtype != DType::F32 || (half != DType::BF16 && half != DType::F16)) return dy;
-  if (const LoraAdapter* lora = w.lora[m])
-    if (lora->B.compute_view().dtype != half) return dy;  // the adapter's GEMMs round to another type
-  ScopedSection section("dy rounding");
-  storage = Tensor::empty(dy.shape, half, dy.device);
-  copy_convert(storage, dy);
-  return storage.view();
+  const DType weight = w.weight[m].dtype;
+  const DType adapter = w.lora[m] ? w.lora[m]->B.compute_view().dtype : weight;
+  return round_for_gemms(dy, {weight, adapter}, storage, "dy rounding");
 }
 
 // dx (+)= Σ_j dys[j]·W_m (+ the adapters' part), adding dW for trainable base weights and dA, dB

@@ -9,6 +9,7 @@
 
 #include "backend/cuda_backend.h"
 #include "backend/section_times.h"
+#include "kernels/splitmix64.h"
 #include "model/llama_cached_attention.h"
 #include "model/llama_layer.h"
 #include "model/llama_lm_head.h"
@@ -24,20 +25,13 @@
 namespace fsdpq {
 namespace {
 
-uint64_t mix64(uint64_t z) {  // splitmix64's finalizer
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 // One dropout key per (seed, step_key, layer, module): masks differ across steps, micro-batches,
 // layers and modules, and the checkpointed recompute regenerates the forward's exact masks.
 uint64_t lora_dropout_key(uint64_t seed, uint64_t step_key, int64_t layer, int module) {
-  constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
-  uint64_t key = mix64(seed + kGolden);
-  key = mix64(key ^ (step_key + kGolden));
-  key = mix64(key ^ (static_cast<uint64_t>(layer) + 2 * kGolden));
-  return mix64(key ^ (static_cast<uint64_t>(module) + 3 * kGolden));
+  uint64_t key = mix64(seed + kGolden64);
+  key = mix64(key ^ (step_key + kGolden64));
+  key = mix64(key ^ (static_cast<uint64_t>(layer) + 2 * kGolden64));
+  return mix64(key ^ (static_cast<uint64_t>(module) + 3 * kGolden64));
 }
 
 RopeScalingParams rope_scaling_of(const LlamaConfig& config) {

@@ -1,6 +1,8 @@
 #include "ops/attention.h"
 
 #include "ops/checks.h"
+#include "ops/cuda_ops.h"
+#include "ops/dispatch.h"
 #include "ops/parallel.h"
 #include "ops/storage.h"
 
@@ -12,13 +14,6 @@
 #include <vector>
 
 #include <cstdlib>
-
-#ifdef FSDPQ_WITH_CUDA
-#include "kernels/attention.cuh"
-#include "kernels/attention_mma.cuh"
-#include "ops/attention_cudnn.h"
-#include "ops/cuda_dispatch.h"
-#endif
 
 namespace fsdpq {
 
@@ -56,24 +51,6 @@ GpuAttentionKernels& gpu_attention_choice() {
   }();
   return choice;
 }
-
-#ifdef FSDPQ_WITH_CUDA
-// The tensor-core kernels take a pass unless the SIMT ones are chosen (gpu_attention_kernels) and when
-// its types, head dim and pointer alignment (16-byte vector loads) suit them; `dout` is null in the forward.
-bool use_mma_attention(const char* op, const AttentionDims& d, const TensorView& q, const TensorView& k,
-                       const TensorView& v, const TensorView& out, const void* dout) {
-  return gpu_attention_kernels() != GpuAttentionKernels::Simt &&
-         cuda::attention_mma_supported(ktype(op, q), ktype(op, k), ktype(op, v), ktype(op, out), d.D) &&
-         cuda::attention_mma_aligned(q.data) && cuda::attention_mma_aligned(k.data) &&
-         cuda::attention_mma_aligned(v.data) && (dout == nullptr || cuda::attention_mma_aligned(dout));
-}
-#endif
-
-#ifndef FSDPQ_WITH_CUDA
-[[noreturn]] void no_cuda(const char* op) {
-  throw std::logic_error(std::string(op) + ": CUDA tensors, but this fsdpq was built without CUDA");
-}
-#endif
 
 // The math runs on contiguous fp32 [T, D] panels of one head; converting a whole panel at a time
 // keeps the dtype switch out of the inner loops.
@@ -127,23 +104,8 @@ void attention_forward(TensorView out, TensorView lse, const TensorView& q, cons
   const AttentionDims d = check_dims(op, q, k, v, lse);
   check_float(op, "out", out);
   check_shape(op, "out", out, q.shape);
-  if (runs_on_cuda(op, {out, lse, q, k, v})) {
-#ifdef FSDPQ_WITH_CUDA
-    check_that(d.D >= 1 && d.D <= cuda::kAttentionMaxHeadDim, "{}: head dim {} is not in [1, {}] on CUDA", op, d.D,
-               cuda::kAttentionMaxHeadDim);
-    if (cudnn_attention_chosen() && cudnn_attention_forward(out, lse, q, k, v)) return;
-    if (use_mma_attention(op, d, q, k, v, out, nullptr)) {
-      cuda::attention_mma_forward(out.data, ktype(op, out), lse.as<float>(), q.data, ktype(op, q), k.data,
-                                  ktype(op, k), v.data, ktype(op, v), d.B, d.T, d.H, d.KV, d.D, cuda::stream());
-      return;
-    }
-    cuda::attention_forward(out.data, ktype(op, out), lse.as<float>(), q.data, ktype(op, q), k.data, ktype(op, k),
-                            v.data, ktype(op, v), d.B, d.T, d.H, d.KV, d.D, cuda::stream());
-    return;
-#else
-    no_cuda(op);
-#endif
-  }
+  if (runs_on_cuda(op, {out, lse, q, k, v}))
+    if constexpr (kWithCuda) return cuda_ops::attention_forward(out, lse, q, k, v);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.D));
   float* lse_out = lse.as<float>();
 
@@ -196,30 +158,8 @@ void attention_backward(TensorView dq, TensorView dk, TensorView dv, const Tenso
   check_shape(op, "dq", dq, q.shape);
   check_shape(op, "dk", dk, k.shape);
   check_shape(op, "dv", dv, v.shape);
-  if (runs_on_cuda(op, {dq, dk, dv, dout, q, k, v, out, lse})) {
-#ifdef FSDPQ_WITH_CUDA
-    check_that(d.D >= 1 && d.D <= cuda::kAttentionMaxHeadDim, "{}: head dim {} is not in [1, {}] on CUDA", op, d.D,
-               cuda::kAttentionMaxHeadDim);
-    if (cudnn_attention_chosen() && cudnn_attention_backward(dq, dk, dv, dout, q, k, v, out, lse)) return;
-    // rowsum(dout * out) per query row, the one temporary (B * H * T floats).
-    Tensor drow = Tensor::empty(Shape{d.B, d.H, d.T}, DType::F32, Device::CUDA);
-    if (use_mma_attention(op, d, q, k, v, out, dout.data)) {
-      // drow (B * H * T floats) is the mma backward's workspace too (attention_mma_workspace_floats).
-      cuda::attention_mma_backward(dq.data, ktype(op, dq), dk.data, ktype(op, dk), dv.data, ktype(op, dv),
-                                   dout.data, ktype(op, dout), q.data, ktype(op, q), k.data, ktype(op, k), v.data,
-                                   ktype(op, v), out.data, ktype(op, out), lse.as<const float>(),
-                                   drow.data<float>(), d.B, d.T, d.H, d.KV, d.D, cuda::stream());
-      return;
-    }
-    cuda::attention_backward(dq.data, ktype(op, dq), dk.data, ktype(op, dk), dv.data, ktype(op, dv), dout.data,
-                             ktype(op, dout), q.data, ktype(op, q), k.data, ktype(op, k), v.data, ktype(op, v),
-                             out.data, ktype(op, out), lse.as<const float>(), drow.data<float>(), d.B, d.T, d.H,
-                             d.KV, d.D, cuda::stream());
-    return;
-#else
-    no_cuda(op);
-#endif
-  }
+  if (runs_on_cuda(op, {dq, dk, dv, dout, q, k, v, out, lse}))
+    if constexpr (kWithCuda) return cuda_ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.D));
   const float* lse_in = lse.as<const float>();
 

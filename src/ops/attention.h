@@ -5,7 +5,7 @@
 
 namespace fsdpq {
 
-// q: [B, T, H, D]; k, v: [B, T, KV, D]; out: [B, T, H, D] (F32 or BF16, each independently).
+// q: [B, T, H, D]; k, v: [B, T, KV, D]; out: [B, T, H, D] (F32, BF16 or F16, each independently).
 // lse: F32 [B, H, T], the logsumexp of each query row's scaled scores, saved for the backward.
 // Math in fp32; out is rounded once on store.
 void attention_forward(TensorView out, TensorView lse, const TensorView& q, const TensorView& k, const TensorView& v);

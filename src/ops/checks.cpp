@@ -28,22 +28,6 @@ void check_float(const char* op, const char* name, const TensorView& view) {
     throw std::logic_error(fmt::format("{}: {} is {}; expected F32, BF16 or F16", op, name, view.describe()));
 }
 
-bool runs_on_cuda(const char* op, std::initializer_list<TensorView> operands) {
-  int cuda = 0, cpu = 0;
-  for (const TensorView& view : operands)
-    if (view.data != nullptr) (view.device == Device::CUDA ? cuda : cpu)++;
-  if (cuda > 0 && cpu > 0) {
-    std::string where;  // built only on failure: this runs on every op call
-    for (const TensorView& view : operands)
-      if (view.data != nullptr) where += (where.empty() ? "" : ", ") + view.describe();
-    throw std::logic_error(fmt::format("{}: operands on different devices ({})", op, where));
-  }
-#ifndef FSDPQ_WITH_CUDA
-  if (cuda > 0) throw std::logic_error(fmt::format("{}: CUDA operands, but this fsdpq was built without CUDA", op));
-#endif
-  return cuda > 0;
-}
-
 void check_dtype(const char* op, const char* name, const TensorView& view, DType expected) {
   check_cpu(op, name, view);
   if (view.dtype != expected)

@@ -1,7 +1,6 @@
 // Argument checks shared by the ops. A failed check is a programming error (two ops wired with
 // mismatched shapes), so it throws std::logic_error naming the op, the argument and the shapes.
 #pragma once
-#include <initializer_list>
 #include "backend/tensor.h"
 
 #include <fmt/format.h>
@@ -16,10 +15,6 @@ void check_cpu_float(const char* op, const char* name, const TensorView& view);
 // The same on any device: for the checks an op makes before it picks its implementation.
 void check_float(const char* op, const char* name, const TensorView& view);
 
-// Whether the op runs on the CUDA backend: every operand with data is on CUDA (true) or every one
-// is on the CPU (false); a mix is a logic_error naming the op and the operands. Views without
-// data (optional outputs) are ignored.
-bool runs_on_cuda(const char* op, std::initializer_list<TensorView> operands);
 void check_dtype(const char* op, const char* name, const TensorView& view, DType expected);
 void check_shape(const char* op, const char* name, const TensorView& view, const Shape& expected);
 void check_numel(const char* op, const char* name, const TensorView& view, int64_t expected);

@@ -3,6 +3,9 @@
 #include "backend/cuda_backend.h"
 
 #include "ops/checks.h"
+#include "ops/cross_entropy_targets.h"
+#include "ops/cuda_ops.h"
+#include "ops/dispatch.h"
 #include "ops/parallel.h"
 #include "ops/storage.h"
 #include "util/error.h"
@@ -14,34 +17,13 @@
 #include <string>
 #include <vector>
 
-#ifdef FSDPQ_WITH_CUDA
-#include "kernels/cross_entropy.cuh"
-#include "ops/cuda_dispatch.h"
-#endif
-
 namespace fsdpq {
 
 namespace {
 
-// The label row t is scored against: labels[b, t + 1], or ignore for the last position.
-inline int32_t shifted_target(const int32_t* labels, int64_t row, int64_t T) {
-  const int64_t t = row % T;
-  return t + 1 < T ? labels[row + 1] : kIgnoreIndex;
-}
-
 void check_labels(const char* op, const TensorView& labels, int64_t B, int64_t T) {
   check_dtype(op, "labels", labels, DType::I32);
   check_numel(op, "labels", labels, B * T);
-}
-
-// Every scored label is in [0, V) or the ignore index (host labels).
-void check_label_range(const int32_t* label, int64_t rows, int64_t T, int64_t V) {
-  for (int64_t row = 0; row < rows; ++row) {
-    const int32_t target = shifted_target(label, row, T);
-    if (target != kIgnoreIndex && (target < 0 || target >= V))
-      fail("label {} at batch {} position {} is outside the vocabulary of {} tokens (and is not the ignore index {})",
-           target, row / T, row % T + 1, V, kIgnoreIndex);
-  }
 }
 
 }  // namespace
@@ -68,31 +50,8 @@ CrossEntropyResult cross_entropy_forward_backward(const TensorView& logits, cons
   check_that(logits.shape.rows() == B * T, "{}: logits {} do not have B*T = {}*{} rows", op,
              logits.shape.to_string(), B, T);
   check_shape(op, "dlogits", dlogits, logits.shape);
-  if (runs_on_cuda(op, {logits, labels, dlogits})) {
-#ifdef FSDPQ_WITH_CUDA
-    // The labels come to the host (small) for the range check and the count; the per-row fp32
-    // losses come back and are summed in row order in double, as the CPU does.
-    const int64_t V = logits.shape.last(), rows = B * T;
-    const Tensor host_labels = copy_to(labels, Device::CPU);
-    const int32_t* label = host_labels.data<int32_t>();
-    check_label_range(label, rows, T, V);
-    Tensor row_loss = Tensor::empty(Shape{rows}, DType::F32, Device::CUDA);
-    cuda::cross_entropy_forward_backward(logits.data, ktype(op, logits), labels.as<const int32_t>(), rows, T, V,
-                                         dlogits.data, ktype(op, dlogits), grad_scale, row_loss.data<float>(),
-                                         cuda::stream());
-    const Tensor losses = copy_to(row_loss, Device::CPU);
-    const float* loss = losses.data<float>();
-    CrossEntropyResult result;
-    for (int64_t row = 0; row < rows; ++row) {
-      if (shifted_target(label, row, T) == kIgnoreIndex) continue;
-      result.loss_sum += static_cast<double>(loss[row]);
-      ++result.count;
-    }
-    return result;
-#else
-    throw std::logic_error(std::string(op) + ": a CUDA tensor, but fsdpq was built without CUDA");
-#endif
-  }
+  if (runs_on_cuda(op, {logits, labels, dlogits}))
+    if constexpr (kWithCuda) return cuda_ops::cross_entropy_forward_backward(logits, labels, B, T, dlogits, grad_scale);
   check_cpu_float(op, "logits", logits);
   check_cpu_float(op, "dlogits", dlogits);
   check_labels(op, labels, B, T);

@@ -19,8 +19,8 @@ struct CrossEntropyResult {
 // grad_scale (1 / count for HF's per-batch mean) before calling the op below.
 int64_t cross_entropy_count_targets(const TensorView& labels, int64_t B, int64_t T);
 
-// logits: [B*T, V] (or [B, T, V]), F32 or BF16, upcast to fp32 row by row; labels: I32 [B*T].
-// dlogits (same shape, F32 or BF16; may be the logits buffer itself, overwritten) receives
+// logits: [B*T, V] (or [B, T, V]), F32, BF16 or F16, upcast to fp32 row by row; labels: I32 [B*T].
+// dlogits (same shape, F32, BF16 or F16; may be the logits buffer itself, overwritten) receives
 // grad_scale * (softmax - onehot) for counted positions and 0 elsewhere. Rows are processed one
 // at a time per thread, so fp32 logits for the whole batch never exist. A label outside [0, V)
 // other than -100 is a UserError. With no counted position: loss 0, zero gradients, no NaN.

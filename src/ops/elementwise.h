@@ -1,5 +1,5 @@
-// Small elementwise ops the model and trainer need between the big ones. Every tensor is F32 or
-// BF16 unless stated; math in fp32, one rounding on store; outputs may alias inputs.
+// Small elementwise ops the model and trainer need between the big ones. Every tensor is F32, BF16
+// or F16 unless stated; math in fp32, one rounding on store; outputs may alias inputs.
 #pragma once
 #include "backend/tensor.h"
 

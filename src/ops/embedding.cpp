@@ -1,6 +1,8 @@
 #include "ops/embedding.h"
 
 #include "ops/checks.h"
+#include "ops/cuda_ops.h"
+#include "ops/dispatch.h"
 #include "ops/parallel.h"
 #include "ops/storage.h"
 #include "util/error.h"
@@ -9,32 +11,9 @@
 #include <stdexcept>
 #include <string>
 
-#ifdef FSDPQ_WITH_CUDA
-#include "kernels/embedding.cuh"
-#include "ops/cuda_dispatch.h"
-#endif
-
 namespace fsdpq {
 
 namespace {
-
-// A CUDA operand in a build without the CUDA backend.
-[[maybe_unused]] [[noreturn]] void no_cuda(const char* op) {
-  throw std::logic_error(std::string(op) + ": a CUDA tensor, but fsdpq was built without CUDA");
-}
-
-#ifdef FSDPQ_WITH_CUDA
-// check_ids for ids on the GPU: the kernel flags the first bad position, then the same UserError.
-void check_ids_on_gpu(const TensorView& ids, int64_t vocab) {
-  Tensor flag = Tensor::empty(Shape{1}, DType::I32, Device::CUDA);
-  int32_t bad_id = 0;
-  const int64_t n = cuda::embedding_first_bad_id(ids.as<const int32_t>(), ids.numel(), vocab, flag.data<int32_t>(),
-                                                 &bad_id, cuda::stream());
-  if (n >= 0)
-    fail("token id {} at position {} is outside the vocabulary of {} tokens (valid ids are 0..{})", bad_id, n, vocab,
-         vocab - 1);
-}
-#endif
 
 void check_ids(const char* op, const TensorView& ids, int64_t vocab) {
   check_dtype(op, "ids", ids, DType::I32);
@@ -54,16 +33,8 @@ void embedding_forward(TensorView out, const TensorView& ids, const TensorView& 
   check_that(table.shape.rank == 2, "{}: table must be [V, C], got {}", op, table.shape.to_string());
   check_shape(op, "out", out, Shape{ids.numel(), table.shape[1]});
   check_that(ids.dtype == DType::I32, "{}: ids is {}; expected I32", op, ids.describe());
-  if (runs_on_cuda(op, {out, ids, table})) {
-#ifdef FSDPQ_WITH_CUDA
-    check_ids_on_gpu(ids, table.shape[0]);
-    cuda::embedding_forward(out.data, ktype(op, out), ids.as<const int32_t>(), table.data, ktype(op, table), ids.numel(),
-                            table.shape[1], cuda::stream());
-    return;
-#else
-    no_cuda(op);
-#endif
-  }
+  if (runs_on_cuda(op, {out, ids, table}))
+    if constexpr (kWithCuda) return cuda_ops::embedding_forward(out, ids, table);
   check_cpu_float(op, "table", table);
   check_cpu_float(op, "out", out);
   check_that(table.shape.rank == 2, "{}: table must be [V, C], got {}", op, table.shape.to_string());
@@ -95,16 +66,8 @@ void embedding_backward(TensorView dtable, const TensorView& ids, const TensorVi
   check_that(dtable.shape.rank == 2, "{}: dtable must be [V, C], got {}", op, dtable.shape.to_string());
   check_shape(op, "dout", dout, Shape{ids.numel(), dtable.shape[1]});
   check_that(ids.dtype == DType::I32, "{}: ids is {}; expected I32", op, ids.describe());
-  if (runs_on_cuda(op, {dtable, ids, dout})) {
-#ifdef FSDPQ_WITH_CUDA
-    check_ids_on_gpu(ids, dtable.shape[0]);
-    cuda::embedding_backward(dtable.as<float>(), ids.as<const int32_t>(), dout.data, ktype(op, dout), ids.numel(),
-                             dtable.shape[1], cuda::stream());
-    return;
-#else
-    no_cuda(op);
-#endif
-  }
+  if (runs_on_cuda(op, {dtable, ids, dout}))
+    if constexpr (kWithCuda) return cuda_ops::embedding_backward(dtable, ids, dout);
   check_dtype(op, "dtable", dtable, DType::F32);
   check_cpu_float(op, "dout", dout);
   check_that(dtable.shape.rank == 2, "{}: dtable must be [V, C], got {}", op, dtable.shape.to_string());

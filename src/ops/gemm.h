@@ -1,5 +1,5 @@
 // The CPU matrix-multiply engine behind the linear ops (matmul.h): C = beta*C + scale * A·B with
-// fp32 accumulation, operands in F32 or BF16 storage read through arbitrary strides (so a
+// fp32 accumulation, operands in F32, BF16 or F16 storage read through arbitrary strides (so a
 // transposed operand costs nothing extra), blocked for cache and parallel over C's rows.
 #pragma once
 #include "util/dtype.h"
@@ -11,12 +11,12 @@ namespace fsdpq {
 // A matrix operand: element (r, c) lives at data[r * row_stride + c * col_stride].
 struct MatrixOperand {
   const void* data = nullptr;
-  DType dtype = DType::F32;  // F32 or BF16
+  DType dtype = DType::F32;  // F32, BF16 or F16
   int64_t rows = 0, cols = 0;
   int64_t row_stride = 0, col_stride = 1;
 };
 
-// A row-major output matrix [rows, cols] (F32 or BF16); row r starts at data + r * stride(),
+// A row-major output matrix [rows, cols] (F32, BF16 or F16); row r starts at data + r * stride(),
 // so a block of columns of a wider matrix can be written in place.
 struct MatrixOutput {
   void* data = nullptr;

@@ -1,17 +1,14 @@
 #include "ops/lora.h"
 
 #include "ops/checks.h"
+#include "ops/cuda_ops.h"
+#include "ops/dispatch.h"
 #include "ops/elementwise.h"
 #include "ops/parallel.h"
 #include "ops/matmul.h"
 #include "ops/storage.h"
 #include "util/error.h"
-
-#ifdef FSDPQ_WITH_CUDA
-#include "kernels/lora_dropout.cuh"
-#include "ops/cuda_dispatch.h"
-static_assert(fsdpq::cuda::kMaxDropoutOutputs == static_cast<int>(fsdpq::kMaxLoraGroup));
-#endif
+#include "kernels/lora_dropout_mask.h"
 
 #include <algorithm>
 #include <array>
@@ -22,26 +19,9 @@ namespace fsdpq {
 
 namespace {
 
-constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
-
-inline uint64_t mix64(uint64_t z) {  // splitmix64's finalizer: a bijection with full avalanche
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-// 16 bits of one hash decide each element: a splitmix64 word covers 4 consecutive elements, so
-// the GPU hashes once per 4 (docs/ops.md: a hash per element cost more than the memory traffic).
+// 16 bits of one hash decide each element (kernels/lora_dropout_mask.h): p to 2^-16.
 inline uint32_t drop_threshold(float probability) {
   return static_cast<uint32_t>(std::llround(static_cast<double>(probability) * 65536.0));
-}
-
-// The word of elements 4·quad … 4·quad + 3, and element 4·quad + lane's decision in it.
-inline uint64_t keep_word(uint64_t mixed_key, int64_t quad) {
-  return mix64(mixed_key + static_cast<uint64_t>(quad + 1) * kGolden);
-}
-inline bool keeps_lane(uint64_t word, int64_t lane, uint32_t threshold) {
-  return static_cast<uint32_t>((word >> (16 * lane)) & 0xFFFFu) >= threshold;
 }
 
 // For every element e of [0, n), in quads (one word per quad and key), parallel over the quads.
@@ -64,18 +44,9 @@ void apply_dropout(std::span<const TensorView> outs, const TensorView& x, std::s
   const size_t count = sites.size();
   std::array<uint64_t, kMaxLoraGroup> keys{};
   for (size_t i = 0; i < count; ++i) keys[i] = mix64(sites[i].params.dropout_key);
-  if (runs_on_cuda("lora_dropout", {x, outs[0]})) {
-#ifdef FSDPQ_WITH_CUDA
-    cuda::DropoutOutputs targets{};
-    targets.count = static_cast<int>(count);
-    for (size_t i = 0; i < count; ++i) {
-      targets.out[i] = outs[i].data;
-      targets.mixed_key[i] = keys[i];
-    }
-    cuda::lora_dropout_apply(ktype("lora_dropout", x), targets, x.data, n, threshold, keep_scale, cuda::stream());
-#endif
-    return;
-  }
+  const std::span<const uint64_t> mixed_keys(keys.data(), count);
+  if (runs_on_cuda("lora_dropout", {x, outs[0]}))
+    if constexpr (kWithCuda) return cuda_ops::lora_dropout_apply(outs, x, mixed_keys, threshold, keep_scale);
   with_storage(x.dtype, "lora_dropout", [&](auto tag) {
     using S = decltype(tag);
     const S* in = x.as<const S>();
@@ -85,7 +56,7 @@ void apply_dropout(std::span<const TensorView> outs, const TensorView& x, std::s
       for (size_t i = 0; i < count; ++i) {
         const uint64_t word = keep_word(keys[i], q);
         for (int64_t e = begin; e < end; ++e)
-          out[i][e] = keeps_lane(word, e - begin, threshold) ? from_f32<S>(to_f32(in[e]) * keep_scale) : from_f32<S>(0.0f);
+          out[i][e] = keeps_lane(word, static_cast<int>(e - begin), threshold) ? from_f32<S>(to_f32(in[e]) * keep_scale) : from_f32<S>(0.0f);
       }
     });
   });
@@ -198,19 +169,15 @@ void accumulate_dropped(TensorView dx, const Tensor& g_storage, const LoraParams
   const float keep_scale = 1.0f / (1.0f - params.dropout);
   const float* g = g_storage.data<float>();
   const int64_t n = dx.numel();
-  if (runs_on_cuda(op, {dx, g_storage.view()})) {
-#ifdef FSDPQ_WITH_CUDA
-    cuda::lora_dropout_accumulate(ktype(op, dx), dx.data, g, n, mixed_key, threshold, keep_scale, cuda::stream());
-#endif
-    return;
-  }
+  if (runs_on_cuda(op, {dx, g_storage.view()}))
+    if constexpr (kWithCuda) return cuda_ops::lora_dropout_accumulate(dx, g_storage, mixed_key, threshold, keep_scale);
   with_storage(dx.dtype, op, [&](auto tag) {
     using S = decltype(tag);
     S* out = dx.as<S>();
     for_each_quad(n, [&](int64_t q, int64_t begin, int64_t end) {
       const uint64_t word = keep_word(mixed_key, q);
       for (int64_t e = begin; e < end; ++e)
-        if (keeps_lane(word, e - begin, threshold)) out[e] = from_f32<S>(to_f32(out[e]) + keep_scale * g[e]);
+        if (keeps_lane(word, static_cast<int>(e - begin), threshold)) out[e] = from_f32<S>(to_f32(out[e]) + keep_scale * g[e]);
     });
   });
 }
@@ -220,7 +187,7 @@ void accumulate_dropped(TensorView dx, const Tensor& g_storage, const LoraParams
 float lora_scaling(const LoraParams& params, int64_t rank) { return params.alpha / static_cast<float>(rank); }
 
 bool lora_dropout_keeps(uint64_t key, uint64_t index, float probability) {
-  return keeps_lane(keep_word(mix64(key), static_cast<int64_t>(index / 4)), static_cast<int64_t>(index % 4),
+  return keeps_lane(keep_word(mix64(key), static_cast<int64_t>(index / 4)), static_cast<int>(index % 4),
                     drop_threshold(probability));
 }
 
@@ -285,16 +252,9 @@ void lora_backward_input(TensorView dx, std::span<const TensorView> dAs, const T
   }
   const int64_t rows = x.shape.rows(), in = g.site[0].in;
 
-  // The GPU multiplies d(xa) in A's 16-bit type: round it once for the GEMMs that read it (the
-  // same bits as each GEMM rounding it).
+  // d(xa) as the GEMMs against A read it: one copy where the device rounds it.
   Tensor dxa_rounded;
-  TensorView dxa = dxa_f32;
-  const DType a_dtype = sites[0].A.dtype;
-  if (x.device != Device::CPU && (a_dtype == DType::BF16 || a_dtype == DType::F16)) {
-    dxa_rounded = Tensor::empty(dxa_f32.shape, a_dtype, x.device);
-    copy_convert(dxa_rounded, dxa_f32);
-    dxa = dxa_rounded.view();
-  }
+  const TensorView dxa = round_for_gemms(dxa_f32, {sites[0].A.dtype}, dxa_rounded);
 
   if (const StackedA stacked = stack_a(sites, g); stacked.view.data != nullptr) {
     // dA += d(xa)ᵀ · x for the whole stack, and dx += d(xa) · A: one GEMM each.

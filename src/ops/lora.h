@@ -26,13 +26,13 @@ float lora_scaling(const LoraParams& params, int64_t rank);
 bool lora_dropout_keeps(uint64_t key, uint64_t index, float probability);
 
 // x: [..., in] (rows M = x.numel() / in); A: [r, in]; B: [out, r]; y: [..., out] with M rows,
-// accumulated (y += adapter output). xa: [M, r] (F32 or BF16), written with dropout(x) · Aᵀ and
-// kept for the backward. All of x, A, B, y: F32 or BF16. Dropout 0 (or not training) reads x as is.
+// accumulated (y += adapter output). xa: [M, r] (F32, BF16 or F16), written with dropout(x) · Aᵀ and
+// kept for the backward. All of x, A, B, y: F32, BF16 or F16. Dropout 0 (or not training) reads x as is.
 void lora_forward(TensorView y, TensorView xa, const TensorView& x, const TensorView& A, const TensorView& B,
                   const LoraParams& params);
 
 // dA (F32 [r, in]) and dB (F32 [out, r]) are accumulated; the adapter's part of the input gradient
-// is added to dx ([..., in], F32 or BF16), or skipped when dx.data is null. x, xa, A, B and params
+// is added to dx ([..., in], F32, BF16 or F16), or skipped when dx.data is null. x, xa, A, B and params
 // (including the dropout key) must be the forward's.
 void lora_backward(TensorView dx, TensorView dA, TensorView dB, const TensorView& dy, const TensorView& x,
                    const TensorView& xa, const TensorView& A, const TensorView& B, const LoraParams& params);

@@ -1,7 +1,11 @@
 #include "ops/matmul.h"
 
+#include <optional>
+
+#include "backend/section_times.h"
 #include "ops/checks.h"
-#include "ops/cublas_gemm.h"
+#include "ops/cuda_ops.h"
+#include "ops/dispatch.h"
 #include "ops/elementwise.h"
 #include "ops/gemm.h"
 
@@ -40,6 +44,8 @@ std::string describe(const MatrixView& x) {
   return fmt::format("{} columns [{}, {})", x.tensor.shape.to_string(), x.first_column, x.first_column + x.cols());
 }
 
+bool is_half(DType dtype) { return dtype == DType::BF16 || dtype == DType::F16; }
+
 // The one storage type cuBLAS multiplies the inputs in: half precision wins, as under autocast
 // (an F32 activation gradient meeting a BF16 weight is multiplied in BF16, like PyTorch's
 // bf16 backward; accumulation stays fp32).
@@ -57,20 +63,41 @@ MatrixView as_dtype(const MatrixView& view, DType dtype, Tensor& storage) {
   return MatrixView(storage.view(), view.first_column, view.columns);
 }
 
-// Runs the product on the GPU when the operands live there; false for the CPU path.
-// `product` builds the gemm operands from the (converted) views.
-template <class Product>
-bool gemm_on_cuda(const char* op, const TensorView& out, const MatrixView& p, const MatrixView& q, Product&& product) {
-  if (!runs_on_cuda(op, {out, p.tensor, q.tensor})) return false;
-  const DType dtype = gpu_operand_dtype(out, p.tensor, q.tensor);
-  check_that(out.dtype == DType::F32 || out.dtype == dtype, "{}: cannot write {} from {} operands on the GPU", op,
-             out.describe(), dtype_name(dtype));
-  Tensor p_storage, q_storage;
-  product(as_dtype(p, dtype, p_storage), as_dtype(q, dtype, q_storage));
+// A factor of a product: a matrix view, read transposed or not.
+struct Factor {
+  MatrixView view;
+  bool transposed = false;
+};
+
+// out (+)= scale · p·q on the GPU when the operands live there (true), else nothing (false: the
+// CPU's gemm follows). cuBLAS multiplies one storage type, so a factor of another is converted.
+bool gemm_on_cuda(const char* op, const MatrixView& out, Factor p, Factor q, bool accumulate, float scale) {
+  if (!runs_on_cuda(op, {out.tensor, p.view.tensor, q.view.tensor})) return false;
+  if constexpr (kWithCuda) {
+    const DType dtype = gpu_operand_dtype(out.tensor, p.view.tensor, q.view.tensor);
+    check_that(out.tensor.dtype == DType::F32 || out.tensor.dtype == dtype,
+               "{}: cannot write {} from {} operands on the GPU", op, out.tensor.describe(), dtype_name(dtype));
+    Tensor p_storage, q_storage;
+    const MatrixView pc = as_dtype(p.view, dtype, p_storage), qc = as_dtype(q.view, dtype, q_storage);
+    cuda_ops::gemm(output(out), matrix(pc, p.transposed), matrix(qc, q.transposed), accumulate, scale);
+  }
   return true;
 }
 
 }  // namespace
+
+TensorView round_for_gemms(const TensorView& x, std::initializer_list<DType> weight_dtypes, Tensor& storage,
+                           const char* section) {
+  const DType half = *weight_dtypes.begin();
+  if (x.device == Device::CPU || x.dtype != DType::F32 || !is_half(half)) return x;
+  for (DType dtype : weight_dtypes)
+    if (dtype != half) return x;  // the GEMMs would round x to different types
+  std::optional<ScopedSection> timed;
+  if (section != nullptr) timed.emplace(section);
+  storage = Tensor::empty(x.shape, half, x.device);
+  copy_convert(storage, x);
+  return storage.view();
+}
 
 void* MatrixView::data() const {
   return static_cast<char*>(tensor.data) + first_column * static_cast<int64_t>(dtype_size(tensor.dtype));
@@ -83,10 +110,7 @@ void linear_forward(const MatrixView& out, const MatrixView& x, const TensorView
   check_weight(op, "W", W);
   check_that(x.cols() == W.shape[1] && out.cols() == W.shape[0] && out.rows() == x.rows(),
              "{}: out {} = x {} · W {}ᵀ does not fit", op, describe(out), describe(x), W.shape.to_string());
-  if (gemm_on_cuda(op, out.tensor, x, W, [&](const MatrixView& xc, const MatrixView& Wc) {
-        cublas_gemm(output(out), matrix(xc), matrix(Wc, /*transposed=*/true), accumulate, scale);
-      }))
-    return;
+  if (gemm_on_cuda(op, out, {x}, {W, /*transposed=*/true}, accumulate, scale)) return;
   gemm(output(out), matrix(x), matrix(W, /*transposed=*/true), accumulate, scale);
 }
 
@@ -98,10 +122,7 @@ void linear_backward_input(const MatrixView& dx, const MatrixView& dy, const Ten
   check_weight(op, "W", W);
   check_that(dy.cols() == W.shape[0] && dx.cols() == W.shape[1] && dx.rows() == dy.rows(),
              "{}: dx {} = dy {} · W {} does not fit", op, describe(dx), describe(dy), W.shape.to_string());
-  if (gemm_on_cuda(op, dx.tensor, dy, W, [&](const MatrixView& dyc, const MatrixView& Wc) {
-        cublas_gemm(output(dx), matrix(dyc), matrix(Wc), accumulate, scale);
-      }))
-    return;
+  if (gemm_on_cuda(op, dx, {dy}, {W}, accumulate, scale)) return;
   gemm(output(dx), matrix(dy), matrix(W), accumulate, scale);
 }
 
@@ -112,10 +133,7 @@ void linear_backward_weight(TensorView dW, const MatrixView& dy, const MatrixVie
   check_activation(op, "x", x);
   check_that(dW.shape[0] == dy.cols() && dW.shape[1] == x.cols() && dy.rows() == x.rows(),
              "{}: dW {} = dy {}ᵀ · x {} does not fit", op, dW.shape.to_string(), describe(dy), describe(x));
-  if (gemm_on_cuda(op, dW, dy, x, [&](const MatrixView& dyc, const MatrixView& xc) {
-        cublas_gemm(output(dW), matrix(dyc, /*transposed=*/true), matrix(xc), accumulate, scale);
-      }))
-    return;
+  if (gemm_on_cuda(op, dW, {dy, /*transposed=*/true}, {x}, accumulate, scale)) return;
   gemm(output(dW), matrix(dy, /*transposed=*/true), matrix(x), accumulate, scale);
 }
 

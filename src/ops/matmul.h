@@ -1,8 +1,11 @@
 // Linear layers (y = x·Wᵀ, weights [out, in] as HF stores them) and their gradients, on the
-// blocked fp32-accumulating GEMM of gemm.h. Every tensor is F32 or BF16; x, y, dx, dy may have
-// any leading dims ([B, T, C] or [B*T, C]): they are read as matrices [rows, last dim].
+// blocked fp32-accumulating GEMM of gemm.h (on the GPU, cuBLAS: src/ops/cuda/cublas_gemm.cpp).
+// Every tensor is F32, BF16 or F16; x, y, dx, dy may have any leading dims ([B, T, C] or
+// [B*T, C]): they are read as matrices [rows, last dim].
 // Each op writes out = (accumulate ? out : 0) + scale * product, rounded once to out's dtype.
 #pragma once
+#include <initializer_list>
+
 #include "backend/tensor.h"
 
 namespace fsdpq {
@@ -37,5 +40,14 @@ void linear_backward_input(const MatrixView& dx, const MatrixView& dy, const Ten
 // dW[N, K] (+)= scale * dy[M, N]ᵀ · x[M, K]   (dW is normally F32: gradients accumulate in fp32)
 void linear_backward_weight(TensorView dW, const MatrixView& dy, const MatrixView& x, bool accumulate = false,
                             float scale = 1.0f);
+
+// The GPU's rounding of GEMM operands, for a gradient that several GEMMs read. cuBLAS multiplies
+// one storage type, so on the GPU an F32 operand that meets a 16-bit one is rounded to that type
+// first (as autocast does). When every GEMM reading x meets a weight of the same 16-bit type, one
+// rounded copy (kept alive by `storage`) serves them all with the bits each GEMM would have made;
+// this returns it, timed as `section` (a literal) when one is named. Otherwise — on the CPU, which
+// multiplies in fp32, for x not F32, or weights of several types — it returns x itself.
+TensorView round_for_gemms(const TensorView& x, std::initializer_list<DType> weight_dtypes, Tensor& storage,
+                           const char* section = nullptr);
 
 }  // namespace fsdpq

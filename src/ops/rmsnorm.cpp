@@ -1,6 +1,8 @@
 #include "ops/rmsnorm.h"
 
 #include "ops/checks.h"
+#include "ops/cuda_ops.h"
+#include "ops/dispatch.h"
 #include "ops/parallel.h"
 #include "ops/storage.h"
 
@@ -9,19 +11,9 @@
 #include <stdexcept>
 #include <string>
 
-#ifdef FSDPQ_WITH_CUDA
-#include "kernels/rmsnorm.cuh"
-#include "ops/cuda_dispatch.h"
-#endif
-
 namespace fsdpq {
 
 namespace {
-
-// A CUDA operand in a build without the CUDA backend.
-[[maybe_unused]] [[noreturn]] void no_cuda(const char* op) {
-  throw std::logic_error(std::string(op) + ": a CUDA tensor, but fsdpq was built without CUDA");
-}
 
 // Eight partial sums let the compiler vectorise a reduction it may not reorder itself.
 template <class T>
@@ -64,15 +56,8 @@ void rmsnorm_forward(TensorView y, TensorView rstd, const TensorView& x, const T
   const RowLayout layout = check_common(op, x, weight, rstd);
   check_float(op, "y", y);
   check_shape(op, "y", y, x.shape);
-  if (runs_on_cuda(op, {y, rstd, x, weight})) {
-#ifdef FSDPQ_WITH_CUDA
-    cuda::rmsnorm_forward(y.data, ktype(op, y), rstd.as<float>(), x.data, ktype(op, x), weight.data, ktype(op, weight),
-                          layout.rows, layout.channels, eps, cuda::stream());
-    return;
-#else
-    no_cuda(op);
-#endif
-  }
+  if (runs_on_cuda(op, {y, rstd, x, weight}))
+    if constexpr (kWithCuda) return cuda_ops::rmsnorm_forward(y, rstd, x, weight, eps);
   float* rstd_out = rstd.as<float>();
 
   with_storage(x.dtype, op, [&](auto x_tag) {
@@ -115,20 +100,8 @@ void rmsnorm_backward(TensorView dx, TensorView dweight, const TensorView& dy, c
     check_that(dweight.dtype == DType::F32, "{}: dweight is {}; expected F32", op, dweight.describe());
     check_shape(op, "dweight", dweight, weight.shape);
   }
-  if (runs_on_cuda(op, {dx, dweight, dy, x, weight, rstd})) {
-#ifdef FSDPQ_WITH_CUDA
-    // Per-row-chunk dweight partials (deterministic: summed in chunk order by a second kernel).
-    Tensor workspace = with_dweight ? Tensor::empty(Shape{cuda::rmsnorm_backward_workspace(layout.rows, layout.channels)},
-                                                    DType::F32, Device::CUDA)
-                                    : Tensor();
-    cuda::rmsnorm_backward(dx.data, ktype(op, dx), with_dweight ? dweight.as<float>() : nullptr, dy.data, ktype(op, dy),
-                           x.data, ktype(op, x), weight.data, ktype(op, weight), rstd.as<const float>(), layout.rows,
-                           layout.channels, with_dweight ? workspace.data<float>() : nullptr, cuda::stream());
-    return;
-#else
-    no_cuda(op);
-#endif
-  }
+  if (runs_on_cuda(op, {dx, dweight, dy, x, weight, rstd}))
+    if constexpr (kWithCuda) return cuda_ops::rmsnorm_backward(dx, dweight, dy, x, weight, rstd);
   const float* inv_rms = rstd.as<const float>();
   float* dw = dweight.as<float>();
 

@@ -7,7 +7,7 @@
 namespace fsdpq {
 
 // x, y: [..., C] with the same shape (y may alias x); weight: [C]; rstd: F32 with one value per
-// row (numel = x.numel() / C), saved for the backward. x, y, weight: F32 or BF16.
+// row (numel = x.numel() / C), saved for the backward. x, y, weight: F32, BF16 or F16.
 void rmsnorm_forward(TensorView y, TensorView rstd, const TensorView& x, const TensorView& weight, float eps);
 
 // dx = d/dx (sum dy * y) and dweight += sum over rows of dy * n (dweight F32 [C], accumulated;

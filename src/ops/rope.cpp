@@ -1,6 +1,8 @@
 #include "ops/rope.h"
 
 #include "ops/checks.h"
+#include "ops/cuda_ops.h"
+#include "ops/dispatch.h"
 #include "ops/parallel.h"
 #include "ops/storage.h"
 #include "util/error.h"
@@ -9,11 +11,6 @@
 #include <numbers>
 #include <stdexcept>
 #include <string>
-
-#ifdef FSDPQ_WITH_CUDA
-#include "kernels/rope.cuh"
-#include "ops/cuda_dispatch.h"
-#endif
 
 namespace fsdpq {
 
@@ -93,20 +90,8 @@ void rope_apply(TensorView x, const RopeTable& table, int64_t position_offset, f
   check_that(position_offset >= 0 && position_offset + x.shape[1] <= table.max_positions,
              "{}: positions [{}, {}) exceed the table's {} positions", op, position_offset,
              position_offset + x.shape[1], table.max_positions);
-  if (runs_on_cuda(op, {x})) {
-#ifdef FSDPQ_WITH_CUDA
-    if (x.numel() == 0) return;
-    if (!table.cos_device.defined()) {
-      table.cos_device = copy_to(table.cos, Device::CUDA);
-      table.sin_device = copy_to(table.sin, Device::CUDA);
-    }
-    cuda::rope_rotate(x.data, ktype(op, x), table.cos_device.data<float>(), table.sin_device.data<float>(), x.shape[0],
-                      x.shape[1], x.shape[2], x.shape[3], position_offset, sign, cuda::stream());
-    return;
-#else
-    throw std::logic_error(std::string(op) + ": a CUDA tensor, but fsdpq was built without CUDA");
-#endif
-  }
+  if (runs_on_cuda(op, {x}))
+    if constexpr (kWithCuda) return cuda_ops::rope_rotate(op, x, table, position_offset, sign);
   with_storage(x.dtype, op, [&](auto tag) { rotate_pairs<decltype(tag)>(x, table, position_offset, sign); });
 }
 

@@ -36,7 +36,7 @@ struct RopeTable {
 RopeTable make_rope_table(int64_t head_dim, int64_t max_positions, double theta,
                           const RopeScalingParams& scaling = {});
 
-// In place on x [B, T, heads, D] (F32 or BF16): token t sits at position position_offset + t.
+// In place on x [B, T, heads, D] (F32, BF16 or F16): token t sits at position position_offset + t.
 // Math in fp32 with the fp32 tables, one rounding to x's dtype per element.
 void rope_forward(TensorView x, const RopeTable& table, int64_t position_offset = 0);
 

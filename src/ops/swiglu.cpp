@@ -1,6 +1,8 @@
 #include "ops/swiglu.h"
 
 #include "ops/checks.h"
+#include "ops/cuda_ops.h"
+#include "ops/dispatch.h"
 #include "ops/parallel.h"
 #include "ops/storage.h"
 
@@ -8,18 +10,9 @@
 #include <stdexcept>
 #include <string>
 
-#ifdef FSDPQ_WITH_CUDA
-#include "kernels/swiglu.cuh"
-#include "ops/cuda_dispatch.h"
-#endif
-
 namespace fsdpq {
 
 namespace {
-// A CUDA operand in a build without the CUDA backend.
-[[maybe_unused]] [[noreturn]] void no_cuda(const char* op) {
-  throw std::logic_error(std::string(op) + ": a CUDA tensor, but fsdpq was built without CUDA");
-}
 inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 inline float silu(float x) { return x / (1.0f + std::exp(-x)); }  // PyTorch's formula
 }  // namespace
@@ -31,15 +24,8 @@ void swiglu_forward(TensorView h, const TensorView& gate, const TensorView& up) 
   check_float(op, "h", h);
   check_shape(op, "up", up, gate.shape);
   check_shape(op, "h", h, gate.shape);
-  if (runs_on_cuda(op, {h, gate, up})) {
-#ifdef FSDPQ_WITH_CUDA
-    cuda::swiglu_forward(h.data, ktype(op, h), gate.data, ktype(op, gate), up.data, ktype(op, up), gate.numel(),
-                         cuda::stream());
-    return;
-#else
-    no_cuda(op);
-#endif
-  }
+  if (runs_on_cuda(op, {h, gate, up}))
+    if constexpr (kWithCuda) return cuda_ops::swiglu_forward(h, gate, up);
   const int64_t n = gate.numel();
   with_storage(gate.dtype, op, [&](auto g_tag) {
     with_storage(up.dtype, op, [&](auto u_tag) {
@@ -76,15 +62,8 @@ void swiglu_backward(TensorView dgate, TensorView dup, const TensorView& dh, con
              op, dtype_name(dh.dtype), dtype_name(dgate.dtype), dtype_name(dup.dtype));
   check_that(gate.dtype == up.dtype, "{}: gate and up must share a dtype, got {} and {}", op,
              dtype_name(gate.dtype), dtype_name(up.dtype));
-  if (runs_on_cuda(op, {dgate, dup, dh, gate, up})) {
-#ifdef FSDPQ_WITH_CUDA
-    cuda::swiglu_backward(dgate.data, dup.data, dh.data, ktype(op, dh), gate.data, up.data, ktype(op, gate),
-                          gate.numel(), cuda::stream());
-    return;
-#else
-    no_cuda(op);
-#endif
-  }
+  if (runs_on_cuda(op, {dgate, dup, dh, gate, up}))
+    if constexpr (kWithCuda) return cuda_ops::swiglu_backward(dgate, dup, dh, gate, up);
   // Elementwise with mixed dtypes: each operand's dtype is fixed for the whole call, so the
   // activations (gate, up) and the gradients (dh, dgate, dup) are dispatched as two groups.
   const int64_t n = gate.numel();

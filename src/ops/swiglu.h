@@ -4,7 +4,7 @@
 
 namespace fsdpq {
 
-// gate, up, h: the same shape (e.g. [B*T, I]), F32 or BF16 each. fp32 math, one rounding on store
+// gate, up, h: the same shape (e.g. [B*T, I]), F32, BF16 or F16 each. fp32 math, one rounding on store
 // (HF in bf16 also rounds silu(gate) before the product; see docs/ops.md). h may alias gate or up.
 void swiglu_forward(TensorView h, const TensorView& gate, const TensorView& up);
 

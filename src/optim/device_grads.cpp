@@ -18,10 +18,6 @@ namespace {
 void check_size(const char* what, int64_t n) {
   if (n < 0) throw std::logic_error(fmt::format("{}: negative size {}", what, n));
 }
-#else
-[[noreturn]] void no_cuda(const char* what) {
-  throw std::logic_error(fmt::format("{}: this fsdpq was built without CUDA", what));
-}
 #endif
 
 }  // namespace

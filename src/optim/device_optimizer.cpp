@@ -15,23 +15,6 @@ namespace fsdpq {
 namespace {
 
 #ifdef FSDPQ_WITH_CUDA
-cuda::OptimizerHyper hyper_of(const OptimizerConfig& c) {
-  cuda::OptimizerHyper h;
-  switch (c.kind) {
-    case OptimizerKind::adamw: h.algo = cuda::OptimizerAlgo::adamw; break;
-    case OptimizerKind::adam: h.algo = cuda::OptimizerAlgo::adam; break;
-    case OptimizerKind::sgd: h.algo = cuda::OptimizerAlgo::sgd; break;
-    case OptimizerKind::adadelta: h.algo = cuda::OptimizerAlgo::adadelta; break;
-    default: throw std::logic_error("DeviceShardOptimizer: unknown OptimizerKind");
-  }
-  h.beta1 = c.beta1;
-  h.beta2 = c.beta2;
-  h.eps = c.eps;
-  h.weight_decay = c.weight_decay;
-  h.rho = c.rho;
-  return h;
-}
-
 cuda::KType compute_ktype(DType dtype, const char* what) {
   switch (dtype) {
     case DType::F32: return cuda::KType::F32;
@@ -42,10 +25,6 @@ cuda::KType compute_ktype(DType dtype, const char* what) {
   throw std::logic_error(fmt::format("{}: compute dtype must be F32, BF16 or F16, not {}", what, dtype_name(dtype)));
 }
 #endif
-
-[[noreturn]] void no_cuda(const char* what) {
-  throw std::logic_error(fmt::format("{}: this fsdpq was built without CUDA", what));
-}
 
 }  // namespace
 
@@ -71,7 +50,7 @@ void DeviceShardOptimizer::step(float* param_device, const float* grad_device, d
   ++step_count_;
   std::vector<float*> state;
   for (Tensor& buffer : buffers_) state.push_back(buffer.data<float>());
-  cuda::optimizer_step(hyper_of(config_), lr, step_count_, param_device, grad_device, state.data(), numel_,
+  cuda::optimizer_step(config_, lr, step_count_, param_device, grad_device, state.data(), numel_,
                        compute_device, ct, cuda::stream());
 #else
   no_cuda("DeviceShardOptimizer::step");

@@ -3,20 +3,9 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "kernels/splitmix64.h"  // mix64 turns (key, counter) into uniform-looking bits
+
 namespace fsdpq {
-namespace {
-
-// SplitMix64's finaliser: a bijective 64-bit mix with good avalanche, enough to turn
-// (key, counter) into independent-looking uniform bits.
-uint64_t mix64(uint64_t x) {
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ull;
-
-}  // namespace
 
 double lora_a_bound(int64_t fan_in) {
   if (fan_in <= 0) throw std::logic_error("lora_a_bound: fan_in must be > 0");
@@ -31,11 +20,11 @@ uint64_t lora_init_key(uint64_t seed, std::string_view adapter_name) {
     name_hash ^= c;
     name_hash *= 0x100000001b3ull;
   }
-  return mix64(mix64(seed + kGolden) ^ name_hash);
+  return mix64(mix64(seed + kGolden64) ^ name_hash);
 }
 
 float lora_a_value(uint64_t key, int64_t index, double bound) {
-  const uint64_t bits = mix64(key + static_cast<uint64_t>(index + 1) * kGolden);
+  const uint64_t bits = mix64(key + static_cast<uint64_t>(index + 1) * kGolden64);
   const double u = static_cast<double>(bits >> 11) * 0x1.0p-53;  // [0, 1)
   return static_cast<float>(-bound + 2.0 * bound * u);          // U(-bound, bound)
 }

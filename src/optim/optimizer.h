@@ -10,21 +10,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kernels/optimizer_config.h"  // OptimizerKind, OptimizerConfig: shared with the kernels
 #include "util/dtype.h"
 
 namespace fsdpq {
-
-enum class OptimizerKind { adamw, adam, sgd, adadelta };
-
-struct OptimizerConfig {
-  OptimizerKind kind = OptimizerKind::adamw;
-  double lr = 1e-5;  // base learning rate; a schedule scales it per step
-  double beta1 = 0.9;
-  double beta2 = 0.95;
-  double eps = 1e-5;
-  double weight_decay = 0.1;  // decoupled for adamw, L2 (added to the gradient) otherwise
-  double rho = 0.9;           // adadelta only
-};
 
 // fsdp_qlora's optimizer for an `optimizer` option value: adamw / fused_adamw =
 // AdamW(lr, betas=(0.9, 0.95), eps=1e-5, weight_decay=wd); adam / fused_adam = Adam(lr);

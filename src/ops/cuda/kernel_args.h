@@ -1,7 +1,7 @@
-// What an op's CUDA branch needs (only in CUDA builds): the kernel conventions, the compute
-// stream, and the mapping of a tensor's dtype to a kernel storage type.
+// What the ops' CUDA implementations (src/ops/cuda/, CUDA builds only) need to call a kernel: the
+// kernel conventions, the compute stream, and the mapping of a tensor's dtype to a kernel storage
+// type.
 #pragma once
-#ifdef FSDPQ_WITH_CUDA
 #include <fmt/format.h>
 
 #include <stdexcept>
@@ -22,4 +22,3 @@ inline cuda::KType ktype(const char* op, const TensorView& view) {
 }
 
 }  // namespace fsdpq
-#endif

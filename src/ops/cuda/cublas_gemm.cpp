@@ -1,16 +1,16 @@
-#include "ops/cublas_gemm.h"
-
+// The GEMM of the linear ops (ops/matmul.cpp) on cuBLAS: gemm.h's contract (C = (accumulate ? C : 0)
+// + scale * A·B, row-major output, operands read through strides), fp32 accumulation
+// (CUBLAS_COMPUTE_32F). cuBLAS needs A and B in one storage type: F32 with an F32 C, or BF16 / F16
+// with a C of the same type or F32. Each operand needs a unit stride in one direction (any
+// matmul.h view has it).
 #include <fmt/format.h>
 
 #include <stdexcept>
 
-#ifdef FSDPQ_WITH_CUDA
 #include "backend/cuda_backend.h"
-#endif
+#include "ops/cuda_ops.h"
 
-namespace fsdpq {
-
-#ifdef FSDPQ_WITH_CUDA
+namespace fsdpq::cuda_ops {
 namespace {
 
 cudaDataType_t cuda_type(DType dtype) {
@@ -42,7 +42,7 @@ ColumnMajor column_major(const MatrixOperand& m, const char* name) {
 
 }  // namespace
 
-void cublas_gemm(const MatrixOutput& c, const MatrixOperand& a, const MatrixOperand& b, bool accumulate, float scale) {
+void gemm(const MatrixOutput& c, const MatrixOperand& a, const MatrixOperand& b, bool accumulate, float scale) {
   const int64_t M = a.rows, K = a.cols, N = b.cols;
   if (b.rows != K || c.rows != M || c.cols != N)
     throw std::logic_error(fmt::format("cublas_gemm: C [{}, {}] = A [{}, {}] · B [{}, {}] does not fit", c.rows, c.cols,
@@ -72,12 +72,4 @@ void cublas_gemm(const MatrixOutput& c, const MatrixOperand& a, const MatrixOper
                      "GemmEx");
 }
 
-#else
-
-void cublas_gemm(const MatrixOutput&, const MatrixOperand&, const MatrixOperand&, bool, float) {
-  throw std::logic_error("cublas_gemm: this fsdpq was built without CUDA");
-}
-
-#endif
-
-}  // namespace fsdpq
+}  // namespace fsdpq::cuda_ops

@@ -1,0 +1,29 @@
+// LoRA dropout on the GPU (kernels/lora_dropout.cuh): the CPU's mask (kernels/lora_dropout_mask.h).
+// ops/lora.cpp derives the keys and the threshold and holds the CPU reference.
+#include "kernels/lora_dropout.cuh"
+#include "ops/cuda/kernel_args.h"
+#include "ops/cuda_ops.h"
+#include "ops/lora.h"
+
+namespace fsdpq::cuda_ops {
+
+static_assert(cuda::kMaxDropoutOutputs == static_cast<int>(kMaxLoraGroup));
+
+void lora_dropout_apply(std::span<const TensorView> outs, const TensorView& x, std::span<const uint64_t> mixed_keys,
+                        uint32_t threshold, float keep_scale) {
+  cuda::DropoutOutputs targets{};
+  targets.count = static_cast<int>(mixed_keys.size());
+  for (size_t i = 0; i < mixed_keys.size(); ++i) {
+    targets.out[i] = outs[i].data;
+    targets.mixed_key[i] = mixed_keys[i];
+  }
+  cuda::lora_dropout_apply(ktype("lora_dropout", x), targets, x.data, x.numel(), threshold, keep_scale, cuda::stream());
+}
+
+void lora_dropout_accumulate(TensorView dx, const TensorView& g, uint64_t mixed_key, uint32_t threshold,
+                             float keep_scale) {
+  cuda::lora_dropout_accumulate(ktype("lora_backward", dx), dx.data, g.as<const float>(), dx.numel(), mixed_key,
+                                threshold, keep_scale, cuda::stream());
+}
+
+}  // namespace fsdpq::cuda_ops

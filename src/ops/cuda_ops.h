@@ -1,0 +1,62 @@
+// The CUDA backend's implementation of each op: the op's own arguments, already checked by the op
+// in src/ops, with every operand on the GPU (ggml's backend interface, as declarations). Each op
+// calls its implementation through ops/dispatch.h; the definitions (src/ops/cuda/, one file per op
+// family, over the launchers in kernels/) exist only in builds with CUDA. Work is queued on the
+// compute stream; a result the host needs (a sum, a loss) is copied back.
+#pragma once
+#include <cstdint>
+#include <span>
+
+#include "backend/tensor.h"
+#include "ops/cross_entropy.h"
+#include "ops/gemm.h"
+#include "ops/rope.h"
+
+namespace fsdpq::cuda_ops {
+
+// elementwise.h
+void residual_add(TensorView out, const TensorView& a, const TensorView& b);
+void scale_in_place(TensorView x, float factor);
+void accumulate(TensorView dst, const TensorView& src);
+void add_scaled(TensorView y, const TensorView& x, float factor);
+void copy_convert(TensorView dst, const TensorView& src);
+void fill_zero(TensorView x);
+double sum_of_squares(const TensorView& x);
+
+// embedding.h (ids checked against the vocabulary on the GPU: the CPU's UserError)
+void embedding_forward(TensorView out, const TensorView& ids, const TensorView& table);
+void embedding_backward(TensorView dtable, const TensorView& ids, const TensorView& dout);
+
+// rmsnorm.h
+void rmsnorm_forward(TensorView y, TensorView rstd, const TensorView& x, const TensorView& weight, float eps);
+void rmsnorm_backward(TensorView dx, TensorView dweight, const TensorView& dy, const TensorView& x,
+                      const TensorView& weight, const TensorView& rstd);
+
+// rope.h: rotates x in place by the table's angles (sign -1: the backward).
+void rope_rotate(const char* op, TensorView x, const RopeTable& table, int64_t position_offset, float sign);
+
+// attention.h (the tensor-core kernels where gpu_attention_kernels() and the operands allow)
+void attention_forward(TensorView out, TensorView lse, const TensorView& q, const TensorView& k, const TensorView& v);
+void attention_backward(TensorView dq, TensorView dk, TensorView dv, const TensorView& dout, const TensorView& q,
+                        const TensorView& k, const TensorView& v, const TensorView& out, const TensorView& lse);
+
+// swiglu.h
+void swiglu_forward(TensorView h, const TensorView& gate, const TensorView& up);
+void swiglu_backward(TensorView dgate, TensorView dup, const TensorView& dh, const TensorView& gate,
+                     const TensorView& up);
+
+// cross_entropy.h
+CrossEntropyResult cross_entropy_forward_backward(const TensorView& logits, const TensorView& labels, int64_t B,
+                                                  int64_t T, TensorView dlogits, float grad_scale);
+
+// lora.h's dropout (the mask of kernels/lora_dropout_mask.h): outs[i] = x · keep_i / (1 - p) for
+// the mixed key mixed_keys[i], in x's dtype; and dx += keep / (1 - p) ⊙ g (g F32, dx's shape).
+void lora_dropout_apply(std::span<const TensorView> outs, const TensorView& x, std::span<const uint64_t> mixed_keys,
+                        uint32_t threshold, float keep_scale);
+void lora_dropout_accumulate(TensorView dx, const TensorView& g, uint64_t mixed_key, uint32_t threshold,
+                             float keep_scale);
+
+// matmul.h's product on cuBLAS (src/ops/cuda/cublas_gemm.cpp has the operand rules).
+void gemm(const MatrixOutput& c, const MatrixOperand& a, const MatrixOperand& b, bool accumulate, float scale);
+
+}  // namespace fsdpq::cuda_ops
