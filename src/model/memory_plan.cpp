@@ -272,6 +272,133 @@ ActivationBytes activation_bytes(const PlanInput& p) {
   return x;
 }
 
+namespace {
+
+// What one unit costs where it computes (`gpu`) and on the host, for the two kinds of unit.
+struct UnitCosts {
+  UnitBytes root, layer;            // where the model computes
+  UnitBytes root_host, layer_host;  // their host-side counterparts
+};
+
+// The rows of the prediction's table: where the compute happens (the GPU, or the host for the CPU
+// backend) and the host beside it.
+class ItemList {
+ public:
+  explicit ItemList(bool gpu) : gpu_(gpu) {}
+  void add(const std::string& what, int64_t compute_side, int64_t host_side) {
+    MemoryItem item{what, gpu_ ? compute_side : 0, host_side + (gpu_ ? 0 : compute_side)};
+    if (item.gpu || item.host) items_.push_back(item);
+  }
+  std::vector<MemoryItem> take() { return std::move(items_); }
+
+ private:
+  bool gpu_;
+  std::vector<MemoryItem> items_;
+};
+
+// Where the frozen and compute weights live under one placement, and what they add to each peak.
+struct WeightTotals {
+  int64_t persistent_compute = 0;  // for the whole run, where the model computes
+  int64_t gathered_compute = 0;    // for a unit's pass (gathered units, collective buffers)
+  int64_t host_weights = 0, host_gather = 0;
+  int64_t load_peak = 0;           // the host while the model is built
+};
+
+// use_cpu_offload on a rank holding whole units (dist/frozen_offload.h): each layer's frozen bytes
+// wait in pinned host memory and come to the GPU one unit ahead of use (the current layer and the
+// next; the root stays). The host also holds each unit's gradients copied out and compute copies
+// going back (fsdp_engine's overlap).
+WeightTotals offloaded_resident_weights(const PlanInput& p, const UnitCosts& u, int64_t building, int64_t host_state,
+                                        ItemList& items) {
+  const int64_t L = p.model.num_hidden_layers;
+  const int64_t layers_on_gpu = std::min<int64_t>(2, L);
+  const int64_t frozen_host = L * static_cast<int64_t>(u.layer_host.layout.frozen_bytes);
+  const int64_t compute = u.root.compute + L * u.layer.compute;
+  items.add("frozen dense weights (embedding, head, final norm)", u.root.dense + u.root.nf4, 0);
+  items.add("frozen layer weights: " + std::to_string(layers_on_gpu) + " layers on the GPU, all in pinned host memory",
+            layers_on_gpu * (u.layer.nf4 + u.layer.dense), frozen_host);
+  items.add(p.activation == DType::F32 ? "trainable fp32 weights (computed with)" : "trainable compute copies", compute, 0);
+  const int64_t staging = (u.root_host.layout.trainable_numel + L * u.layer_host.layout.trainable_numel) *
+                          (kF32 + static_cast<int64_t>(dtype_size(p.activation)));
+  items.add("gradient / compute-copy staging (pinned)", 0, staging);
+  WeightTotals t;
+  t.persistent_compute = u.root.dense + u.root.nf4 + compute;
+  t.gathered_compute = layers_on_gpu * (u.layer.nf4 + u.layer.dense);
+  t.host_weights = frozen_host + staging;
+  t.load_peak = frozen_host + u.root_host.dense + u.root_host.compute + L * u.layer_host.compute + building +
+                host_state + staging;
+  return t;
+}
+
+// A rank holding whole units: the whole model stays where it computes; NF4 host copies stay too
+// (BaseWeight::place_on).
+WeightTotals resident_weights(const PlanInput& p, const UnitCosts& u, bool gpu, int64_t building, int64_t host_state,
+                              ItemList& items) {
+  const int64_t L = p.model.num_hidden_layers;
+  const int64_t frozen_nf4 = L * u.layer.nf4, frozen_dense = u.root.dense + L * u.layer.dense;
+  const int64_t compute = u.root.compute + L * u.layer.compute;
+  items.add("frozen NF4 weights", frozen_nf4, gpu ? L * u.layer_host.nf4_host : 0);
+  items.add("frozen dense weights (embedding, head, norms" + std::string(p.quantized ? ")" : ", linears)"),
+            frozen_dense, 0);
+  items.add(p.activation == DType::F32 ? "trainable fp32 weights (computed with)" : "trainable compute copies", compute, 0);
+  WeightTotals t;
+  t.persistent_compute = frozen_nf4 + frozen_dense + compute;
+  t.host_weights = gpu ? L * u.layer_host.nf4_host : 0;
+  // Loading builds every unit on the host first, then places the model on the GPU.
+  const int64_t host_all = L * u.layer_host.nf4_host + u.root_host.dense + L * u.layer_host.dense +
+                           u.root_host.compute + L * u.layer_host.compute;
+  t.load_peak = host_all + building + host_state;
+  return t;
+}
+
+// Shard groups of several ranks: each rank keeps its shard ([frozen | compute] bytes a gather
+// sends): on the GPU beside its state, in (pinned) host memory with use_cpu_offload or on the CPU
+// backend. Units are gathered for compute: the root always, the current unit and one prefetched
+// (shard_grad_op: every unit from its forward until its backward).
+WeightTotals sharded_weights(const PlanInput& p, const UnitCosts& u, int S, bool gpu, bool state_gpu,
+                             int64_t host_state, ItemList& items) {
+  const int64_t L = p.model.num_hidden_layers;
+  const auto chunk = [&](const UnitBytes& b) {
+    return static_cast<int64_t>(b.layout.frozen_shard_bytes + b.layout.shard_numel * dtype_size(p.activation));
+  };
+  WeightTotals t;
+  const int64_t shards = chunk(u.root_host) + L * chunk(u.layer_host);
+  const bool keeps_gathered = !reshards_after_forward(p.setting.strategy);
+  const int64_t layers_in_flight = keeps_gathered ? L : std::min<int64_t>(2, L);
+  const int64_t one_root = u.root.nf4 + u.root.dense + u.root.compute;
+  const int64_t one_layer = u.layer.nf4 + u.layer.dense + u.layer.compute;
+  t.gathered_compute = one_root + layers_in_flight * one_layer;
+  items.add("gathered units (root + " + std::to_string(layers_in_flight) + " layer" + (layers_in_flight == 1 ? "" : "s") +
+                ")",
+            t.gathered_compute, 0);
+  if (state_gpu) {
+    t.persistent_compute = rounded(true, chunk(u.root)) + L * rounded(true, chunk(u.layer));
+    items.add("this rank's shards of the weights", t.persistent_compute, 0);
+  } else {
+    t.host_weights = shards;
+    items.add("this rank's shards of the weights", 0, shards);
+  }
+  // The collectives' buffers, where the model computes: the all-gather's output (one unit × S;
+  // with offload also the host shard's copy in) and the reduce-scatter's packed gradients and
+  // reduced shard; with offload the reduced shard's host copy.
+  const int64_t recv = chunk(u.layer_host) * S + (gpu && p.setting.cpu_offload ? chunk(u.layer_host) : 0);
+  const int64_t packed = u.layer_host.layout.shard_numel * S * kF32 + u.layer_host.layout.shard_numel * kF32;
+  const int64_t reduced_host = gpu && p.setting.cpu_offload ? u.layer_host.layout.shard_numel * kF32 : 0;
+  items.add("gather / reduce buffers", recv + packed, reduced_host);
+  if (gpu) {
+    t.gathered_compute += recv + packed;
+    t.host_gather = reduced_host;
+  } else {
+    t.host_gather = recv + packed;
+  }
+  // The shard loader builds one unit's shard at a time (read in the load dtype); on the GPU
+  // without offload each goes to the device as it is built.
+  t.load_peak = t.host_weights + host_state + static_cast<int64_t>(u.layer_host.layout.frozen_shard_bytes) * 2;
+  return t;
+}
+
+}  // namespace
+
 MemoryPrediction predict_memory(const PlanInput& p) {
   if (p.world_size < 1) throw std::logic_error("predict_memory: world_size < 1");
   if (p.setting.batch_size < 1 || p.context_length < 1) throw std::logic_error("predict_memory: empty batch");
@@ -282,128 +409,57 @@ MemoryPrediction predict_memory(const PlanInput& p) {
   const bool gpu = p.on_gpu, resident = S == 1;
   const bool state_on_host = !gpu || p.setting.cpu_offload;
   const int64_t L = p.model.num_hidden_layers, k = state_buffers(p.optimizer);
-  const UnitBytes root = unit_bytes(p, root_unit(p), S, gpu), layer = unit_bytes(p, layer_unit_shape(p), S, gpu);
-  const UnitBytes root_host = unit_bytes(p, root_unit(p), S, false), layer_host = unit_bytes(p, layer_unit_shape(p), S, false);
+  const UnitCosts u{unit_bytes(p, root_unit(p), S, gpu), unit_bytes(p, layer_unit_shape(p), S, gpu),
+                    unit_bytes(p, root_unit(p), S, false), unit_bytes(p, layer_unit_shape(p), S, false)};
   r.activations = activation_bytes(p);
   const ActivationBytes& act = r.activations;
-
-  // Where the compute happens: the GPU, or the host for the CPU backend.
-  std::vector<MemoryItem> items;
-  auto add = [&](const std::string& what, int64_t compute_side, int64_t host_side) {
-    MemoryItem item{what, gpu ? compute_side : 0, host_side + (gpu ? 0 : compute_side)};
-    if (item.gpu || item.host) items.push_back(item);
-  };
+  ItemList items(gpu);
 
   // Optimizer state of this rank's shards: fp32 master, gradient, k buffers (one allocation each per unit).
-  auto shard_state = [&](const UnitBytes& u, bool on_gpu_now, int64_t buffers) {
-    return rounded(on_gpu_now, u.layout.shard_numel * kF32) * buffers;
+  auto shard_state = [&](const UnitBytes& b, bool on_gpu_now, int64_t buffers) {
+    return rounded(on_gpu_now, b.layout.shard_numel * kF32) * buffers;
   };
   const bool state_gpu = gpu && !p.setting.cpu_offload;
-  const int64_t state_dev = state_gpu ? shard_state(root, true, 2 + k) + L * shard_state(layer, true, 2 + k) : 0;
+  const int64_t state_dev = state_gpu ? shard_state(u.root, true, 2 + k) + L * shard_state(u.layer, true, 2 + k) : 0;
   // The engine always keeps a host copy of its master shard (staging for gathers and checkpoints).
-  const int64_t master_host = shard_state(root_host, false, 1) + L * shard_state(layer_host, false, 1);
-  const int64_t state_host = state_on_host ? shard_state(root_host, false, 1 + k) + L * shard_state(layer_host, false, 1 + k) : 0;
+  const int64_t master_host = shard_state(u.root_host, false, 1) + L * shard_state(u.layer_host, false, 1);
+  const int64_t state_host =
+      state_on_host ? shard_state(u.root_host, false, 1 + k) + L * shard_state(u.layer_host, false, 1 + k) : 0;
 
-  int64_t persistent_compute = 0, gathered_compute = 0;
   // A rank holding whole units builds each on the host (its gradients and compute copy included).
-  const int64_t building = std::max(root_host.grads + root_host.compute, layer_host.grads + layer_host.compute);
-  int64_t host_weights = 0, host_gather = 0, load_peak = 0;
-  if (resident && gpu && p.setting.cpu_offload) {
-    // dist/frozen_offload.h: each layer's frozen bytes wait in pinned host memory and come to the
-    // GPU one unit ahead of use (the current layer and the next; the root stays). The host also
-    // holds each unit's gradients copied out and compute copies going back (fsdp_engine's overlap).
-    const int64_t layers_on_gpu = std::min<int64_t>(2, L);
-    const int64_t frozen_host = L * static_cast<int64_t>(layer_host.layout.frozen_bytes);
-    const int64_t compute = root.compute + L * layer.compute;
-    add("frozen dense weights (embedding, head, final norm)", root.dense + root.nf4, 0);
-    add("frozen layer weights: " + std::to_string(layers_on_gpu) + " layers on the GPU, all in pinned host memory",
-        layers_on_gpu * (layer.nf4 + layer.dense), frozen_host);
-    add(p.activation == DType::F32 ? "trainable fp32 weights (computed with)" : "trainable compute copies", compute, 0);
-    persistent_compute = root.dense + root.nf4 + compute;
-    gathered_compute = layers_on_gpu * (layer.nf4 + layer.dense);
-    const int64_t staging = (root_host.layout.trainable_numel + L * layer_host.layout.trainable_numel) *
-                            (kF32 + static_cast<int64_t>(dtype_size(p.activation)));
-    add("gradient / compute-copy staging (pinned)", 0, staging);
-    host_weights = frozen_host + staging;
-    load_peak = frozen_host + root_host.dense + root_host.compute + L * layer_host.compute + building + master_host +
-                state_host + staging;
-  } else if (resident) {
-    // The whole model stays where it computes; NF4 host copies stay too (BaseWeight::place_on).
-    const int64_t frozen_nf4 = L * layer.nf4, frozen_dense = root.dense + L * layer.dense;
-    const int64_t compute = root.compute + L * layer.compute;
-    add("frozen NF4 weights", frozen_nf4, gpu ? L * layer_host.nf4_host : 0);
-    add("frozen dense weights (embedding, head, norms" + std::string(p.quantized ? ")" : ", linears)"), frozen_dense, 0);
-    add(p.activation == DType::F32 ? "trainable fp32 weights (computed with)" : "trainable compute copies", compute, 0);
-    persistent_compute = frozen_nf4 + frozen_dense + compute;
-    host_weights = gpu ? L * layer_host.nf4_host : 0;
-    // Loading builds every unit on the host first, then places the model on the GPU.
-    const int64_t host_all = L * layer_host.nf4_host + root_host.dense + L * layer_host.dense +
-                             root_host.compute + L * layer_host.compute;
-    load_peak = host_all + building + master_host + state_host;
-  } else {
-    // Each rank keeps its shard ([frozen | compute] bytes a gather sends): on the GPU beside its
-    // state, in (pinned) host memory with use_cpu_offload or on the CPU backend. Units are
-    // gathered for compute: the root always, the current unit and one prefetched (shard_grad_op:
-    // every unit from its forward until its backward).
-    const auto chunk = [&](const UnitBytes& u) {
-      return static_cast<int64_t>(u.layout.frozen_shard_bytes + u.layout.shard_numel * dtype_size(p.activation));
-    };
-    const int64_t shards = chunk(root_host) + L * chunk(layer_host);
-    const bool keeps_gathered = !reshards_after_forward(p.setting.strategy);
-    const int64_t layers_in_flight = keeps_gathered ? L : std::min<int64_t>(2, L);
-    const int64_t one_root = root.nf4 + root.dense + root.compute, one_layer = layer.nf4 + layer.dense + layer.compute;
-    gathered_compute = one_root + layers_in_flight * one_layer;
-    add("gathered units (root + " + std::to_string(layers_in_flight) + " layer" + (layers_in_flight == 1 ? "" : "s") + ")",
-        gathered_compute, 0);
-    if (state_gpu) {
-      persistent_compute = rounded(true, chunk(root)) + L * rounded(true, chunk(layer));
-      add("this rank's shards of the weights", persistent_compute, 0);
-    } else {
-      host_weights = shards;
-      add("this rank's shards of the weights", 0, shards);
-    }
-    // The collectives' buffers, where the model computes: the all-gather's output (one unit × S;
-    // with offload also the host shard's copy in) and the reduce-scatter's packed gradients and
-    // reduced shard; with offload the reduced shard's host copy.
-    const int64_t recv = chunk(layer_host) * S + (gpu && p.setting.cpu_offload ? chunk(layer_host) : 0);
-    const int64_t packed = layer_host.layout.shard_numel * S * kF32 + layer_host.layout.shard_numel * kF32;
-    const int64_t reduced_host = gpu && p.setting.cpu_offload ? layer_host.layout.shard_numel * kF32 : 0;
-    add("gather / reduce buffers", recv + packed, reduced_host);
-    if (gpu) {
-      gathered_compute += recv + packed;
-      host_gather = reduced_host;
-    } else {
-      host_gather = recv + packed;
-    }
-    // The shard loader builds one unit's shard at a time (read in the load dtype); on the GPU
-    // without offload each goes to the device as it is built.
-    load_peak = host_weights + master_host + state_host + static_cast<int64_t>(layer_host.layout.frozen_shard_bytes) * 2;
-  }
-  add("fp32 masters (engine's host copy)", 0, master_host);
-  if (state_gpu) add("fp32 masters + grads + optimizer state (" + std::to_string(k) + " buffers), shards", state_dev, 0);
-  if (state_on_host) add("fp32 grads + optimizer state (" + std::to_string(k) + " buffers), shards", 0, state_host);
+  const int64_t building =
+      std::max(u.root_host.grads + u.root_host.compute, u.layer_host.grads + u.layer_host.compute);
+  const WeightTotals w =
+      resident && gpu && p.setting.cpu_offload
+          ? offloaded_resident_weights(p, u, building, master_host + state_host, items)
+          : resident ? resident_weights(p, u, gpu, building, master_host + state_host, items)
+                     : sharded_weights(p, u, S, gpu, state_gpu, master_host + state_host, items);
+  items.add("fp32 masters (engine's host copy)", 0, master_host);
+  if (state_gpu) items.add("fp32 masters + grads + optimizer state (" + std::to_string(k) + " buffers), shards", state_dev, 0);
+  if (state_on_host) items.add("fp32 grads + optimizer state (" + std::to_string(k) + " buffers), shards", 0, state_host);
 
-  add("activations: residual stream (layer inputs)", act.stream_on_device, 0);
-  if (p.setting.activation_offload) add("activations: offloaded layer inputs (pinned)", 0, act.stream - act.stream_on_device);
-  add("activations: " + std::to_string(act.kept_layers) + " layer" + (act.kept_layers == 1 ? "" : "s") + " kept for backward",
-      act.kept_layers * act.layer, 0);
-  add("dequantised NF4 layer + RoPE tables", act.dequantized + act.rope, 0);
-  add("peak pass workspace (head / grad scratch / op temporaries / unit grads)",
-      act.peak - act.stream_on_device - act.kept_layers * act.layer - act.dequantized - act.rope, 0);
-  r.items = items;
+  items.add("activations: residual stream (layer inputs)", act.stream_on_device, 0);
+  if (p.setting.activation_offload) items.add("activations: offloaded layer inputs (pinned)", 0, act.stream - act.stream_on_device);
+  items.add("activations: " + std::to_string(act.kept_layers) + " layer" + (act.kept_layers == 1 ? "" : "s") +
+                " kept for backward",
+            act.kept_layers * act.layer, 0);
+  items.add("dequantised NF4 layer + RoPE tables", act.dequantized + act.rope, 0);
+  items.add("peak pass workspace (head / grad scratch / op temporaries / unit grads)",
+            act.peak - act.stream_on_device - act.kept_layers * act.layer - act.dequantized - act.rope, 0);
+  r.items = items.take();
 
   // Host-side activation copies for offload; the CPU backend holds everything there.
   const int64_t offloaded = p.setting.activation_offload ? act.stream - act.stream_on_device : 0;
   if (gpu) {
-    r.gpu_after_load = persistent_compute + state_dev;
-    r.gpu_peak = persistent_compute + state_dev + gathered_compute + act.peak;
+    r.gpu_after_load = w.persistent_compute + state_dev;
+    r.gpu_peak = w.persistent_compute + state_dev + w.gathered_compute + act.peak;
     r.gpu_required = static_cast<int64_t>(static_cast<double>(r.gpu_peak) * (1 + kAllocatorSlack)) + kCudaContextBytes;
-    const int64_t train_host = host_weights + host_gather + master_host + state_host + offloaded + act.rope / 2;
-    r.host_per_rank = kHostProcessBytes + std::max(load_peak, train_host);
+    const int64_t train_host = w.host_weights + w.host_gather + master_host + state_host + offloaded + act.rope / 2;
+    r.host_per_rank = kHostProcessBytes + std::max(w.load_peak, train_host);
   } else {
-    const int64_t train_host = persistent_compute + gathered_compute + host_weights + host_gather + master_host +
+    const int64_t train_host = w.persistent_compute + w.gathered_compute + w.host_weights + w.host_gather + master_host +
                                state_host + act.peak;
-    r.host_per_rank = kHostProcessBytes + std::max(load_peak, train_host);
+    r.host_per_rank = kHostProcessBytes + std::max(w.load_peak, train_host);
   }
   r.host_per_node = r.host_per_rank * r.ranks_per_node;
   return r;
