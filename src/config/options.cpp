@@ -8,6 +8,8 @@ namespace {
 using T = TrainConfig;
 constexpr double kNoMax = std::numeric_limits<double>::infinity();
 
+// One entry per key, in the order docs and --print-config show them. Long because it is a table,
+// not logic: each entry is read on its own, and splitting it would only scatter the keys.
 std::vector<OptionSpec> build_specs() {
   return {
       // ---- [model] -------------------------------------------------------------------------

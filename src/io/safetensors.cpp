@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <tuple>
 #include <cerrno>
 #include <cstring>
 #include <limits>
@@ -72,11 +73,11 @@ uint64_t TensorSpec::nbytes() const { return static_cast<uint64_t>(numel()) * dt
 
 // ---- Reading -------------------------------------------------------------------------------------
 
-SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
-  SafetensorsFile file;
-  file.path_ = path;
-  const std::string where = fmt::format("safetensors file '{}'", path.string());
+namespace {
 
+// The file mapped read-only; UserError naming it (`where`) when it cannot be, or is too short to
+// hold a header length.
+std::pair<const std::byte*, uint64_t> map_file(const std::filesystem::path& path, const std::string& where) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail("{}: cannot open it: {}", where, std::strerror(errno));
   struct stat st {};
@@ -98,20 +99,87 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
   int map_errno = errno;
   ::close(fd);  // the mapping keeps the file alive
   if (map == MAP_FAILED) fail("{}: cannot memory-map it: {}", where, std::strerror(map_errno));
-  file.map_ = static_cast<const std::byte*>(map);
-  file.size_ = size;
+  return {static_cast<const std::byte*>(map), size};
+}
+
+// One header entry (not __metadata__), checked against the data section's `data_size` bytes.
+TensorInfo read_tensor_entry(const std::string& name, const nlohmann::json& entry, uint64_t data_size,
+                             const std::string& where) {
+  if (!entry.is_object()) fail("{}: tensor '{}' must be an object with dtype, shape and data_offsets", where, name);
+  TensorInfo info;
+  info.name = name;
+  auto dtype_it = entry.find("dtype");
+  if (dtype_it == entry.end() || !dtype_it->is_string())
+    fail("{}: tensor '{}' has no dtype string (expected one of {})", where, name, dtype_list());
+  auto dtype = dtype_from_name(dtype_it->get<std::string>());
+  if (!dtype)
+    fail("{}: tensor '{}' has unknown dtype '{}' (expected one of {})", where, name, dtype_it->get<std::string>(),
+         dtype_list());
+  info.dtype = *dtype;
+
+  auto shape_it = entry.find("shape");
+  if (shape_it == entry.end() || !shape_it->is_array())
+    fail("{}: tensor '{}': shape must be a list of non-negative integers", where, name);
+  for (const auto& d : *shape_it) {
+    auto dim = json_non_negative(d);
+    if (!dim) fail("{}: tensor '{}': shape must be a list of non-negative integers", where, name);
+    info.shape.push_back(*dim);
+  }
+  auto numel = checked_numel(info.shape);
+  if (!numel || *numel > std::numeric_limits<int64_t>::max() / 8)
+    fail("{}: tensor '{}': shape {} has too many elements", where, name, shape_text(info.shape));
+
+  auto offsets_it = entry.find("data_offsets");
+  std::optional<int64_t> begin, end;
+  if (offsets_it != entry.end() && offsets_it->is_array() && offsets_it->size() == 2) {
+    begin = json_non_negative((*offsets_it)[0]);
+    end = json_non_negative((*offsets_it)[1]);
+  }
+  if (!begin || !end || *begin > *end)
+    fail("{}: tensor '{}': data_offsets must be two integers [begin, end] with begin <= end", where, name);
+  if (static_cast<uint64_t>(*end) > data_size)
+    fail("{}: tensor '{}' ends at byte {} of the data section, past its end ({} bytes); the file is "
+         "truncated",
+         where, name, *end, data_size);
+  const uint64_t expected = static_cast<uint64_t>(*numel) * dtype_size(info.dtype);
+  const uint64_t actual = static_cast<uint64_t>(*end - *begin);
+  if (actual != expected)
+    fail("{}: tensor '{}' has {} bytes but its shape {} of {} needs {}", where, name, actual, shape_text(info.shape),
+         dtype_name(info.dtype), expected);
+  info.offset = static_cast<uint64_t>(*begin);
+  return info;
+}
+
+// Sorted by start, two non-empty tensors overlap exactly when one starts before the previous ends.
+void check_no_overlap(const std::vector<TensorInfo>& sorted, const std::string& where) {
+  const TensorInfo* previous = nullptr;
+  for (const TensorInfo& t : sorted) {
+    if (t.nbytes() == 0) continue;
+    if (previous && t.offset < previous->offset + previous->nbytes())
+      fail("{}: tensors '{}' and '{}' overlap in the data section", where, previous->name, t.name);
+    previous = &t;
+  }
+}
+
+}  // namespace
+
+SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
+  SafetensorsFile file;
+  file.path_ = path;
+  const std::string where = fmt::format("safetensors file '{}'", path.string());
+  std::tie(file.map_, file.size_) = map_file(path, where);
 
   const uint64_t header_len = read_le64(file.map_);
   if (header_len > kMaxSafetensorsHeaderBytes)
     fail("{}: header length {} is larger than the {}-byte limit; the file is corrupt or not a "
          "safetensors file",
          where, header_len, kMaxSafetensorsHeaderBytes);
-  if (header_len > size - 8)
+  if (header_len > file.size_ - 8)
     fail("{}: header length {} runs past the end of the file ({} bytes); the file is truncated or "
          "not a safetensors file",
-         where, header_len, size);
+         where, header_len, file.size_);
   file.data_start_ = 8 + header_len;
-  const uint64_t data_size = size - file.data_start_;
+  const uint64_t data_size = file.size_ - file.data_start_;
 
   const char* header_begin = reinterpret_cast<const char*>(file.map_ + 8);
   nlohmann::json header;
@@ -123,76 +191,23 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
   if (!header.is_object()) fail("{}: header must be a JSON object, found {}", where, header.type_name());
 
   for (auto it = header.begin(); it != header.end(); ++it) {
-    const std::string& name = it.key();
-    const nlohmann::json& entry = it.value();
-    if (name == "__metadata__") {
-      if (!entry.is_object()) fail("{}: __metadata__ must be an object of strings, found {}", where, entry.type_name());
-      for (auto m = entry.begin(); m != entry.end(); ++m) {
-        if (!m.value().is_string())
-          fail("{}: __metadata__ key '{}' must have a string value, found {}", where, m.key(),
-               m.value().type_name());
-        file.metadata_[m.key()] = m.value().get<std::string>();
-      }
+    if (it.key() != "__metadata__") {
+      file.tensors_.push_back(read_tensor_entry(it.key(), it.value(), data_size, where));
       continue;
     }
-    if (!entry.is_object())
-      fail("{}: tensor '{}' must be an object with dtype, shape and data_offsets", where, name);
-
-    TensorInfo info;
-    info.name = name;
-    auto dtype_it = entry.find("dtype");
-    if (dtype_it == entry.end() || !dtype_it->is_string())
-      fail("{}: tensor '{}' has no dtype string (expected one of {})", where, name, dtype_list());
-    auto dtype = dtype_from_name(dtype_it->get<std::string>());
-    if (!dtype)
-      fail("{}: tensor '{}' has unknown dtype '{}' (expected one of {})", where, name,
-           dtype_it->get<std::string>(), dtype_list());
-    info.dtype = *dtype;
-
-    auto shape_it = entry.find("shape");
-    if (shape_it == entry.end() || !shape_it->is_array())
-      fail("{}: tensor '{}': shape must be a list of non-negative integers", where, name);
-    for (const auto& d : *shape_it) {
-      auto dim = json_non_negative(d);
-      if (!dim) fail("{}: tensor '{}': shape must be a list of non-negative integers", where, name);
-      info.shape.push_back(*dim);
+    const nlohmann::json& entry = it.value();
+    if (!entry.is_object()) fail("{}: __metadata__ must be an object of strings, found {}", where, entry.type_name());
+    for (auto m = entry.begin(); m != entry.end(); ++m) {
+      if (!m.value().is_string())
+        fail("{}: __metadata__ key '{}' must have a string value, found {}", where, m.key(), m.value().type_name());
+      file.metadata_[m.key()] = m.value().get<std::string>();
     }
-    auto numel = checked_numel(info.shape);
-    if (!numel || *numel > std::numeric_limits<int64_t>::max() / 8)
-      fail("{}: tensor '{}': shape {} has too many elements", where, name, shape_text(info.shape));
-
-    auto offsets_it = entry.find("data_offsets");
-    std::optional<int64_t> begin, end;
-    if (offsets_it != entry.end() && offsets_it->is_array() && offsets_it->size() == 2) {
-      begin = json_non_negative((*offsets_it)[0]);
-      end = json_non_negative((*offsets_it)[1]);
-    }
-    if (!begin || !end || *begin > *end)
-      fail("{}: tensor '{}': data_offsets must be two integers [begin, end] with begin <= end", where, name);
-    if (static_cast<uint64_t>(*end) > data_size)
-      fail("{}: tensor '{}' ends at byte {} of the data section, past its end ({} bytes); the file is "
-           "truncated",
-           where, name, *end, data_size);
-    const uint64_t expected = static_cast<uint64_t>(*numel) * dtype_size(info.dtype);
-    const uint64_t actual = static_cast<uint64_t>(*end - *begin);
-    if (actual != expected)
-      fail("{}: tensor '{}' has {} bytes but its shape {} of {} needs {}", where, name, actual,
-           shape_text(info.shape), dtype_name(info.dtype), expected);
-    info.offset = static_cast<uint64_t>(*begin);
-    file.tensors_.push_back(std::move(info));
   }
 
   std::sort(file.tensors_.begin(), file.tensors_.end(), [](const TensorInfo& a, const TensorInfo& b) {
     return a.offset != b.offset ? a.offset < b.offset : a.name < b.name;
   });
-  // Sorted by start, two non-empty tensors overlap exactly when one starts before the previous ends.
-  const TensorInfo* previous = nullptr;
-  for (const TensorInfo& t : file.tensors_) {
-    if (t.nbytes() == 0) continue;
-    if (previous && t.offset < previous->offset + previous->nbytes())
-      fail("{}: tensors '{}' and '{}' overlap in the data section", where, previous->name, t.name);
-    previous = &t;
-  }
+  check_no_overlap(file.tensors_, where);
   for (size_t i = 0; i < file.tensors_.size(); ++i) file.index_.emplace(file.tensors_[i].name, i);
   return file;
 }
