@@ -6,7 +6,7 @@
 #include <functional>
 #include <optional>
 
-#include "model/memory_plan.h"
+#include "plan/memory_plan.h"
 #include "runtime/agreed_errors.h"
 #include "runtime/host_memory.h"
 #include "runtime/log.h"

@@ -9,7 +9,7 @@
 
 #include "app/commands.h"
 #include "config/train_config.h"
-#include "model/memory_plan.h"
+#include "plan/memory_plan.h"
 #include "model/model_source.h"
 #include "runtime/agreed_errors.h"
 #include "runtime/exit_codes.h"

@@ -149,6 +149,17 @@ struct Resolver {
   }
 };
 
+// The choice settings as enums, once (the option table has checked their spelling already).
+void parse_choices(TrainConfig& c) {
+  c.choice.train_type = c.train_type == "full"                                 ? TrainType::Full
+                        : c.train_type == "lora" || c.train_type == "custom_lora" ? TrainType::Lora
+                                                                                  : TrainType::Qlora;
+  c.choice.precision = parse_precision(c.precision);
+  c.choice.optimizer = parse_optimizer(c.optimizer);
+  c.choice.lr_scheduler = parse_lr_schedule(c.lr_scheduler);
+  c.choice.sharding = parse_sharding_strategy(c.sharding_strategy);
+}
+
 bool is_set(const ResolvedConfig& r, const std::string& key) {
   auto it = r.sources.find(key);
   return it != r.sources.end() && it->second.kind != ValueSource::Kind::Default;
@@ -198,7 +209,7 @@ void validate_combinations(ResolvedConfig& r) {
   if (c.max_steps == 0) fail("{}: must be -1 (no limit) or at least 1", r.cite("max_steps"));
 
   // Sharding and offload.
-  if (c.use_cpu_offload && c.sharding_strategy == "ddp")
+  if (c.use_cpu_offload && c.choice.sharding == ShardingStrategy::Ddp)
     contradiction("use_cpu_offload", "sharding_strategy",
                   "CPU offload moves sharded state to the host; use full_shard, shard_grad_op or a hybrid strategy");
   if (c.use_activation_cpu_offload && !c.use_gradient_checkpointing)
@@ -224,10 +235,10 @@ void validate_combinations(ResolvedConfig& r) {
     r.warnings.push_back(fmt::format("{} has no effect with gradient_accumulation_steps = 1", r.cite("no_sync")));
   if (!c.apply_gradient_clipping && is_set(r, "grad_norm"))
     r.warnings.push_back(fmt::format("{} has no effect unless apply_gradient_clipping = true", r.cite("grad_norm")));
-  if (c.precision != "fp16_autocast")
+  if (c.choice.precision != Precision::FP16Autocast)
     for (const char* key : {"loss_scale_init", "loss_scale_growth_interval"})
       if (is_set(r, key)) r.warnings.push_back(fmt::format("{} has no effect unless precision = fp16_autocast", r.cite(key)));
-  if (c.lr_scheduler != "cosine" && is_set(r, "min_lr_fraction"))
+  if (c.choice.lr_scheduler != LrScheduleKind::cosine && is_set(r, "min_lr_fraction"))
     r.warnings.push_back(fmt::format("{} only affects lr_scheduler = cosine", r.cite("min_lr_fraction")));
 }
 
@@ -261,6 +272,7 @@ ResolvedConfig resolve(const std::vector<IniEntry>& entries, const std::string& 
     res.set(*spec, o.value, ValueSource{ValueSource::Kind::CommandLine, "", 0}, "command line");
   }
   res.throw_if_errors();
+  parse_choices(res.out.config);
   validate_combinations(res.out);
   return res.out;
 }

@@ -5,7 +5,26 @@
 #include <string>
 #include <vector>
 
+#include "dist/sharding_strategy.h"
+#include "model/precision.h"
+#include "optim/lr_schedule.h"
+#include "optim/optimizer.h"
+
 namespace fsdpq {
+
+// What trains: every weight, or LoRA adapters over a frozen base in bf16 or in NF4
+// (fsdp_qlora's custom_lora / custom_qlora are lora / qlora).
+enum class TrainType { Full, Lora, Qlora };
+
+// The choice settings, parsed once when the config is resolved (config_loader.cpp): code reads
+// these; the strings in TrainConfig keep the user's spelling for logs, headers and checkpoints.
+struct TrainChoices {
+  TrainType train_type = TrainType::Qlora;
+  Precision precision = Precision::BF16;
+  OptimizerKind optimizer = OptimizerKind::adamw;
+  LrScheduleKind lr_scheduler = LrScheduleKind::constant;
+  ShardingStrategy sharding = ShardingStrategy::FullShard;
+};
 
 struct TrainConfig {
   // [model]
@@ -69,10 +88,12 @@ struct TrainConfig {
   bool profile_memory = false;
   bool dry_run = false;
 
-  bool is_lora() const { return train_type != "full"; }
-  bool quantized_base() const { return train_type == "qlora" || train_type == "custom_qlora"; }
-  bool sharded() const { return sharding_strategy != "ddp"; }
-  bool hybrid() const { return sharding_strategy.rfind("hybrid_", 0) == 0; }
+  TrainChoices choice;  // the strings above, parsed
+
+  bool is_lora() const { return choice.train_type != TrainType::Full; }
+  bool quantized_base() const { return choice.train_type == TrainType::Qlora; }
+  bool sharded() const { return choice.sharding != ShardingStrategy::Ddp; }
+  bool hybrid() const { return is_hybrid(choice.sharding); }
 };
 
 }  // namespace fsdpq

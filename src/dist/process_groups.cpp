@@ -8,14 +8,6 @@
 namespace fsdpq {
 namespace {
 
-constexpr std::array<std::pair<const char*, ShardingStrategy>, 5> kStrategies{{
-    {"full_shard", ShardingStrategy::FullShard},
-    {"shard_grad_op", ShardingStrategy::ShardGradOp},
-    {"ddp", ShardingStrategy::Ddp},
-    {"hybrid_full_shard", ShardingStrategy::HybridFullShard},
-    {"hybrid_shard_grad_op", ShardingStrategy::HybridShardGradOp},
-}};
-
 // The node each rank belongs to for hybrid sharding.
 int node_of(const World& world, int64_t ranks_per_node) {
   if (ranks_per_node <= 0) return world.node;
@@ -32,28 +24,11 @@ std::unique_ptr<Communicator> split(const World& world, int color, const char* n
 
 }  // namespace
 
-ShardingStrategy parse_sharding_strategy(const std::string& name) {
-  for (const auto& [n, s] : kStrategies)
-    if (name == n) return s;
-  fail("sharding_strategy = '{}' is not a strategy: use full_shard, shard_grad_op, ddp, hybrid_full_shard or "
-       "hybrid_shard_grad_op", name);
-}
-
-const char* sharding_strategy_name(ShardingStrategy strategy) {
-  for (const auto& [n, s] : kStrategies)
-    if (s == strategy) return n;
-  return "?";
-}
-
-bool reshards_after_forward(ShardingStrategy strategy) {
-  return strategy == ShardingStrategy::FullShard || strategy == ShardingStrategy::HybridFullShard;
-}
-
 ProcessGroups make_process_groups(const World& world, ShardingStrategy strategy, int64_t ranks_per_node) {
   ProcessGroups g;
   g.strategy = strategy;
   g.world = make_mpi_communicator(world.comm, "world");
-  const bool hybrid = strategy == ShardingStrategy::HybridFullShard || strategy == ShardingStrategy::HybridShardGradOp;
+  const bool hybrid = is_hybrid(strategy);
   if (ranks_per_node > 0 && world.size % ranks_per_node != 0)
     fail("ranks_per_node = {} does not divide the {} ranks of this job into whole nodes", ranks_per_node, world.size);
   if (hybrid && ranks_per_node <= 0 && world.num_nodes > 1 && world.size % world.num_nodes != 0)

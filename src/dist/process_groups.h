@@ -10,18 +10,10 @@
 #include <string>
 
 #include "dist/collectives.h"
+#include "dist/sharding_strategy.h"
 #include "runtime/world.h"
 
 namespace fsdpq {
-
-enum class ShardingStrategy { FullShard, ShardGradOp, Ddp, HybridFullShard, HybridShardGradOp };
-
-// Throws UserError naming `sharding_strategy` and the allowed values.
-ShardingStrategy parse_sharding_strategy(const std::string& name);
-const char* sharding_strategy_name(ShardingStrategy strategy);
-// full_shard and hybrid_full_shard free gathered parameters after each unit's forward (and gather
-// again for backward); the shard_grad_op kinds keep them until the unit's backward is done.
-bool reshards_after_forward(ShardingStrategy strategy);
 
 struct ProcessGroups {
   ShardingStrategy strategy = ShardingStrategy::FullShard;

@@ -15,6 +15,7 @@
 #include "io/model_files.h"
 #include "io/safetensors.h"
 #include "model/llama_config.h"
+#include "ops/lora.h"
 #include "util/bf16.h"
 #include "util/error.h"
 #include "util/strings.h"
@@ -167,7 +168,7 @@ AdapterConfig parse_adapter_config(const nlohmann::json& j, const std::string& w
     c.lora_alpha = alpha->get<double>();
   }
   if (const nlohmann::json* dropout = field("lora_dropout")) {
-    if (!dropout->is_number() || !(dropout->get<double>() >= 0 && dropout->get<double>() < 1))
+    if (!dropout->is_number() || !valid_lora_dropout(dropout->get<double>()))
       fail("{}: key 'lora_dropout' must be a number in [0, 1), found {}", where, dropout->dump());
     c.lora_dropout = dropout->get<double>();
   }
@@ -245,7 +246,7 @@ void save_peft_adapter(const fs::path& dir, const AdapterConfig& config,
   if (dtype != DType::F32 && dtype != DType::BF16)
     fail("{}: adapters are stored as F32 or BF16, not {}", where, dtype_name(dtype));
   if (config.r < 1) fail("{}: r must be positive, found {}", where, config.r);
-  if (!(config.lora_dropout >= 0 && config.lora_dropout < 1))
+  if (!valid_lora_dropout(config.lora_dropout))
     fail("{}: lora_dropout must be in [0, 1), found {}", where, config.lora_dropout);
   check_targets(config.target_modules, where);
   if (tensors.empty()) fail("{}: no adapter tensors to save", where);

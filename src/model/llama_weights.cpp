@@ -10,6 +10,7 @@
 #include "backend/cuda_backend.h"
 #include "model/init_model.h"
 #include "ops/elementwise.h"
+#include "ops/lora.h"
 #include "optim/lora_init.h"
 #include "util/bf16.h"
 #include "util/error.h"
@@ -126,7 +127,7 @@ void validate_options(const LlamaConfig& config, const ModelOptions& o) {
   }
   if (!o.train_base && !o.lora_targets.empty()) {
     if (o.lora_rank < 1) fail("lora_rank must be at least 1, got {}", o.lora_rank);
-    if (!(o.lora_dropout >= 0.0 && o.lora_dropout < 1.0))
+    if (!valid_lora_dropout(o.lora_dropout))
       fail("lora_dropout must be in [0, 1), got {}", o.lora_dropout);
     if (!std::isfinite(o.lora_alpha)) fail("lora_alpha must be a finite number, got {}", o.lora_alpha);
   }

@@ -25,6 +25,10 @@ float lora_scaling(const LoraParams& params, int64_t rank);
 // keep ⇔ 16-bit field index % 4 of w, (w >> 16 · (index % 4)) & 0xFFFF, is ≥ round(p · 2^16).
 bool lora_dropout_keeps(uint64_t key, uint64_t index, float probability);
 
+// The one rule for a dropout probability (the model's options, a PEFT adapter's config): [0, 1).
+// NaN fails it too.
+inline bool valid_lora_dropout(double probability) { return probability >= 0.0 && probability < 1.0; }
+
 // x: [..., in] (rows M = x.numel() / in); A: [r, in]; B: [out, r]; y: [..., out] with M rows,
 // accumulated (y += adapter output). xa: [M, r] (F32, BF16 or F16), written with dropout(x) · Aᵀ and
 // kept for the backward. All of x, A, B, y: F32, BF16 or F16. Dropout 0 (or not training) reads x as is.

@@ -141,35 +141,45 @@ void store_range(DType dtype, const float* src, void* dst, int64_t begin, int64_
 
 }  // namespace
 
-OptimizerConfig optimizer_config(std::string_view name, double lr, double weight_decay) {
+OptimizerKind parse_optimizer(std::string_view name) {
+  if (name == "adamw" || name == "fused_adamw") return OptimizerKind::adamw;
+  if (name == "adam" || name == "fused_adam") return OptimizerKind::adam;
+  if (name == "sgd") return OptimizerKind::sgd;
+  if (name == "adadelta") return OptimizerKind::adadelta;
+  fail("optimizer: unknown value '{}' (allowed: adamw, fused_adamw, adam, fused_adam, sgd, adadelta)", name);
+}
+
+OptimizerConfig optimizer_config(OptimizerKind kind, double lr, double weight_decay) {
   OptimizerConfig c;
+  c.kind = kind;
   c.lr = lr;
-  if (name == "adamw" || name == "fused_adamw") {
-    c.kind = OptimizerKind::adamw;
-    c.beta1 = 0.9;
-    c.beta2 = 0.95;
-    c.eps = 1e-5;
-    c.weight_decay = weight_decay;
-  } else if (name == "adam" || name == "fused_adam") {
-    c.kind = OptimizerKind::adam;  // torch.optim.Adam defaults
-    c.beta1 = 0.9;
-    c.beta2 = 0.999;
-    c.eps = 1e-8;
-    c.weight_decay = 0.0;
-  } else if (name == "sgd") {
-    c.kind = OptimizerKind::sgd;  // no momentum, no weight decay
-    c.weight_decay = 0.0;
-  } else if (name == "adadelta") {
-    c.kind = OptimizerKind::adadelta;  // torch.optim.Adadelta defaults
-    c.rho = 0.9;
-    c.eps = 1e-6;
-    c.weight_decay = 0.0;
-  } else {
-    fail("optimizer: unknown value '{}' (allowed: adamw, fused_adamw, adam, fused_adam, sgd, "
-         "adadelta)",
-         name);
+  switch (kind) {
+    case OptimizerKind::adamw:
+      c.beta1 = 0.9;
+      c.beta2 = 0.95;
+      c.eps = 1e-5;
+      c.weight_decay = weight_decay;
+      break;
+    case OptimizerKind::adam:  // torch.optim.Adam defaults
+      c.beta1 = 0.9;
+      c.beta2 = 0.999;
+      c.eps = 1e-8;
+      c.weight_decay = 0.0;
+      break;
+    case OptimizerKind::sgd:  // no momentum, no weight decay
+      c.weight_decay = 0.0;
+      break;
+    case OptimizerKind::adadelta:  // torch.optim.Adadelta defaults
+      c.rho = 0.9;
+      c.eps = 1e-6;
+      c.weight_decay = 0.0;
+      break;
   }
   return c;
+}
+
+OptimizerConfig optimizer_config(std::string_view name, double lr, double weight_decay) {
+  return optimizer_config(parse_optimizer(name), lr, weight_decay);
 }
 
 std::string_view optimizer_kind_name(OptimizerKind kind) {

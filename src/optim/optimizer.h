@@ -20,6 +20,9 @@ namespace fsdpq {
 // sgd = SGD(lr); adadelta = Adadelta(lr). The fused variants have the same math. Throws
 // UserError naming the allowed values for anything else.
 OptimizerConfig optimizer_config(std::string_view name, double lr, double weight_decay);
+// The same from the kind; parse_optimizer maps a value to it (UserError as above).
+OptimizerConfig optimizer_config(OptimizerKind kind, double lr, double weight_decay);
+OptimizerKind parse_optimizer(std::string_view name);
 
 std::string_view optimizer_kind_name(OptimizerKind kind);
 

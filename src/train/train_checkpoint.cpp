@@ -131,7 +131,7 @@ std::filesystem::path save_training_checkpoint(const World& world, FsdpEngine& e
   {
     CheckpointWriter writer(world.comm, dir / file);
     const bool writes = engine.is_writer();
-    const std::vector<std::string> states = optimizer_state_names(optimizer_config(c.optimizer, c.lr, c.wd).kind);
+    const std::vector<std::string> states = optimizer_state_names(c.choice.optimizer);
     size_t written = 0, total = 0;
     engine.for_each_trainable([&](TrainableShard&) { ++total; });
     engine.for_each_trainable([&](TrainableShard& t) {
@@ -188,7 +188,7 @@ TrainingPosition load_training_checkpoint(const World& world, const std::filesys
   check_can_continue(meta, path, resolved, plan, fingerprint);
   reader.verify();
 
-  const std::vector<std::string> states = optimizer_state_names(optimizer_config(c.optimizer, c.lr, c.wd).kind);
+  const std::vector<std::string> states = optimizer_state_names(c.choice.optimizer);
   engine.for_each_trainable([&](TrainableShard& t) {
     const std::vector<int64_t> shape = dims_of(t.shape);
     auto read = [&](const std::string& name, std::span<float> out) {

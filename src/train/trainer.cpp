@@ -54,7 +54,7 @@ ModelOptions model_options_from(const TrainConfig& c) {
   o.lora_alpha = c.lora_alpha;
   o.lora_dropout = c.lora_dropout;
   if (c.is_lora()) o.lora_targets = c.lora_target_modules;
-  o.precision = parse_precision(c.precision);
+  o.precision = c.choice.precision;
   o.gradient_checkpointing = c.use_gradient_checkpointing;
   o.activation_offload = c.use_activation_cpu_offload;
   o.seed = static_cast<uint64_t>(c.seed);
@@ -124,7 +124,7 @@ class Trainer {
         engine_(groups_, engine_options(), static_cast<int>(plan.model.config.num_hidden_layers) + 1),
         gas_(c_.gradient_accumulation_steps),
         total_steps_(plan.batches.total_steps),
-        schedule_(parse_lr_schedule(c_.lr_scheduler), c_.lr,
+        schedule_(c_.choice.lr_scheduler, c_.lr,
                   num_training_steps(c_.num_epochs, plan.batches.micro_batches_per_epoch, gas_), c_.min_lr_fraction),
         sampler_(static_cast<int64_t>(plan.dataset.train.size()), world.size, world.rank,
                  static_cast<uint64_t>(c_.seed)) {
@@ -163,9 +163,7 @@ class Trainer {
   // ---- Set-up ----------------------------------------------------------------------------------
 
   ProcessGroups make_groups() {
-    const ShardingStrategy strategy = parse_sharding_strategy(c_.sharding_strategy);
-    const bool hybrid = strategy == ShardingStrategy::HybridFullShard || strategy == ShardingStrategy::HybridShardGradOp;
-    ProcessGroups groups = make_process_groups(world_, strategy, hybrid ? c_.ranks_per_node : 0);
+    ProcessGroups groups = make_process_groups(world_, c_.choice.sharding, c_.hybrid() ? c_.ranks_per_node : 0);
     if (device_ == Device::CUDA) {
       run_on_all_ranks(world_, [&] { cuda_init(gpu_.device); });
       // The gathers and gradient reductions over GPU memory: NCCL, or MPI staged through the host.
@@ -181,7 +179,7 @@ class Trainer {
     return {.compute_dtype = activation_dtype(options_.precision),
             .device = device_,
             .state_device = c_.use_cpu_offload ? Device::CPU : device_,
-            .optimizer = optimizer_config(c_.optimizer, c_.lr, c_.wd),
+            .optimizer = optimizer_config(c_.choice.optimizer, c_.lr, c_.wd),
             .offload_frozen = c_.use_cpu_offload,
             .overlap_host_optimizer = c_.use_cpu_offload};
   }

@@ -100,6 +100,29 @@ TEST(ConfigResolve, AByteOrderMarkBeforeTheFirstLineIsAccepted) {
             "bom.ini:2: '\xEF\xBB\xBFlr' is not a valid key (letters, digits and _ only)");
 }
 
+TEST(ConfigResolve, ChoicesAreParsedOnceIntoEnums) {
+  ResolvedConfig r = resolve_config_text(std::string(kDummy), "x.ini",
+                                         {{"train_type", "custom_qlora"}, {"precision", "FP16_autocast"},
+                                          {"optimizer", "fused_adamw"}, {"lr_scheduler", "cosine"},
+                                          {"sharding_strategy", "hybrid_shard_grad_op"}});
+  const TrainChoices& c = r.config.choice;
+  EXPECT_EQ(c.train_type, TrainType::Qlora);
+  EXPECT_EQ(c.precision, Precision::FP16Autocast);
+  EXPECT_EQ(c.optimizer, OptimizerKind::adamw);
+  EXPECT_EQ(c.lr_scheduler, LrScheduleKind::cosine);
+  EXPECT_EQ(c.sharding, ShardingStrategy::HybridShardGradOp);
+  EXPECT_TRUE(r.config.hybrid());
+  EXPECT_TRUE(r.config.quantized_base());
+  EXPECT_EQ(r.config.optimizer, "fused_adamw") << "the spelling stays, for headers and checkpoints";
+  r = resolve_config_text(std::string(kDummy), "x.ini", {{"train_type", "custom_lora"}, {"sharding_strategy", "ddp"}});
+  EXPECT_EQ(r.config.choice.train_type, TrainType::Lora);
+  EXPECT_TRUE(r.config.is_lora());
+  EXPECT_FALSE(r.config.quantized_base());
+  EXPECT_FALSE(r.config.sharded());
+  r = resolve_config_text(std::string(kDummy), "x.ini", {{"train_type", "full"}});
+  EXPECT_FALSE(r.config.is_lora());
+}
+
 TEST(ConfigResolve, ListsAndAliases) {
   auto r = resolve_config_text("lora_target_modules = q_proj, o_proj\n" + std::string(kDummy), "t.ini", {});
   EXPECT_EQ(r.config.lora_target_modules, (std::vector<std::string>{"q_proj", "o_proj"}));

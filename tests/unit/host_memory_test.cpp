@@ -177,8 +177,9 @@ TEST(HostMemoryCheck, RefusesOnlyWhatClearlyCannotFit) {
 }
 
 TEST(HostMemoryCheck, SaysWhatToChange) {
-  TrainConfig c;
+  TrainConfig c;  // code reads the parsed choices (config resolution sets both)
   c.train_type = "lora";
+  c.choice.train_type = TrainType::Lora;
   c.use_cpu_offload = true;
   const std::vector<std::string> gpu = ways_to_lower_host_memory(c, true, 1, 4);
   EXPECT_EQ(gpu.front(), "use_cpu_offload = false (the weights and optimizer state then stay on the GPU)");
@@ -187,6 +188,7 @@ TEST(HostMemoryCheck, SaysWhatToChange) {
                       "sharding_strategy = full_shard (each rank then holds a shard of the model, not all of it)"),
             gpu.end());
   c.train_type = "qlora";
+  c.choice.train_type = TrainType::Qlora;
   const std::vector<std::string> cpu = ways_to_lower_host_memory(c, false, 4, 4);
   EXPECT_EQ(cpu.front(), "a smaller batch_size or context_length (the CPU backend keeps the activations in host memory)")
       << "use_cpu_offload means nothing without a GPU";

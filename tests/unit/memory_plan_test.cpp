@@ -1,7 +1,7 @@
-// The memory planner (model/memory_plan.h): hand-computed sizes, sharding and optimizer state,
+// The memory planner (plan/memory_plan.h): hand-computed sizes, sharding and optimizer state,
 // the guide's order and recommendation, the activation bytes against what a real CPU training
 // pass allocates (exact), and the 7B GPU measurements of bench/RESULTS.md (within 10%).
-#include "model/memory_plan.h"
+#include "plan/memory_plan.h"
 
 #include <gtest/gtest.h>
 

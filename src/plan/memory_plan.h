@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/process_groups.h"
+#include "dist/sharding_strategy.h"
 #include "model/llama_config.h"
 #include "optim/optimizer.h"
 #include "util/dtype.h"
@@ -93,9 +93,6 @@ struct MemoryPrediction {
 // A run's settings (train_type, LoRA, precision, optimizer, context, sharding, checkpointing,
 // offload, batch size) on `world_size` GPUs.
 PlanInput plan_input_from(const TrainConfig& config, const LlamaConfig& model, int world_size);
-
-// Ranks a unit is sharded over for `strategy` on `world` ranks with `ranks_per_node` per node.
-int shard_group_size(ShardingStrategy strategy, int world, int ranks_per_node);
 
 ActivationBytes activation_bytes(const PlanInput& input);
 MemoryPrediction predict_memory(const PlanInput& input);

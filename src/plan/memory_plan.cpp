@@ -1,4 +1,4 @@
-#include "model/memory_plan.h"
+#include "plan/memory_plan.h"
 
 #include <algorithm>
 #include <map>
@@ -134,18 +134,6 @@ int64_t state_buffers(OptimizerKind kind) { return static_cast<int64_t>(optimize
 
 }  // namespace
 
-int shard_group_size(ShardingStrategy strategy, int world, int ranks_per_node) {
-  if (world < 1) throw std::logic_error("shard_group_size: world < 1");
-  switch (strategy) {
-    case ShardingStrategy::Ddp: return 1;
-    case ShardingStrategy::FullShard:
-    case ShardingStrategy::ShardGradOp: return world;
-    case ShardingStrategy::HybridFullShard:
-    case ShardingStrategy::HybridShardGradOp: return ranks_per_node > 0 ? std::min(ranks_per_node, world) : world;
-  }
-  throw std::logic_error("shard_group_size: unknown strategy");
-}
-
 PlanInput plan_input_from(const TrainConfig& c, const LlamaConfig& model, int world_size) {
   PlanInput p;
   p.model = model;
@@ -154,12 +142,12 @@ PlanInput plan_input_from(const TrainConfig& c, const LlamaConfig& model, int wo
   p.lora_rank = c.lora_rank;
   if (c.is_lora()) p.lora_targets = c.lora_target_modules;
   p.lora_dropout = c.lora_dropout;
-  p.activation = activation_dtype(parse_precision(c.precision));
-  p.optimizer = optimizer_config(c.optimizer, c.lr, c.wd).kind;
+  p.activation = activation_dtype(c.choice.precision);
+  p.optimizer = c.choice.optimizer;
   p.context_length = c.context_length;
   p.world_size = world_size;
   p.ranks_per_node = static_cast<int>(c.ranks_per_node);
-  p.setting.strategy = parse_sharding_strategy(c.sharding_strategy);
+  p.setting.strategy = c.choice.sharding;
   p.setting.gradient_checkpointing = c.use_gradient_checkpointing;
   p.setting.cpu_offload = c.use_cpu_offload;
   p.setting.activation_offload = c.use_activation_cpu_offload;
