@@ -47,6 +47,7 @@ GpuAttentionKernels& gpu_attention_choice() {
     if (v == "simt") return GpuAttentionKernels::Simt;
     if (v == "cudnn") return GpuAttentionKernels::Cudnn;
     if (v == "cudnn-nondeterministic") return GpuAttentionKernels::CudnnNondeterministic;
+    if (v == "wgmma") return GpuAttentionKernels::Wgmma;
     return GpuAttentionKernels::TensorCores;
   }();
   return choice;

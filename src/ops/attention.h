@@ -21,9 +21,12 @@ void attention_backward(TensorView dq, TensorView dk, TensorView dv, const Tenso
 // fp32 SIMT kernels (kernels/attention.cu) elsewhere; Simt takes the SIMT kernels everywhere.
 // Cudnn asks cuDNN's fused flash attention first (ops/attention_cudnn.h) and runs TensorCores'
 // choice where cuDNN declines; its backward is deterministic, CudnnNondeterministic's is cuDNN's
-// faster one whose bits vary from run to run. The environment's FSDPQ_ATTENTION (simt, cudnn,
-// cudnn-nondeterministic) sets the choice at start-up; tests set it with set_gpu_attention_kernels.
-enum class GpuAttentionKernels { TensorCores, Simt, Cudnn, CudnnNondeterministic };
+// faster one whose bits vary from run to run. Wgmma runs the forward on the Hopper (sm_90a)
+// kernel of kernels/attention_sm90a.cu where it applies (ops/cuda/attention_wgmma.h) and
+// TensorCores' choice everywhere else, the backward included. The environment's FSDPQ_ATTENTION
+// (simt, cudnn, cudnn-nondeterministic, wgmma) sets the choice at start-up; tests set it with
+// set_gpu_attention_kernels.
+enum class GpuAttentionKernels { TensorCores, Simt, Cudnn, CudnnNondeterministic, Wgmma };
 GpuAttentionKernels gpu_attention_kernels();
 void set_gpu_attention_kernels(GpuAttentionKernels kernels);
 
