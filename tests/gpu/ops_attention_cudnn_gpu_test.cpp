@@ -11,6 +11,7 @@
 #include "backend/cuda_backend.h"
 #include "gpu/attention_test_support.h"
 #include "kernels/attention_mma.cuh"
+#include "kernels/attention_sm90a.cuh"
 #include "ops/attention_cudnn.h"
 
 namespace fsdpq {
@@ -224,8 +225,8 @@ TEST(GpuOpsAttentionCudnn, FallsBackWithoutCudnn) {
   std::printf("without cuDNN: %s", log.c_str());
 }
 
-// Perf mode: TFLOP/s of each route at B·T = 16k, H 32, D 128, causal, T 512, 2048, 8192 (and GQA
-// 32/8 at T 2048), everything BF16 as PyTorch's SDPA runs it (bench/attention_torch.py prints its
+// Perf mode: TFLOP/s of each route (mma, the Hopper wgmma forward, cuDNN) at B·T = 16k, H 32, D 128,
+// causal, T 512, 2048, 8192 (and GQA 32/8 at T 2048), everything BF16 as PyTorch's SDPA runs it (bench/attention_torch.py prints its
 // backends in the same format), plus the op with the model's F32 dout and gradients. FLOPs as
 // FlashAttention counts them: forward 4·B·H·T²·D / 2 (causal), backward 2.5× that.
 void perf_case(int64_t T, int64_t KV) {
@@ -245,6 +246,12 @@ void perf_case(int64_t T, int64_t KV) {
   test::report_perf("attention mma fwd " + shape, 0, fwd, [&] {
     cuda::attention_mma_forward(out, bf, lse, q, bf, k, bf, v, bf, c.B, c.T, c.H, c.KV, c.D, cuda::stream());
   });
+  if (const std::string& why = cuda::attention_sm90a_unavailable(); !why.empty())
+    std::printf("PERF attention wgmma fwd %s: declined: %s\n", shape.c_str(), why.c_str());
+  else
+    test::report_perf("attention wgmma fwd " + shape, 0, fwd, [&] {
+      cuda::attention_sm90a_forward(out, lse, q, k, v, bf, c.B, c.T, c.H, c.KV, c.D, cuda::stream());
+    });
   test::report_perf("attention mma bwd " + shape, 0, 2.5 * fwd, [&] {
     cuda::attention_mma_backward(dq, bf, dk, bf, dv, bf, dout, bf, q, bf, k, bf, v, bf, out, bf, lse,
                                  workspace.data<float>(), c.B, c.T, c.H, c.KV, c.D, cuda::stream());

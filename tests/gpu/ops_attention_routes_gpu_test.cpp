@@ -7,17 +7,19 @@
 //   cudnn                   cuDNN's forward; the deterministic backward (cuDNN's where the memory
 //                           rule allows it, else mma: on Hopper always mma, docs/cuda.md)
 //   cudnn-nondeterministic  cuDNN's forward and non-deterministic backward
+//   wgmma                   the Hopper forward (kernels/attention_sm90a.cu), mma's backward
 // BF16 cases pass what the model passes (q, k, v, out BF16; dout and gradients F32: the cuDNN
 // route converts them), F16 cases keep every operand F16 (no conversion). The backward starts from
 // the CPU's out and lse, so it is compared alone. Beyond T = 1 the cuDNN routes must really run on
 // cuDNN (the forward, and cudnn-nondeterministic's backward): a silent fallback fails the test; at
-// T = 1 cuDNN may decline (it refuses the backward of s_q = s_kv = 1). Each (case, route) prints one
-// ROUTE line with its errors and where each pass ran.
+// T = 1 cuDNN may decline (it refuses the backward of s_q = s_kv = 1). On a Hopper GPU the wgmma
+// route must run every forward on its kernel (elsewhere it falls back, and says so in its ROUTE
+// line). Each (case, route) prints one ROUTE line with its errors and where each pass ran.
 //
 // Tolerances (normalized L2 error, tests/gpu/op_parity.h):
 //  - lse 1e-5 everywhere: every route computes it in fp32 from scores that are exact products of
 //    16-bit values; only the summation order (and exp2 against exp) differ, ~1e-6.
-//  - out 1e-2 (BF16) / 2e-3 (F16): the tensor-core routes (mma, cuDNN) round P to the 16-bit type
+//  - out 1e-2 (BF16) / 2e-3 (F16): the tensor-core routes (mma, cuDNN, wgmma) round P to the 16-bit type
 //    before P V (≤ 2^-9 / 2^-12 per weight, random signs), then out is rounded once on store
 //    (2^-9 / 2^-12 relative); the SIMT route only the latter.
 //  - dq, dk, dv: SIMT does fp32 math and rounds once on store: 1e-4 into F32 (dS = P (dP - rowsum)
@@ -34,7 +36,9 @@
 #include <vector>
 
 #include "gpu/attention_test_support.h"
+#include "kernels/attention_sm90a.cuh"
 #include "ops/attention_cudnn.h"
+#include "ops/cuda/attention_wgmma.h"
 
 namespace fsdpq {
 namespace {
@@ -48,12 +52,14 @@ struct Route {
   bool cudnn() const {
     return kernels == GpuAttentionKernels::Cudnn || kernels == GpuAttentionKernels::CudnnNondeterministic;
   }
+  bool wgmma() const { return kernels == GpuAttentionKernels::Wgmma; }
 };
 
 const Route kRoutes[] = {{"simt", GpuAttentionKernels::Simt},
                          {"mma", GpuAttentionKernels::TensorCores},
                          {"cudnn", GpuAttentionKernels::Cudnn},
-                         {"cudnn-nondeterministic", GpuAttentionKernels::CudnnNondeterministic}};
+                         {"cudnn-nondeterministic", GpuAttentionKernels::CudnnNondeterministic},
+                         {"wgmma", GpuAttentionKernels::Wgmma}};
 
 double out_tolerance(DType t) { return t == DType::BF16 ? 1e-2 : 2e-3; }
 
@@ -81,11 +87,22 @@ double compared_absolutely(const TensorView& gpu, const TensorView& cpu, double 
   return err;
 }
 
+// Where the wgmma route's forward ran ("wgmma" or "fallback", from its counters); on Hopper it must
+// be the wgmma kernel.
+std::string wgmma_forward_ran_on(const AttentionCase& c, const cuda_ops::WgmmaAttentionCounts& before) {
+  const cuda_ops::WgmmaAttentionCounts after = cuda_ops::wgmma_attention_counts();
+  const int64_t ran = after.forward_ran - before.forward_ran;
+  EXPECT_EQ(ran + after.forward_declined - before.forward_declined, 1) << c.name() << " wgmma: did not ask it once";
+  if (cuda::attention_sm90a_unavailable().empty()) EXPECT_EQ(ran, 1) << c.name() << " wgmma: the kernel declined";
+  return ran == 1 ? "wgmma" : "fallback";
+}
+
 // Where one pass of a route ran: the route's own kernels, or for a cuDNN route "cudnn" or
 // "fallback" (from the route's counters). Beyond T = 1, cuDNN must take the forward of both cuDNN
 // routes and the backward of cudnn-nondeterministic; `cudnn`'s backward may fall back (the memory
 // rule, docs/cuda.md).
 std::string ran_on(const Route& route, const AttentionCase& c, bool backward, const CudnnAttentionCounts& before) {
+  if (route.wgmma() && backward) return "mma";
   if (!route.cudnn()) return route.name;
   const CudnnAttentionCounts after = cudnn_attention_counts();
   const int64_t ran = backward ? after.backward_ran - before.backward_ran : after.forward_ran - before.forward_ran;
@@ -109,8 +126,10 @@ void check_route(const AttentionCase& c, const test::AttentionInputs& in, const 
   const std::string what = c.name() + " " + route.name;
   test::GpuAttention g(c, in);
   const CudnnAttentionCounts before = cudnn_attention_counts();
+  const cuda_ops::WgmmaAttentionCounts wgmma_before = cuda_ops::wgmma_attention_counts();
   g.forward();
-  const std::string forward = ran_on(route, c, false, before);
+  const std::string forward =
+      route.wgmma() ? wgmma_forward_ran_on(c, wgmma_before) : ran_on(route, c, false, before);
   const double out_err = compared(g.out, ref.out, out_tolerance(c.in), what + " out");
   const double lse_err = compared(g.lse, ref.lse, 1e-5, what + " lse");
 
