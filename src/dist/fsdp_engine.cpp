@@ -722,6 +722,34 @@ double FsdpEngine::grad_norm() {
   return std::sqrt(groups_.shard->all_reduce_sum(on_device ? device_grad_sq_sum(grads) : grad_sq_sum(grads)));
 }
 
+void FsdpEngine::before_last_micro_batch(const StepRequest& request) {
+  if (!can_step_during_backward()) return;
+  if (!request.scaler && !request.clip_to_norm)
+    step_during_backward(request.lr);
+  else  // each unit unscaled and measured as it completes; the updates follow in the next pass
+    measure_during_backward(request.scaler);
+}
+
+StepOutcome FsdpEngine::step(const StepRequest& request) {
+  StepOutcome out;
+  // fp16: unscale, and skip the step when any gradient overflowed (the scale backs off).
+  if (request.scaler) out.skipped = !request.scaler->update(unscale_grads(*request.scaler));
+  out.grad_norm = out.skipped ? std::nan("") : grad_norm();
+  if (!out.skipped && !std::isfinite(out.grad_norm)) {
+    out.diverged_at = first_non_finite_gradient();
+    return out;
+  }
+  if (!out.skipped && request.clip_to_norm) {
+    const double coefficient = clip_coefficient(out.grad_norm, *request.clip_to_norm);
+    if (coefficient < 1.0) scale_grads(coefficient);
+  }
+  if (out.skipped)
+    skip_step();
+  else
+    optimizer_step(request.lr);
+  return out;
+}
+
 std::string FsdpEngine::first_non_finite_gradient() {
   settle_steps();
   // Where, as unit × (entries + 1) + entry, with entry = entries for "somewhere in the unit".

@@ -81,6 +81,22 @@ struct CommTimes {
   double host_worker = 0;     // the worker thread's accumulation and optimizer steps (overlapped)
 };
 
+// What a step asks of the optimizer (FsdpEngine::step): its learning rate, clipping to a global
+// norm (none: measure only), and fp16's dynamic loss scaler (none in the other precisions).
+struct StepRequest {
+  double lr = 0;
+  std::optional<double> clip_to_norm;
+  DynamicLossScaler* scaler = nullptr;
+};
+
+// What the step did. A diverged step (a NaN or infinite gradient norm, not fp16's overflow, which
+// the scaler skips) updates nothing and names where the first bad gradient is.
+struct StepOutcome {
+  bool skipped = false;     // fp16: a gradient overflowed; the scale backed off
+  double grad_norm = 0;     // before clipping; NaN when skipped
+  std::string diverged_at;  // empty unless the norm is not finite
+};
+
 class FsdpEngine final : public UnitHooks {
  public:
   FsdpEngine(ProcessGroups& groups, FsdpOptions options, int num_units);
@@ -110,35 +126,18 @@ class FsdpEngine final : public UnitHooks {
   // false during the micro-batches of a step that defer their gradient reduction (no_sync).
   void set_sync_gradients(bool sync) { sync_gradients_ = sync; }
 
+  // The training loop's two calls per step. Before the step's last micro-batch: with CPU offload,
+  // lets the host update (or, when the step clips or scales the loss, measure) each unit during its
+  // backward; elsewhere nothing. After it: unscale or skip (fp16), measure, clip, update.
+  void before_last_micro_batch(const StepRequest& request);
+  StepOutcome step(const StepRequest& request);
+
   // The global gradient L2 norm over every shard (collective over the shard group).
   double grad_norm();
   // After a non-finite norm: where the first NaN or Inf gradient is, in unit order — "tensor 'NAME'",
   // or for a unit already updated during backward (its gradient is gone, only its measured sum of
   // squares tells) "one of unit K's N tensors (the first 'NAME')". Collective over the shard group.
   std::string first_non_finite_gradient();
-  void scale_grads(double factor);
-  // fp16 loss scaling: multiplies every gradient shard by 1/scale and returns whether any rank's
-  // shard holds inf or NaN (collective over the world, so every rank skips or steps alike).
-  bool unscale_grads(const DynamicLossScaler& scaler);
-  // An overflowed step is skipped: the gradient shards are zeroed, masters and optimizer untouched.
-  void skip_step();
-  // Steps every unit's shard with `lr`, refreshes the compute copies and zeroes the gradient shards.
-  // After step_during_backward it only finishes that step (units whose backward never ran are
-  // stepped here).
-  void optimizer_step(double lr);
-  // Whether step_during_backward / measure_during_backward are available (overlap_host_optimizer, state
-  // on the host, a world of one rank).
-  bool can_step_during_backward() const;
-  // Called before the last micro-batch's forward_backward of a step that needs no clipping and no
-  // loss scaling (both need every gradient before any update): each unit is stepped with `lr` as
-  // soon as its gradients are complete. grad_norm() then reports the norm the step used.
-  void step_during_backward(double lr);
-  // Called instead before the last micro-batch of a step that clips or scales the loss: each
-  // unit's gradients are unscaled (when `scaler` is given) and measured on the worker as they
-  // complete, so unscale_grads and grad_norm need no pass of their own. optimizer_step then queues
-  // each unit's update on the worker in forward order, and the next pass waits for a unit's update
-  // only when it reaches that unit.
-  void measure_during_backward(const DynamicLossScaler* scaler);
   int64_t optimizer_steps() const;
 
   // Makes every trainable tensor's full fp32 master present in the model (for saving or
@@ -177,6 +176,30 @@ class FsdpEngine final : public UnitHooks {
   struct Unit;
 
  private:
+  // The parts of step() and before_last_micro_batch(), in the order a step runs them.
+  void scale_grads(double factor);
+  // fp16 loss scaling: multiplies every gradient shard by 1/scale and returns whether any rank's
+  // shard holds inf or NaN (collective over the world, so every rank skips or steps alike).
+  bool unscale_grads(const DynamicLossScaler& scaler);
+  // An overflowed step is skipped: the gradient shards are zeroed, masters and optimizer untouched.
+  void skip_step();
+  // Steps every unit's shard with `lr`, refreshes the compute copies and zeroes the gradient shards.
+  // After step_during_backward it only finishes that step (units whose backward never ran are
+  // stepped here).
+  void optimizer_step(double lr);
+  // Whether step_during_backward / measure_during_backward are available (overlap_host_optimizer, state
+  // on the host, a world of one rank).
+  bool can_step_during_backward() const;
+  // Called before the last micro-batch's forward_backward of a step that needs no clipping and no
+  // loss scaling (both need every gradient before any update): each unit is stepped with `lr` as
+  // soon as its gradients are complete. grad_norm() then reports the norm the step used.
+  void step_during_backward(double lr);
+  // Called instead before the last micro-batch of a step that clips or scales the loss: each
+  // unit's gradients are unscaled (when `scaler` is given) and measured on the worker as they
+  // complete, so unscale_grads and grad_norm need no pass of their own. optimizer_step then queues
+  // each unit's update on the worker in forward order, and the next pass waits for a unit's update
+  // only when it reaches that unit.
+  void measure_during_backward(const DynamicLossScaler* scaler);
   Unit& unit(int index);
   void record_layout(Unit& u, ParamUnit& contents, const UnitLayout& layout, const std::vector<DType>& dense_dtypes);
   // The gather's send buffer of a unit being adopted, filled with `chunk` (chunk_bytes).

@@ -333,14 +333,9 @@ class Trainer {
     // fsdp_qlora: loss = output.loss / gradient_accumulation_steps, output.loss the micro-batch mean.
     const double normalizer = static_cast<double>(std::max<int64_t>(batch.target_tokens, 1)) * static_cast<double>(gas_);
     loss_scale_ = scaler_ ? scaler_->scale() : 1.0f;
-    // With offload, the last micro-batch's backward steps each unit on the CPU as its gradients
-    // arrive, unless clipping or loss scaling needs all of them first.
-    if (last_of_step && engine_.can_step_during_backward()) {
-      if (!scaler_ && !c_.apply_gradient_clipping)
-        engine_.step_during_backward(schedule_.lr_at(step));
-      else  // each unit unscaled and measured as it completes; the updates follow in the next pass
-        engine_.measure_during_backward(scaler_ ? &*scaler_ : nullptr);
-    }
+    // With offload, the last micro-batch's backward may update (or measure) each unit as its
+    // gradients arrive: the engine decides.
+    if (last_of_step) engine_.before_last_micro_batch(step_request(step));
     memory_point("before_forward_backward", step);
     const auto start = Clock::now();
     const LossSum l = model_->forward_backward(batch, normalizer, loss_scale_, static_cast<uint64_t>(step * gas_ + i % gas_));
@@ -367,24 +362,15 @@ class Trainer {
     const auto start = Clock::now();
     groups_.world->all_reduce(sums, kStepSums, CommType::F64, ReduceOp::Sum).wait();
     r.loss = sums[kScoredSamples] > 0 ? sums[kLossSum] / sums[kScoredSamples] : std::nan("");
-    // fp16: unscale, and skip the step when any gradient overflowed (the scale backs off).
-    if (scaler_) r.skipped = !scaler_->update(engine_.unscale_grads(*scaler_));
-    r.grad_norm = r.skipped ? std::nan("") : engine_.grad_norm();
-    if (!r.skipped && !std::isfinite(r.grad_norm)) {
-      const std::string where = engine_.first_non_finite_gradient();
-      fail("step {}: the gradient norm is {} (loss {}): training diverged; the first NaN or infinite gradient is in "
-           "{}; lower lr or check the data", step + 1, r.grad_norm, r.loss, where);
-    }
-    if (!r.skipped && c_.apply_gradient_clipping) {
-      const double coefficient = clip_coefficient(r.grad_norm, c_.grad_norm);
-      if (coefficient < 1.0) engine_.scale_grads(coefficient);
-    }
     // The schedule advances over skipped steps too, as fsdp_qlora's lr_scheduler.step() does.
-    r.lr = schedule_.lr_at(step);
-    if (r.skipped)
-      engine_.skip_step();
-    else
-      engine_.optimizer_step(r.lr);
+    const StepRequest request = step_request(step);
+    r.lr = request.lr;
+    const StepOutcome outcome = engine_.step(request);
+    r.skipped = outcome.skipped;
+    r.grad_norm = outcome.grad_norm;
+    if (!outcome.diverged_at.empty())
+      fail("step {}: the gradient norm is {} (loss {}): training diverged; the first NaN or infinite gradient is in "
+           "{}; lower lr or check the data", step + 1, r.grad_norm, r.loss, outcome.diverged_at);
     if (device_ == Device::CUDA) cuda_synchronize();
     r.optimizer_seconds = seconds_since(start);
     trace_->span(r.skipped ? "skipped step (fp16 overflow)" : "optimizer", "compute", start, Clock::now(),
@@ -474,6 +460,15 @@ class Trainer {
     outcome_.preempted = true;
     outcome_.seconds = seconds_since(start_);
     return true;
+  }
+
+  // What step `step` (0-based) asks of the optimizer.
+  StepRequest step_request(int64_t step) {
+    StepRequest request;
+    request.lr = schedule_.lr_at(step);
+    if (c_.apply_gradient_clipping) request.clip_to_norm = c_.grad_norm;
+    request.scaler = scaler_ ? &*scaler_ : nullptr;
+    return request;
   }
 
   double evaluate() {
