@@ -70,6 +70,25 @@ void nf4_dequantize(const Nf4Device& weight, TensorView out) {
                        nf4_code().data(), dynamic_code_signed().data(), weight.numel, out.data, type, cuda::stream());
 }
 
+void nf4_dequantize(const Nf4DeviceSegments& weight, TensorView out) {
+  if (out.device != Device::CUDA)
+    throw std::logic_error(fmt::format("nf4_dequantize: out is {}; expected a CUDA tensor", out.describe()));
+  if (out.dtype != DType::F32 && out.dtype != DType::BF16 && out.dtype != DType::F16)
+    throw std::logic_error(fmt::format("nf4_dequantize: out is {}; expected F32, BF16 or F16", out.describe()));
+  if (out.numel() != weight.numel)
+    throw std::logic_error(
+        fmt::format("nf4_dequantize: out {} has {} elements; the weight has {}", out.describe(), out.numel(), weight.numel));
+  if (weight.numel == 0) return;
+  if (weight.packed == nullptr || (weight.absmax == nullptr && (weight.absmax_q == nullptr || weight.absmax_scale == nullptr)))
+    throw std::logic_error("nf4_dequantize: the weight's segments are not on the GPU");
+  const cuda::KType type = out.dtype == DType::F32    ? cuda::KType::F32
+                           : out.dtype == DType::BF16 ? cuda::KType::BF16
+                                                      : cuda::KType::F16;
+  cuda::nf4_dequantize(weight.packed, weight.absmax, weight.absmax ? nullptr : weight.absmax_q,
+                       weight.absmax ? nullptr : weight.absmax_scale, weight.absmax_offset, nf4_code().data(),
+                       dynamic_code_signed().data(), weight.numel, out.data, type, cuda::stream());
+}
+
 #else  // built without CUDA
 
 Nf4Device upload_nf4(const Nf4Tensor&) {

@@ -29,4 +29,20 @@ Nf4Device upload_nf4(const Nf4Tensor& tensor);
 // fp32 value rounded once to half.
 void nf4_dequantize(const Nf4Device& weight, TensorView out);
 
+// An NF4 weight's segments in GPU memory: the packed codes and either the plain absmax or the
+// double-quantised form (absmax_q, absmax_scale, absmax_offset).
+struct Nf4DeviceSegments {
+  const uint8_t* packed = nullptr;      // (numel + 1) / 2 bytes
+  const float* absmax = nullptr;        // one per block (plain form)
+  const uint8_t* absmax_q = nullptr;    // one per block (double-quantised form)
+  const float* absmax_scale = nullptr;  // one per 256 blocks (double-quantised form)
+  float absmax_offset = 0.0f;
+  int64_t numel = 0;
+};
+
+// out (CUDA, F32/BF16/F16, numel elements, e.g. the weight's shape) = the dequantized weight,
+// queued on the compute stream. BF16/F32 equal the CPU nf4_dequantize bit for bit; F16 is the
+// fp32 value rounded once to half.
+void nf4_dequantize(const Nf4DeviceSegments& weight, TensorView out);
+
 }  // namespace fsdpq
