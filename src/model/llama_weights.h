@@ -1,8 +1,9 @@
 // The weights of a LlamaModel as it holds them (private to src/model/llama_*.cpp): every tensor
-// of the HF checkpoint as a frozen dense tensor, a frozen NF4 tensor, or a trainable fp32 master
-// with its gradient and compute copy, plus the LoRA adapters. Built tensor by tensor from a
-// WeightSource (an HF directory or the init-model generator), so no second copy of the model
-// ever exists while loading.
+// of the HF checkpoint as a frozen weight in a storage format (quant/frozen_storage.h: dense, or
+// NF4 under QLoRA) or a trainable fp32 master with its gradient and compute copy, plus the LoRA
+// adapters. Built unit by unit from a WeightSource (an HF directory or the init-model generator)
+// through one unit build (model/unit_build.h), so no second copy of the model ever exists while
+// loading.
 #pragma once
 #include <array>
 #include <functional>
@@ -73,7 +74,7 @@ struct LayerWeights {
 
 // The weights sharding moves as one piece (an FSDP unit): unit 0 is the root (embedding, final
 // norm, head: present for a whole step, as FSDP's root unit), unit i > 0 is decoder layer i - 1.
-// `frozen` are the dense frozen and NF4 base weights, `trainable` every trainable tensor.
+// `frozen` are the frozen base weights (any storage format), `trainable` every trainable tensor.
 struct ParamUnit {
   std::string name;  // "root" or "layer 3"
   std::vector<BaseWeight*> frozen;

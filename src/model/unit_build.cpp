@@ -27,6 +27,10 @@ UnitBuild::UnitBuild(const ParamUnit& unit, const UnitReader& reader, std::vecto
       throw std::logic_error(fmt::format("UnitBuild: '{}' is stored as {} but its values come as {}", w.name,
                                          format.name(), dtype_name(dtype)));
     const ElementRange range = format.values_for(static_cast<int>(piece.segment), w.frozen.numel(), piece.from, piece.to);
+    if (format.stores_values_as_read(static_cast<int>(piece.segment), piece.from, piece.to, dtype)) {
+      reader.read_frozen(w, range.first, range.count, piece.out);
+      continue;
+    }
     values.resize(static_cast<size_t>(range.count) * dtype_size(dtype));
     reader.read_frozen(w, range.first, range.count, values.data());
     format.encode_values(static_cast<int>(piece.segment), w.frozen.numel(), piece.from, piece.to, values.data(), dtype,
@@ -67,12 +71,16 @@ void build_whole_unit(ParamUnit& unit, const UnitReader& reader, DType activatio
     TrainableTensor& t = *unit.trainable[k];
     t.master = Tensor::empty(t.shape, DType::F32);
     t.grad = Tensor::zeros(t.shape, DType::F32);
-    if (activation != DType::F32) t.compute = Tensor::empty(t.shape, activation);
     masters.push_back({k, 0, t.shape.numel(), t.master.data<float>()});
   }
   UnitBuild build(unit, reader, std::move(frozen), masters);
   build.finish();  // every value was read: the statistics are complete
-  for (TrainableTensor* t : unit.trainable) t->refresh_compute();
+  // The compute copies only now, once the values read in the load dtype are freed: a trainable
+  // embedding is then never held three times over.
+  for (TrainableTensor* t : unit.trainable) {
+    if (activation != DType::F32) t->compute = Tensor::empty(t->shape, activation);
+    t->refresh_compute();
+  }
 }
 
 }  // namespace fsdpq

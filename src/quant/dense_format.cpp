@@ -37,6 +37,11 @@ class DenseFormat final : public FrozenFormat {
                 to - from);
   }
 
+  bool stores_values_as_read(int segment, size_t from, size_t to, DType dtype) const override {
+    check_segment(segment);
+    return dtype == dtype_ && from % element() == 0 && to % element() == 0;
+  }
+
   // The ops read dense values in place (FrozenStorage::dense); a copy is only asked for in its own dtype.
   void dequantize(std::span<const TensorView> segments, const FrozenScalars&, int64_t numel,
                   TensorView out) const override {

@@ -4,6 +4,8 @@
 
 namespace fsdpq {
 
+bool FrozenFormat::stores_values_as_read(int, size_t, size_t, DType) const { return false; }
+
 // A format without statistics (dense values) has no step 2.
 int64_t FrozenFormat::statistics_count(int64_t) const { return 0; }
 

@@ -69,6 +69,10 @@ class FrozenFormat {
   // floats for the whole tensor; entries of other elements untouched).
   virtual void encode_values(int segment, int64_t numel, size_t from, size_t to, const void* values, DType dtype,
                              uint8_t* out, float* statistics) const = 0;
+  // Whether those bytes are the values values_for(...) names, as read in `dtype` (dense values,
+  // whole elements): the caller may then read them straight into `out` and skip encode_values,
+  // which saves a copy of the largest tensors (the embedding) while loading.
+  virtual bool stores_values_as_read(int segment, size_t from, size_t to, DType dtype) const;
 
   // ---- 2. statistics segments ----
   virtual int64_t statistics_count(int64_t numel) const;

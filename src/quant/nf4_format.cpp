@@ -70,16 +70,20 @@ class Nf4Format final : public FrozenFormat {
                      uint8_t* out, float* statistics) const override {
     if (segment != kCodes) throw std::logic_error(fmt::format("{}: segment {} is not encoded from values", name(), segment));
     const Blocks blocks = blocks_of_codes(numel, from, to);
-    std::vector<uint8_t> packed(static_cast<size_t>(nf4_packed_bytes(blocks.values(numel).count)));
+    // The blocks' codes go straight to `out` when the bytes are exactly theirs (a whole tensor,
+    // or a range of whole blocks); else they are staged and cut.
+    const size_t base = static_cast<size_t>(blocks.first * kNf4BlockSize / 2);
+    const size_t bytes = static_cast<size_t>(nf4_packed_bytes(blocks.values(numel).count));
+    std::vector<uint8_t> staged(from == base && to == base + bytes ? 0 : bytes);
+    uint8_t* packed = staged.empty() ? out : staged.data();
     float* absmax = statistics + blocks.first;
     if (dtype == DType::BF16)
-      nf4_quantize_blocks(static_cast<const uint16_t*>(values), numel, blocks.first, blocks.count, packed.data(), absmax);
+      nf4_quantize_blocks(static_cast<const uint16_t*>(values), numel, blocks.first, blocks.count, packed, absmax);
     else if (dtype == DType::F32)
-      nf4_quantize_blocks(static_cast<const float*>(values), numel, blocks.first, blocks.count, packed.data(), absmax);
+      nf4_quantize_blocks(static_cast<const float*>(values), numel, blocks.first, blocks.count, packed, absmax);
     else
       throw std::logic_error(fmt::format("{}: values given as {}, expected BF16 or F32", name(), dtype_name(dtype)));
-    const size_t base = static_cast<size_t>(blocks.first * kNf4BlockSize / 2);
-    std::memcpy(out, packed.data() + (from - base), to - from);
+    if (!staged.empty()) std::memcpy(out, staged.data() + (from - base), to - from);
   }
 
   int64_t statistics_count(int64_t numel) const override { return nf4_num_blocks(numel); }

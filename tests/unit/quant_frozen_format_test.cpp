@@ -247,6 +247,16 @@ TEST(FrozenStorage, ReleasedKeepsScalarsAndCanBeAllocatedSegmentBySegment) {
   EXPECT_FALSE(FrozenStorage().defined());
 }
 
+// A reader may read whole dense elements straight into the bytes (UnitBuild does); nothing else.
+TEST(FrozenFormat, OnlyWholeDenseElementsAreStoredAsRead) {
+  EXPECT_TRUE(dense_format(DType::BF16).stores_values_as_read(0, 0, 20, DType::BF16));
+  EXPECT_TRUE(dense_format(DType::F32).stores_values_as_read(0, 8, 16, DType::F32));
+  EXPECT_FALSE(dense_format(DType::BF16).stores_values_as_read(0, 1, 20, DType::BF16));
+  EXPECT_FALSE(dense_format(DType::F32).stores_values_as_read(0, 8, 18, DType::F32));
+  EXPECT_FALSE(dense_format(DType::F16).stores_values_as_read(0, 0, 20, DType::BF16));
+  EXPECT_FALSE(nf4_format(true).stores_values_as_read(0, 0, 32, DType::BF16));
+}
+
 TEST(FrozenFormat, RejectsValuesOfTheWrongType) {
   const std::vector<uint8_t> v = random_values(64, DType::F16, 1);
   std::vector<uint8_t> out(128);
