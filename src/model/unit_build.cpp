@@ -21,7 +21,7 @@ UnitBuild::UnitBuild(const ParamUnit& unit, const UnitReader& reader, std::vecto
   for (const FrozenPiece& piece : frozen_) {
     const BaseWeight& w = *unit.frozen.at(piece.weight);
     const FrozenFormat& format = w.frozen.format();
-    if (format.segments(w.frozen.numel()).at(piece.segment).from_statistics) continue;  // finish()
+    if (w.frozen.segments().at(piece.segment).from_statistics) continue;  // finish()
     const DType dtype = reader.frozen_dtype(w);
     if (!format.accepts_values(dtype))
       throw std::logic_error(fmt::format("UnitBuild: '{}' is stored as {} but its values come as {}", w.name,
