@@ -212,6 +212,9 @@ void validate_combinations(ResolvedConfig& r) {
   if (c.use_cpu_offload && c.choice.sharding == ShardingStrategy::Ddp)
     contradiction("use_cpu_offload", "sharding_strategy",
                   "CPU offload moves sharded state to the host; use full_shard, shard_grad_op or a hybrid strategy");
+  if (c.checkpoint_every != 1 && !c.use_gradient_checkpointing)
+    contradiction("checkpoint_every", "use_gradient_checkpointing",
+                  "it says which layers checkpointing recomputes, so it needs use_gradient_checkpointing = true");
   if (c.use_activation_cpu_offload && !c.use_gradient_checkpointing)
     contradiction("use_activation_cpu_offload", "use_gradient_checkpointing",
                   "activation offload moves the checkpointed layer inputs, so it needs gradient checkpointing");

@@ -115,6 +115,11 @@ std::vector<OptionSpec> build_specs() {
        {"full_shard", "shard_grad_op", "ddp", "hybrid_full_shard", "hybrid_shard_grad_op"}},
       {"use_gradient_checkpointing", "sharding", OptionType::Bool, &T::use_gradient_checkpointing, "true",
        "Keep only each decoder layer's input and recompute the layer in backward."},
+      {"checkpoint_every", "sharding", OptionType::Int, &T::checkpoint_every, "1",
+       "With use_gradient_checkpointing: recompute every k-th decoder layer (layers 0, k, 2k, ...) and "
+       "keep the other layers' activations, trading memory for speed (torchtitan's selective layer "
+       "checkpointing). 1 recomputes every layer (fsdp_qlora's); `fsdpq plan` predicts the memory.",
+       {}, 1, 1 << 20},
       {"use_cpu_offload", "sharding", OptionType::Bool, &T::use_cpu_offload, "false",
        "Keep params, grads and optimizer state in pinned host memory: each layer's weights are copied "
        "in just ahead of use, and each unit is stepped on a CPU thread as its backward ends. "

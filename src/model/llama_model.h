@@ -28,6 +28,9 @@ struct ModelOptions {
   std::vector<std::string> lora_targets;  // q_proj ... down_proj; empty: no adapters
   Precision precision = Precision::BF16;
   bool gradient_checkpointing = true;
+  // With gradient_checkpointing: layers i with i % checkpoint_every == 0 are recomputed in backward;
+  // the others keep their activations from the forward.
+  int64_t checkpoint_every = 1;
   // use_activation_cpu_offload (with checkpointing): each layer's input, kept for its backward,
   // waits in host memory between the layer's forward and backward instead of on the device.
   bool activation_offload = false;

@@ -151,6 +151,7 @@ PlanInput plan_input_from(const TrainConfig& c, const LlamaConfig& model, int wo
   p.ranks_per_node = static_cast<int>(c.ranks_per_node);
   p.setting.strategy = c.choice.sharding;
   p.setting.gradient_checkpointing = c.use_gradient_checkpointing;
+  p.setting.checkpoint_every = c.checkpoint_every;
   p.setting.cpu_offload = c.use_cpu_offload;
   p.setting.activation_offload = c.use_activation_cpu_offload;
   p.setting.batch_size = c.batch_size;
@@ -188,7 +189,11 @@ ActivationBytes activation_bytes(const PlanInput& p) {
     if (rank > 0) layer.add(N * rank * a);
   }
   x.layer = layer.sum;
-  x.kept_layers = p.setting.gradient_checkpointing ? 1 : L;
+  // Checkpointing keeps the activations of the layers it does not recompute (every
+  // checkpoint_every-th is), plus one buffer the recomputed layers share.
+  const int64_t every = p.setting.checkpoint_every;
+  const int64_t recomputed_layers = p.setting.gradient_checkpointing ? (L + every - 1) / every : 0;
+  x.kept_layers = L - recomputed_layers + (recomputed_layers > 0 ? 1 : 0);
 
   // The residual stream of a training pass (L + 1 layer inputs) and the token ids.
   const int64_t ids = R(N * 4), one_input = R(N * C * a);
@@ -455,6 +460,29 @@ MemoryPrediction predict_memory(const PlanInput& p) {
   return r;
 }
 
+namespace {
+
+// A checkpointing step that fits: at its batch, recompute as few layers as still fit (the largest
+// checkpoint_every of 2, 4, 8 ... up to the layer count), since each recomputed layer costs a
+// forward. Memory falls as checkpoint_every falls, so the search stops at the first that fits.
+template <class Fits>
+void recompute_fewer_layers(GuideStep& g, PlanInput in, const Fits& fits) {
+  in.setting = g.setting;
+  const int64_t layers = in.model.num_hidden_layers;
+  int64_t largest = 1;
+  while (largest * 2 <= layers) largest *= 2;
+  for (int64_t every = largest; every >= 2; every /= 2) {
+    in.setting.checkpoint_every = every;
+    MemoryPrediction m = predict_memory(in);
+    if (!fits(m)) continue;
+    g.setting = in.setting;
+    g.prediction = std::move(m);
+    return;
+  }
+}
+
+}  // namespace
+
 GuideResult walk_guide(const PlanInput& base, int64_t gpu_bytes, int64_t host_bytes, int64_t max_batch) {
   if (max_batch < 1) throw std::logic_error("walk_guide: max_batch < 1");
   struct Step {
@@ -489,6 +517,7 @@ GuideResult walk_guide(const PlanInput& base, int64_t gpu_bytes, int64_t host_by
       g.setting = in.setting;
       g.prediction = std::move(m);
     }
+    if (g.fits && s.checkpointing) recompute_fewer_layers(g, in, fits);
     if (g.fits && result.recommended < 0) result.recommended = static_cast<int>(result.steps.size());
     result.steps.push_back(std::move(g));
   }

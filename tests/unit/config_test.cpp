@@ -227,6 +227,12 @@ INSTANTIATE_TEST_SUITE_P(
                       "use_activation_cpu_offload = true (cfg.ini:2) contradicts use_gradient_checkpointing = false "
                       "(cfg.ini:3): activation offload moves the checkpointed layer inputs, so it needs gradient "
                       "checkpointing"},
+        BadConfigCase{"CheckpointEveryWithoutCheckpointing",
+                      "dataset = dummy\ncheckpoint_every = 2\nuse_gradient_checkpointing = false\n", {},
+                      "checkpoint_every = 2 (cfg.ini:2) contradicts use_gradient_checkpointing = false (cfg.ini:3): it "
+                      "says which layers checkpointing recomputes, so it needs use_gradient_checkpointing = true"},
+        BadConfigCase{"CheckpointEveryZero", "dataset = dummy\ncheckpoint_every = 0\n", {},
+                      "cfg.ini:2: checkpoint_every = \"0\": must be at least 1"},
         BadConfigCase{"GeneratedDatasetWithFile", "dataset = dummy\ndata_path = cfg.ini\n", {},
                       "dataset = dummy (cfg.ini:1) contradicts data_path = cfg.ini (cfg.ini:2): dataset dummy "
                       "generates its records; remove data_path"},
