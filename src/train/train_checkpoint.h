@@ -13,7 +13,7 @@
 
 #include "app/run_plan.h"
 #include "config/config_loader.h"
-#include "dist/fsdp_engine.h"
+#include "fsdp/fsdp_engine.h"
 #include "runtime/world.h"
 
 namespace fsdpq {

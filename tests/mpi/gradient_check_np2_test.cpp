@@ -9,9 +9,9 @@
 #include <string>
 
 #include "data/collate.h"
-#include "dist/fsdp_engine.h"
-#include "dist/process_groups.h"
-#include "dist/shard_loader.h"
+#include "fsdp/fsdp_engine.h"
+#include "fsdp/process_groups.h"
+#include "fsdp/shard_loader.h"
 #include "model/llama_model.h"
 #include "model/presets.h"
 #include "runtime/world.h"

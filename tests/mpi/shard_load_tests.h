@@ -1,4 +1,4 @@
-// Sharded loading (dist/shard_loader.h), included by the np2 and np4 test files: each rank builds
+// Sharded loading (fsdp/shard_loader.h), included by the np2 and np4 test files: each rank builds
 // only its shard of each unit, and its bytes must equal the same slice of the single-rank build,
 // for every train type and precision, from files and from the random preset path; from files, a
 // rank reads about 1/W of the model.
@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "dist/fsdp_engine.h"
-#include "dist/frozen_layout.h"
-#include "dist/process_groups.h"
-#include "dist/shard_loader.h"
+#include "fsdp/fsdp_engine.h"
+#include "fsdp/frozen_layout.h"
+#include "fsdp/process_groups.h"
+#include "fsdp/shard_loader.h"
 #include "io/model_files.h"
 #include "model/init_model.h"
 #include "model/llama_weights.h"

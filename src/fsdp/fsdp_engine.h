@@ -23,10 +23,10 @@
 #include <string>
 #include <vector>
 
-#include "dist/frozen_layout.h"
+#include "fsdp/frozen_layout.h"
 #include "backend/cuda_backend.h"
 #include "backend/side_stream.h"
-#include "dist/process_groups.h"
+#include "fsdp/process_groups.h"
 #include "model/llama_model.h"
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
@@ -44,7 +44,7 @@ struct FsdpOptions {
   OptimizerConfig optimizer;
   // use_cpu_offload on a rank that holds whole units (a shard group of one): the layers' frozen
   // base weights wait in host memory and are copied in on a side stream one unit ahead of use
-  // (dist/frozen_offload.h). Shard groups of more ranks gather each unit anyway.
+  // (fsdp/frozen_offload.h). Shard groups of more ranks gather each unit anyway.
   bool offload_frozen = false;
   // With the state on the host and a world of one rank: each unit's gradients are copied out on a side
   // stream as its backward ends and accumulated on a worker thread; a step begun with
@@ -107,7 +107,7 @@ class FsdpEngine final : public UnitHooks {
   // The model builder's UnitBuilt callback: records the unit's layout, keeps this rank's shard and
   // frees the rest (unless resident), so a rank never holds more than one whole unit.
   void adopt_unit(int unit, ParamUnit& contents);
-  // A unit this rank built only its shard of (dist/shard_loader.h): the skeleton's tensors are
+  // A unit this rank built only its shard of (fsdp/shard_loader.h): the skeleton's tensors are
   // unallocated, `frozen_shard` is this rank's frozen_shard_bytes of the layout and `master_shard`
   // its shard_numel fp32 masters.
   // Shard groups of more than one rank only.

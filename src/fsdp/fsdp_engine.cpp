@@ -1,4 +1,4 @@
-#include "dist/fsdp_engine.h"
+#include "fsdp/fsdp_engine.h"
 
 #include <fmt/format.h>
 
@@ -10,8 +10,8 @@
 #include <stdexcept>
 
 #include "backend/cuda_backend.h"
-#include "dist/frozen_layout.h"
-#include "dist/frozen_offload.h"
+#include "fsdp/frozen_layout.h"
+#include "fsdp/frozen_offload.h"
 #include "model/llama_weights.h"
 #include "ops/elementwise.h"
 #include "ops/parallel.h"

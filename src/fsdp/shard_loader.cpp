@@ -1,11 +1,11 @@
-#include "dist/shard_loader.h"
+#include "fsdp/shard_loader.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <optional>
 
-#include "dist/frozen_layout.h"
+#include "fsdp/frozen_layout.h"
 #include "model/llama_weights.h"
 #include "model/unit_build.h"
 #include "runtime/agreed_errors.h"

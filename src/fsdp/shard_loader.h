@@ -11,7 +11,7 @@
 // values and max-reduced over the shard group, so every rank finishes the build with all of them
 // and the bytes are the same at any world size.
 #pragma once
-#include "dist/fsdp_engine.h"
+#include "fsdp/fsdp_engine.h"
 #include "model/llama_model.h"
 #include "runtime/world.h"
 
