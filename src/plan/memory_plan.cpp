@@ -297,7 +297,7 @@ struct WeightTotals {
 // use_cpu_offload on a rank holding whole units (fsdp/frozen_offload.h): each layer's frozen bytes
 // wait in pinned host memory and come to the GPU one unit ahead of use (the current layer and the
 // next; the root stays). The host also holds each unit's gradients copied out and compute copies
-// going back (fsdp_engine's overlap).
+// going back (fsdp/host_offload_scheduler.h).
 WeightTotals offloaded_resident_weights(const PlanInput& p, const UnitCosts& u, int64_t building, int64_t host_state,
                                         ItemList& items) {
   const int64_t L = p.model.num_hidden_layers;

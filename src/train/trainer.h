@@ -1,7 +1,7 @@
 // The training loop (fsdp_qlora's train loop): epochs of micro-batches on every rank, gradient
 // accumulation, clipping, optimizer step, lr schedule, evaluation, metrics, progress, checkpoints
-// and resume, and saving the result. Parameters, gradients and optimizer state are sharded by the
-// FSDP engine (src/fsdp/); a single rank is the same code with a shard group of one.
+// and resume, and saving the result. Parameters, gradients and optimizer state are sharded by
+// FSDP (src/fsdp/fsdp.h); a single rank is the same code with a shard group of one.
 #pragma once
 #include <optional>
 
