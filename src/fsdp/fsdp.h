@@ -8,7 +8,7 @@
 //   - HostOffloadScheduler (host_offload_scheduler.h), with use_cpu_offload on one rank: what
 //     runs on the host during the backward, between the model and the parameters.
 // Fsdp builds them, adopts the units the model builder hands over, installs the hooks and routes
-// the training loop's calls; it holds no state of its own.
+// the training loop's calls; it keeps nothing of the training itself.
 #pragma once
 #include <cstdint>
 #include <functional>

@@ -177,13 +177,13 @@ void HostOffloadScheduler::before_last_micro_batch(const StepRequest& request) {
 }
 
 StepOutcome HostOffloadScheduler::step(const StepRequest& request) {
-  const BackwardWork work = std::exchange(work_, BackwardWork::Accumulate);
-  if (work != BackwardWork::Accumulate &&
+  if (work_ != BackwardWork::Accumulate &&
       (request.scaler != planned_.scaler || request.clip_to_norm.has_value() != planned_.clip_to_norm.has_value() ||
-       (work == BackwardWork::Update && request.lr != planned_.lr)))
+       (work_ == BackwardWork::Update && request.lr != planned_.lr)))
     throw std::logic_error("HostOffloadScheduler: the step asks for other work than its backward was planned for");
-  queue_updates_ = work == BackwardWork::Measure;
-  return run_step(request, *this);
+  const StepOutcome outcome = run_step(request, *this);
+  work_ = BackwardWork::Accumulate;  // until the next step's last micro-batch
+  return outcome;
 }
 
 bool HostOffloadScheduler::unscale(const DynamicLossScaler& scaler) {
@@ -229,7 +229,10 @@ void HostOffloadScheduler::skip() {
 
 void HostOffloadScheduler::update(double lr, std::optional<float> clip) {
   settle();
-  if (queue_updates_)  // they overwrite compute copies the GPU may still be reading in queued work
+  // After measuring in the backward the updates are queued on the worker, in forward order (the
+  // units' order): the next pass waits for each only when it gets there.
+  const bool queue = work_ == BackwardWork::Measure;
+  if (queue)  // they overwrite compute copies the GPU may still be reading in queued work
     upload_copies_->wait(mark_compute());
   else if (clip)  // after a backward that only added up (step() rules out clipping after updates)
     state_.scale_gradients(*clip);
@@ -238,8 +241,7 @@ void HostOffloadScheduler::update(double lr, std::optional<float> clip) {
     if (w.done == UnitWork::Done::Updated) continue;  // on the worker, during backward
     w.done = UnitWork::Done::Nothing;
     w.found_inf = false;
-    if (queue_updates_ && state_.trainable_numel(i) > 0) {
-      // In forward order (the units' order): the next pass waits for each only when it gets there.
+    if (queue && state_.trainable_numel(i) > 0) {
       const float grad_scale = clip.value_or(1.0f);
       w.update_ticket = worker_->post([this, i, lr, grad_scale] { update_on_worker(i, lr, grad_scale); });
       continue;

@@ -86,7 +86,6 @@ class HostOffloadScheduler final : public UnitHooks, private StepActions {
   std::vector<std::unique_ptr<UnitWork>> units_;
   BackwardWork work_ = BackwardWork::Accumulate;
   StepRequest planned_;  // the request before_last_micro_batch planned the backward for
-  bool queue_updates_ = false;  // this step's updates run on the worker (after measuring in backward)
   EventSink event_sink_;
   CommTimes times_;
   // Declared last: destroyed first, so no copy or job outlives the buffers.
