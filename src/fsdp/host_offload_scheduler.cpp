@@ -1,7 +1,5 @@
 #include "fsdp/host_offload_scheduler.h"
 
-#include <fmt/format.h>
-
 #include <algorithm>
 #include <chrono>
 #include <stdexcept>

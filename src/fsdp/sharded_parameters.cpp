@@ -434,12 +434,12 @@ void ShardedParameters::expect_gradients_reduced() const {
 void ShardedParameters::write_compute_copies(const std::function<bool(int unit)>& wanted) {
   const auto start = Clock::now();
   for (auto& u : units_)
-    if (!wanted || wanted(u->index)) write_compute_copies(u->index);
+    if (!wanted || wanted(u->index)) write_unit_compute_copies(u->index);
   if (options_.device != Device::CPU && !state_.on_device())
     times_.offload_copies += seconds_between(start, Clock::now());
 }
 
-void ShardedParameters::write_compute_copies(int index) {
+void ShardedParameters::write_unit_compute_copies(int index) {
   Unit& u = unit(index);
   if (!resident()) {
     // No gather may read the shard while it changes, and a gathered unit is gathered again.

@@ -138,7 +138,7 @@ class ShardedParameters final : public UnitHooks {
   // Packs, reduce-scatters and all-reduces the unit's gradients; returns the rank's summed shard,
   // on the state's device.
   float* reduce_to_shard(Unit& u);
-  void write_compute_copies(int index);
+  void write_unit_compute_copies(int index);
 
   ProcessGroups& groups_;
   ParameterOptions options_;
