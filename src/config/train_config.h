@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/sharding_strategy.h"
+#include "fsdp/sharding_strategy.h"
 #include "model/precision.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"

@@ -1,6 +1,6 @@
 // Building a unit's weights from a UnitReader (model/llama_weights.h): the one path every weight
 // of the model is built by. A rank of a shard group builds the pieces of the unit that fall in
-// its shard, into its flat shard bytes (dist/shard_loader.cpp); the whole model is the same
+// its shard, into its flat shard bytes (fsdp/shard_loader.cpp); the whole model is the same
 // build with a shard group of one: every piece whole, into the weights' own storage
 // (build_whole_unit).
 //

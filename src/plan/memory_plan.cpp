@@ -8,7 +8,7 @@
 #include "config/train_config.h"
 #include "model/llama_layer.h"
 #include "model/llama_model.h"
-#include "dist/frozen_layout.h"
+#include "fsdp/frozen_layout.h"
 #include "model/footprint.h"
 #include "model/llama_lm_head.h"
 #include "quant/frozen_format.h"
@@ -299,10 +299,10 @@ struct WeightTotals {
   int64_t load_peak = 0;           // the host while the model is built
 };
 
-// use_cpu_offload on a rank holding whole units (dist/frozen_offload.h): each layer's frozen bytes
+// use_cpu_offload on a rank holding whole units (fsdp/frozen_offload.h): each layer's frozen bytes
 // wait in pinned host memory and come to the GPU one unit ahead of use (the current layer and the
 // next; the root stays). The host also holds each unit's gradients copied out and compute copies
-// going back (fsdp_engine's overlap).
+// going back (fsdp/host_offload_scheduler.h).
 WeightTotals offloaded_resident_weights(const PlanInput& p, const UnitCosts& u, int64_t building, int64_t host_state,
                                         ItemList& items) {
   const int64_t L = p.model.num_hidden_layers;

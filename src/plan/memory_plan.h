@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/sharding_strategy.h"
+#include "fsdp/sharding_strategy.h"
 #include "model/llama_config.h"
 #include "optim/optimizer.h"
 #include "util/dtype.h"

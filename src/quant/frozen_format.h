@@ -14,7 +14,7 @@
 //      known, scalars_from() computes the per-tensor scalars (NF4's absmax offset) and
 //      encode_statistics() any byte range of them.
 // Between the two the caller completes the statistics vector: a rank leaves kUnknownStatistic
-// where it computed nothing and a shard group max-reduces the vector (dist/shard_loader.cpp); a
+// where it computed nothing and a shard group max-reduces the vector (fsdp/shard_loader.cpp); a
 // caller holding every value (a shard group of one) has nothing to complete. So the per-range
 // math is here and the collective is the sharder's, moving floats it need not understand.
 #pragma once

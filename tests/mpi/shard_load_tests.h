@@ -1,4 +1,4 @@
-// Sharded loading (dist/shard_loader.h), included by the np2 and np4 test files: each rank builds
+// Sharded loading (fsdp/shard_loader.h), included by the np2 and np4 test files: each rank builds
 // only its shard of each unit, and its bytes must equal the same slice of the single-rank build,
 // for every train type and precision, from files and from the random preset path; from files, a
 // rank reads about 1/W of the model.
@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "dist/fsdp_engine.h"
-#include "dist/frozen_layout.h"
-#include "dist/process_groups.h"
-#include "dist/shard_loader.h"
+#include "fsdp/fsdp.h"
+#include "fsdp/frozen_layout.h"
+#include "fsdp/process_groups.h"
+#include "fsdp/shard_loader.h"
 #include "io/model_files.h"
 #include "model/init_model.h"
 #include "model/llama_weights.h"
@@ -117,16 +117,16 @@ uint64_t check_case(const Case& c, bool from_files) {
   else
     (void)LlamaModel::random(config, 5, c.options, record);
 
-  FsdpEngine engine(groups, {.compute_dtype = activation_dtype(c.options.precision)},
-                    static_cast<int>(config.num_hidden_layers) + 1);
+  Fsdp fsdp(groups, {.compute_dtype = activation_dtype(c.options.precision)},
+            static_cast<int>(config.num_hidden_layers) + 1);
   ModelWeights files = ModelWeights::open(model_dir());
-  LlamaModel model = from_files ? LlamaModel::load(config, files, c.options, shard_loader(world, engine))
-                                : LlamaModel::random(config, 5, c.options, shard_loader(world, engine));
+  LlamaModel model = from_files ? LlamaModel::load(config, files, c.options, shard_loader(world, fsdp))
+                                : LlamaModel::random(config, 5, c.options, shard_loader(world, fsdp));
   std::vector<ParamUnit> units = model.param_units();
   for (int unit = 0; unit < model.num_units(); ++unit) {
     SCOPED_TRACE("unit " + std::to_string(unit) + " on shard rank " + std::to_string(s));
-    const auto frozen = engine.frozen_shard(unit);
-    const auto master = engine.master_shard(unit);
+    const auto frozen = fsdp.parameters().frozen_shard(unit);
+    const auto master = fsdp.state().master_on_host(unit);
     EXPECT_EQ(std::vector<uint8_t>(frozen.begin(), frozen.end()), want.frozen.at(unit));
     EXPECT_EQ(master.size(), want.master.at(unit).size());
     if (master.size() == want.master.at(unit).size())

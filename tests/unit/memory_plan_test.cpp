@@ -99,7 +99,7 @@ TEST(MemoryPlan, OptimizerStateAndOffload) {
 
   // CPU offload on one GPU moves the fp32 master, gradient and 2 state buffers of every shard off
   // the GPU, and the layers' frozen weights too: after loading none is there, and in a pass two
-  // layers' are (dist/frozen_offload.h). The root's (embedding, head, final norm) stay.
+  // layers' are (fsdp/frozen_offload.h). The root's (embedding, head, final norm) stay.
   p = llama2_7b(true);
   const MemoryPrediction on_gpu = predict_memory(p);
   p.setting.cpu_offload = true;

@@ -9,7 +9,7 @@
 #include <memory>
 
 #include "backend/tensor.h"
-#include "dist/collectives.h"
+#include "fsdp/collectives.h"
 
 namespace fsdpq {
 

@@ -1,6 +1,6 @@
 // use_cpu_offload for the frozen base weights of a unit a rank holds whole (a shard group of one:
 // one GPU, or ddp): the unit's frozen bytes wait in page-locked host memory, in the unit's flat
-// layout (dist/frozen_layout.h), and are copied to the compute device on a side stream ahead of
+// layout (fsdp/frozen_layout.h), and are copied to the compute device on a side stream ahead of
 // use and freed after it, so the GPU holds a few layers' base weights instead of the model's
 // (what FSDP's CPUOffload(offload_params=True) does for fsdp_qlora). Shard groups of more than one
 // rank get the same effect from gathering each unit into memory that is freed after use.
@@ -13,7 +13,7 @@
 
 #include "backend/cuda_backend.h"
 #include "backend/side_stream.h"
-#include "dist/frozen_layout.h"
+#include "fsdp/frozen_layout.h"
 #include "model/llama_weights.h"
 
 namespace fsdpq {

@@ -1,4 +1,4 @@
-#include "dist/device_collectives.h"
+#include "fsdp/device_collectives.h"
 
 #include <mpi.h>
 
@@ -6,8 +6,8 @@
 #include <string_view>
 
 #include "backend/cuda_backend.h"
-#include "dist/nccl_communicator.h"
-#include "dist/staged_communicator.h"
+#include "fsdp/nccl_communicator.h"
+#include "fsdp/staged_communicator.h"
 #include "runtime/agreed_errors.h"
 #include "util/error.h"
 

@@ -2,8 +2,8 @@
 // barrier — over one group of ranks, asynchronous with completion handles. One interface, three
 // transports: MPI over host buffers (the CPU backend, and every rank's small or rare collectives;
 // this file), NCCL over device buffers (the CUDA backend's gathers and reductions), and MPI
-// staged through the host for device buffers where NCCL cannot run (dist/staged_communicator.h;
-// dist/device_collectives.h picks). Callers never see which one they use.
+// staged through the host for device buffers where NCCL cannot run (fsdp/staged_communicator.h;
+// fsdp/device_collectives.h picks). Callers never see which one they use.
 //
 // Every rank of a group must issue the same collectives in the same order (MPI's and NCCL's
 // rule); the FSDP engine guarantees it by walking the same units in the same order everywhere.

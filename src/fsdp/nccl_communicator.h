@@ -1,4 +1,4 @@
-// The NCCL transport of the collectives interface (dist/collectives.h): device buffers, the
+// The NCCL transport of the collectives interface (fsdp/collectives.h): device buffers, the
 // communicator's own CUDA stream, completion through CUDA events. The NCCL unique id travels over
 // MPI from the group's rank 0. NVLink multicast (NVLS) stays off unless the user set
 // NCCL_NVLS_ENABLE: it reserves memory and the lent machines do not allow it.
@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "dist/collectives.h"
+#include "fsdp/collectives.h"
 
 namespace fsdpq {
 

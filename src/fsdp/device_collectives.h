@@ -1,8 +1,8 @@
 // Which transport carries the FSDP engine's collectives over GPU memory — the parameter
 // all-gathers and the gradient reduce-scatters / all-reduces — and their creation:
-//   nccl  NCCL on its own stream, ordered after the compute stream (dist/nccl_communicator.h):
+//   nccl  NCCL on its own stream, ordered after the compute stream (fsdp/nccl_communicator.h):
 //         how multi-GPU runs train.
-//   mpi   MPI staged through host memory (dist/staged_communicator.h): for ranks sharing a GPU,
+//   mpi   MPI staged through host memory (fsdp/staged_communicator.h): for ranks sharing a GPU,
 //         which NCCL refuses, and for comparing the two.
 // FSDPQ_COLLECTIVES picks one; unset, it is nccl unless ranks share a GPU (FSDPQ_SHARE_GPUS=1).
 // Everything else (losses, norms, flags, checkpoints, the shard loader) stays on MPI over host
@@ -10,7 +10,7 @@
 #pragma once
 #include <string>
 
-#include "dist/process_groups.h"
+#include "fsdp/process_groups.h"
 #include "runtime/gpu.h"
 #include "runtime/world.h"
 

@@ -1,4 +1,4 @@
-#include "dist/nccl_communicator.h"
+#include "fsdp/nccl_communicator.h"
 
 #include <fmt/format.h>
 

@@ -1,12 +1,12 @@
-// The flat layout of an FSDP unit from shapes alone (dist/frozen_layout.h), and the bytes of a
+// The flat layout of an FSDP unit from shapes alone (fsdp/frozen_layout.h), and the bytes of a
 // built unit in it.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <vector>
 
-#include "dist/collectives.h"
-#include "dist/frozen_layout.h"
+#include "fsdp/collectives.h"
+#include "fsdp/frozen_layout.h"
 #include "model/llama_weights.h"
 #include "quant/nf4.h"
 #include "util/bf16.h"

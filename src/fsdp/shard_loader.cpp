@@ -1,11 +1,11 @@
-#include "dist/shard_loader.h"
+#include "fsdp/shard_loader.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <optional>
 
-#include "dist/frozen_layout.h"
+#include "fsdp/frozen_layout.h"
 #include "model/llama_weights.h"
 #include "model/unit_build.h"
 #include "runtime/agreed_errors.h"
@@ -14,8 +14,8 @@
 namespace fsdpq {
 namespace {
 
-void load_unit_shard(const World& world, FsdpEngine& engine, int unit, ParamUnit& skeleton, const UnitReader& reader) {
-  Communicator& group = *engine.groups().shard;
+void load_unit_shard(const World& world, Fsdp& fsdp, int unit, ParamUnit& skeleton, const UnitReader& reader) {
+  Communicator& group = *fsdp.groups().shard;
   const int shard_rank = group.rank();
   const UnitLayout layout = unit_layout(skeleton, group.size());
   std::vector<uint8_t> frozen(layout.frozen_shard_bytes, 0);
@@ -51,15 +51,15 @@ void load_unit_shard(const World& world, FsdpEngine& engine, int unit, ParamUnit
 
   run_on_all_ranks(world, [&] {
     build->finish();
-    engine.adopt_unit_shard(unit, skeleton, layout, std::move(frozen), std::move(master));
+    fsdp.adopt_unit(unit, skeleton, layout, std::move(frozen), std::move(master));
   });
 }
 
 }  // namespace
 
-UnitLoader shard_loader(const World& world, FsdpEngine& engine) {
-  return [&world, &engine](int unit, ParamUnit& skeleton, const UnitReader& reader) {
-    load_unit_shard(world, engine, unit, skeleton, reader);
+UnitLoader shard_loader(const World& world, Fsdp& fsdp) {
+  return [&world, &fsdp](int unit, ParamUnit& skeleton, const UnitReader& reader) {
+    load_unit_shard(world, fsdp, unit, skeleton, reader);
   };
 }
 

@@ -1,4 +1,4 @@
-#include "dist/frozen_layout.h"
+#include "fsdp/frozen_layout.h"
 
 #include <algorithm>
 #include <cstring>
@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "dist/collectives.h"
+#include "fsdp/collectives.h"
 #include "model/llama_weights.h"
 
 namespace fsdpq {

@@ -1,4 +1,4 @@
-#include "dist/staged_communicator.h"
+#include "fsdp/staged_communicator.h"
 
 #include <functional>
 #include <vector>

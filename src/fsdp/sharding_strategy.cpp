@@ -1,4 +1,4 @@
-#include "dist/sharding_strategy.h"
+#include "fsdp/sharding_strategy.h"
 
 #include <algorithm>
 #include <array>

@@ -1,4 +1,4 @@
-#include "dist/process_groups.h"
+#include "fsdp/process_groups.h"
 
 #include <array>
 #include <utility>

@@ -9,8 +9,8 @@
 #include <memory>
 #include <string>
 
-#include "dist/collectives.h"
-#include "dist/sharding_strategy.h"
+#include "fsdp/collectives.h"
+#include "fsdp/sharding_strategy.h"
 #include "runtime/world.h"
 
 namespace fsdpq {
@@ -21,7 +21,7 @@ struct ProcessGroups {
   std::unique_ptr<Communicator> shard;      // parameters are split over these ranks
   std::unique_ptr<Communicator> replicate;  // ranks holding the same shard (same shard-group rank)
   int nodes = 1;                            // shard groups under hybrid sharding
-  // The same shard and replicate groups over GPU memory (dist/device_collectives.h), for the FSDP
+  // The same shard and replicate groups over GPU memory (fsdp/device_collectives.h), for the FSDP
   // engine's gathers and gradient reductions when the model computes on a GPU; null for a group
   // of one rank (nothing to communicate) and on the CPU backend.
   std::unique_ptr<Communicator> shard_device, replicate_device;

@@ -1,4 +1,4 @@
-// The `sharding_strategy` setting (dist/process_groups.h says what each does): its values, and the
+// The `sharding_strategy` setting (fsdp/process_groups.h says what each does): its values, and the
 // rules that follow from one alone, so that every part of fsdpq (groups, engine, planner) works
 // them out in one place.
 #pragma once

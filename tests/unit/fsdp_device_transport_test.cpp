@@ -1,9 +1,9 @@
-// Which transport carries the engine's collectives over GPU memory (dist/device_collectives.h):
+// Which transport carries the engine's collectives over GPU memory (fsdp/device_collectives.h):
 // FSDPQ_COLLECTIVES' values, the default, and the errors that name the variable.
 #include <gtest/gtest.h>
 
-#include "dist/device_collectives.h"
-#include "dist/nccl_communicator.h"
+#include "fsdp/device_collectives.h"
+#include "fsdp/nccl_communicator.h"
 #include "test_support.h"
 
 namespace fsdpq {

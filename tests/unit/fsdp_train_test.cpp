@@ -102,10 +102,10 @@ double max_relative_difference(const Weights& a, const Weights& b) {
   return worst;
 }
 
-class DistTrain : public ::testing::Test {
+class FsdpTrain : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = test::make_temp_dir("dist_train");
+    dir_ = test::make_temp_dir("fsdp_train");
     auto r = run_command("cd '" + dir_.string() + "' && '" + FSDPQ_BINARY + "' demo --out demo --dry_run");
     ASSERT_EQ(r.exit_code, 0) << r.output;
   }
@@ -132,14 +132,14 @@ class DistTrain : public ::testing::Test {
 
   static fs::path dir_;
 };
-fs::path DistTrain::dir_;
+fs::path FsdpTrain::dir_;
 
 struct Case {
   std::string train_type;
   std::string strategy;
 };
 
-class Equivalence : public DistTrain, public ::testing::WithParamInterface<std::string> {};
+class Equivalence : public FsdpTrain, public ::testing::WithParamInterface<std::string> {};
 
 // One train type, every strategy at 2 and 4 ranks, against the single-rank run.
 TEST_P(Equivalence, SameLossesAndWeightsAtOneTwoAndFourRanks) {
@@ -212,7 +212,7 @@ INSTANTIATE_TEST_SUITE_P(TrainTypes, Equivalence, ::testing::Values("lora", "qlo
 // pages leave its resident set, so the peak per rank falls with the rank count. A 1.1B-parameter
 // QLoRA model (measured 2026-12-03: peak resident per rank 637 MiB on 1 rank, 363 on 2, 218 on 4;
 // whole NF4 model 479 MiB; docs/sharding.md). The run stops right after loading.
-TEST_F(DistTrain, PeakHostMemoryPerRankFallsWithTheRankCount) {
+TEST_F(FsdpTrain, PeakHostMemoryPerRankFallsWithTheRankCount) {
   auto r = run_command("cd '" + dir_.string() + "' && '" + FSDPQ_BINARY +
                        "' init-model --preset tinyllama-1.1b --vocab_size 260 --out big --overwrite");
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -237,7 +237,7 @@ TEST_F(DistTrain, PeakHostMemoryPerRankFallsWithTheRankCount) {
 
 // A failure while one rank reads its shard of a unit ends every rank with that rank's message
 // (each unit's reading is agreed before its collective), promptly, with no rank left waiting.
-TEST_F(DistTrain, AFailureOnOneRankWhileLoadingAUnitEndsEveryRankWithItsMessage) {
+TEST_F(FsdpTrain, AFailureOnOneRankWhileLoadingAUnitEndsEveryRankWithItsMessage) {
   const auto start = std::chrono::steady_clock::now();
   auto r = mpirun(2, args("qlora", 2, "load_fail"), "FSDPQ_INJECT_FAULT=1:load_unit_2");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -256,7 +256,7 @@ std::map<int64_t, double> losses_by_step(const fs::path& out) {
   return l;
 }
 
-class Checkpoints : public DistTrain {
+class Checkpoints : public FsdpTrain {
  protected:
   // 8 steps of 4 examples, a checkpoint every 2 steps.
   // `overrides` ("--key value ...") replace the same keys of the standard run.
@@ -284,7 +284,7 @@ class Checkpoints : public DistTrain {
   }
   // The uninterrupted 2-rank run the interrupted ones are compared with.
   static void SetUpTestSuite() {
-    DistTrain::SetUpTestSuite();
+    FsdpTrain::SetUpTestSuite();
     auto r = mpirun(2, run_args(2, "ck_ref"));
     ASSERT_EQ(r.exit_code, 0) << r.output;
   }
@@ -554,7 +554,7 @@ TEST_F(Checkpoints, AFailureOnOneRankMidTrainingEndsEveryRankPromptly) {
 // longer hangs the job: after collective_timeout_s the waiting rank asks the others, names the one
 // that stalled and how, and ends the job with exit code 76. A rank that is slow but still making
 // progress only extends the wait.
-TEST_F(DistTrain, AStalledRankEndsTheJobNamingItAndASlowOneDoesNot) {
+TEST_F(FsdpTrain, AStalledRankEndsTheJobNamingItAndASlowOneDoesNot) {
   struct Case {
     std::string action, words;
     int exit_code;
@@ -590,7 +590,7 @@ TEST_F(DistTrain, AStalledRankEndsTheJobNamingItAndASlowOneDoesNot) {
 
 // A second run into a directory a run is writing stops at once, naming the other process; a fresh
 // run into a finished run's directory is refused until it says --resume auto or --overwrite true.
-TEST_F(DistTrain, ARunDirectoryHoldsOneRunAtATime) {
+TEST_F(FsdpTrain, ARunDirectoryHoldsOneRunAtATime) {
   const std::string out = "one_dir";
   ASSERT_EQ(run_command("cd '" + dir_.string() + "' && ('" + FSDPQ_BINARY + "' " + args("lora", 1, out, 100000) +
                         " --num_epochs 1000 > one_dir.log 2>&1 &)").exit_code, 0);
@@ -628,7 +628,7 @@ TEST_F(DistTrain, ARunDirectoryHoldsOneRunAtATime) {
   EXPECT_EQ(losses(dir_ / out).size(), 2u);
 }
 
-TEST_F(DistTrain, AnUnusableOutputOrCheckpointDirectoryStopsTheRunBeforeLoading) {
+TEST_F(FsdpTrain, AnUnusableOutputOrCheckpointDirectoryStopsTheRunBeforeLoading) {
   test::write_file(dir_ / "a_file", "x");
   auto r = mpirun(2, args("lora", 2, "ok_out", 2) + " --checkpoint_dir a_file/checkpoints");
   EXPECT_EQ(r.exit_code, 2) << r.output;
@@ -644,7 +644,7 @@ TEST_F(DistTrain, AnUnusableOutputOrCheckpointDirectoryStopsTheRunBeforeLoading)
 // profile = true: each rank writes a chrome-trace timeline that parses as JSON and holds every
 // step, its passes and optimizer, and (two ranks: units are gathered) the gather waits and
 // reductions; profile_memory adds memory records around every pass and step.
-TEST_F(DistTrain, ProfileWritesAPerRankTraceAndMemoryRecords) {
+TEST_F(FsdpTrain, ProfileWritesAPerRankTraceAndMemoryRecords) {
   auto r = mpirun(2, args("qlora", 2, "profiled", 3) + " --profile true --profile_memory true");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (int rank = 0; rank < 2; ++rank) {
@@ -678,7 +678,7 @@ TEST_F(DistTrain, ProfileWritesAPerRankTraceAndMemoryRecords) {
 
 // With use_cpu_offload on one rank the worker thread's jobs are on the trace too, on a lane of
 // their own, with the main thread's waits on them: what an offload run's step time is made of.
-TEST_F(DistTrain, ProfileTracesTheOffloadWorker) {
+TEST_F(FsdpTrain, ProfileTracesTheOffloadWorker) {
   auto r = mpirun(1, args("qlora", 2, "profiled_offload", 3) +
                          " --profile true --use_cpu_offload true --apply_gradient_clipping true");
   ASSERT_EQ(r.exit_code, 0) << r.output;

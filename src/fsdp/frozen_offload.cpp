@@ -1,4 +1,4 @@
-#include "dist/frozen_offload.h"
+#include "fsdp/frozen_offload.h"
 
 #include <fmt/format.h>
 
