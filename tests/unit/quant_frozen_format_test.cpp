@@ -111,23 +111,39 @@ std::vector<std::vector<uint8_t>> encode_in_pieces(const FrozenFormat& format, i
       if (lo < hi) pieces.push_back({i, lo - base, hi - base});
     }
   }
+  // The values under a piece, concatenated from the ranges values_for names (as a reader gives them).
+  const auto values_under = [&](const Piece& p) {
+    const ElementRanges ranges = format.values_for(static_cast<int>(p.segment), numel, p.from, p.to);
+    std::vector<uint8_t> v;
+    for (const ElementRange& r : ranges) {
+      EXPECT_GE(r.first, 0);
+      EXPECT_LE(r.first + r.count, numel);
+      v.insert(v.end(), values + static_cast<size_t>(r.first) * dtype_size(dtype),
+               values + static_cast<size_t>(r.first + r.count) * dtype_size(dtype));
+    }
+    return v;
+  };
   for (const Piece& p : pieces) {
     if (specs[p.segment].from_statistics) continue;
     std::vector<float> mine(count, kUnknownStatistic);
     const int segment = static_cast<int>(p.segment);
-    const ElementRange range = format.values_for(segment, numel, p.from, p.to);
-    EXPECT_GE(range.first, 0);
-    EXPECT_LE(range.first + range.count, numel);
-    format.encode_values(segment, numel, p.from, p.to, values + static_cast<size_t>(range.first) * dtype_size(dtype),
-                         dtype, out[p.segment].data() + p.from, mine.data());
+    const std::vector<uint8_t> v = values_under(p);
+    if (specs[p.segment].needs_scalars)
+      format.measure_values(segment, numel, p.from, p.to, v.data(), dtype, mine.data());
+    else
+      format.encode_values(segment, numel, p.from, p.to, v.data(), dtype, out[p.segment].data() + p.from, mine.data());
     for (size_t i = 0; i < count; ++i) merged[i] = std::max(merged[i], mine[i]);
   }
   for (float s : merged) EXPECT_NE(s, kUnknownStatistic);
   scalars = format.scalars_from(merged.data(), numel);
-  for (const Piece& p : pieces)
+  for (const Piece& p : pieces) {
     if (specs[p.segment].from_statistics)
       format.encode_statistics(static_cast<int>(p.segment), numel, p.from, p.to, merged.data(), scalars,
                                out[p.segment].data() + p.from);
+    else if (specs[p.segment].needs_scalars)
+      format.encode_values_with_scalars(static_cast<int>(p.segment), numel, p.from, p.to, values_under(p).data(), dtype,
+                                        scalars, out[p.segment].data() + p.from);
+  }
   return out;
 }
 
