@@ -8,6 +8,7 @@
 #include "config/train_config.h"
 #include "model/llama_layer.h"
 #include "model/llama_model.h"
+#include "model/llama_weights.h"
 #include "dist/frozen_layout.h"
 #include "model/footprint.h"
 #include "model/llama_lm_head.h"
@@ -84,7 +85,8 @@ UnitShape layer_unit_shape(const PlanInput& p) {
     if (p.train_base)
       u.trainable.push_back(l.out * l.in);
     else
-      u.frozen.push_back({p.quantized ? &nf4_format(/*double_quant=*/true) : &dense_format(p.activation), l.out * l.in});
+      u.frozen.push_back(
+          {p.quantized ? &quantized_linear_format(p.hqq_bits, p.activation) : &dense_format(p.activation), l.out * l.in});
   }
   for (const Linear& l : linears(p))
     if (l.rank > 0) {
@@ -140,6 +142,7 @@ PlanInput plan_input_from(const TrainConfig& c, const LlamaConfig& model, int wo
   PlanInput p;
   p.model = model;
   p.quantized = c.quantized_base();
+  p.hqq_bits = c.hqq_base() ? static_cast<int>(c.n_bits) : 0;
   p.train_base = !c.is_lora();
   p.lora_rank = c.lora_rank;
   if (c.is_lora()) p.lora_targets = c.lora_target_modules;
