@@ -330,7 +330,7 @@ WeightTotals resident_weights(const PlanInput& p, const UnitCosts& u, bool gpu, 
   const int64_t L = p.model.num_hidden_layers;
   const int64_t frozen_nf4 = L * u.layer.nf4, frozen_dense = u.root.dense + L * u.layer.dense;
   const int64_t compute = u.root.compute + L * u.layer.compute;
-  items.add("frozen NF4 weights", frozen_nf4, gpu ? L * u.layer_host.nf4_host : 0);
+  items.add(p.hqq_bits ? "frozen HQQ weights" : "frozen NF4 weights", frozen_nf4, gpu ? L * u.layer_host.nf4_host : 0);
   items.add("frozen dense weights (embedding, head, norms" + std::string(p.quantized ? ")" : ", linears)"),
             frozen_dense, 0);
   items.add(p.activation == DType::F32 ? "trainable fp32 weights (computed with)" : "trainable compute copies", compute, 0);
