@@ -81,6 +81,20 @@ ElementRanges elements_of(std::vector<GroupRange> groups) {
   return out;
 }
 
+// Packs `rows` rows of every slice's codes (codes[(k * rows + r) * 64 + j]) into hqq's words.
+std::vector<uint8_t> pack_rows(const HqqPacking& p, int64_t rows, const std::vector<uint8_t>& codes) {
+  std::vector<uint8_t> words(static_cast<size_t>(rows * kHqqGroupSize * p.word_bytes));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < kHqqGroupSize; ++j) {
+      uint32_t word = 0;
+      for (int k = 0; k < p.slices; ++k)
+        word |= uint32_t{codes[static_cast<size_t>((k * rows + r) * kHqqGroupSize + j)]} << p.shift(k);
+      for (int b = 0; b < p.word_bytes; ++b)  // little-endian int32 words for 3 bits
+        words[static_cast<size_t>((r * kHqqGroupSize + j) * p.word_bytes + b)] = static_cast<uint8_t>(word >> (8 * b));
+    }
+  return words;
+}
+
 class HqqFormat final : public FrozenFormat {
  public:
   HqqFormat(int n_bits, DType meta, HqqSolverPrecision precision) : n_bits_(n_bits), meta_(meta), precision_(precision) {}
@@ -107,7 +121,8 @@ class HqqFormat final : public FrozenFormat {
     check_value_segment(segment);
     // Every slice's groups under the rows, rounded out to whole blocks for measure_values.
     std::vector<GroupRange> groups = code_groups(p, from, to);
-    for (GroupRange& g : groups) g = {g.first / kBlockGroups * kBlockGroups, std::min(ceil_div(g.end, kBlockGroups) * kBlockGroups, p.groups)};
+    for (GroupRange& g : groups)
+      g = {g.first / kBlockGroups * kBlockGroups, std::min(ceil_div(g.end, kBlockGroups) * kBlockGroups, p.groups)};
     return elements_of(groups);
   }
 
@@ -122,7 +137,8 @@ class HqqFormat final : public FrozenFormat {
     write_meta(groups, from, to, out, [&](int64_t g) {
       float w[kHqqGroupSize];
       source.read(g, w);
-      return hqq_stored(hqq_solve_group(w, hqq_group_start(w, n_bits_), n_bits_, 0, precision_, nullptr), precision_, meta_).scale;
+      const HqqGroup unsolved = hqq_solve_group(w, hqq_group_start(w, n_bits_), n_bits_, 0, precision_, nullptr);
+      return hqq_stored(unsolved, precision_, meta_).scale;  // the solver moves only the zero point
     });
   }
 
@@ -186,7 +202,7 @@ class HqqFormat final : public FrozenFormat {
       return;
     }
     if (segment != kCodes) FrozenFormat::encode_values_with_scalars(segment, numel, from, to, values, dtype, scalars, out);
-    // The codes of every slice's groups under the rows, then the rows' words, then the bytes.
+    // The codes of every slice's groups under the packed rows, then the rows' words, then the bytes.
     const int64_t word_row = kHqqGroupSize * p.word_bytes;
     const int64_t r0 = static_cast<int64_t>(from) / word_row, r1 = ceil_div(static_cast<int64_t>(to), word_row);
     std::vector<uint8_t> codes(static_cast<size_t>(p.slices * (r1 - r0) * kHqqGroupSize), 0);
@@ -199,14 +215,7 @@ class HqqFormat final : public FrozenFormat {
         const HqqGroup group = solve(g, w);
         hqq_group_codes(w, group, n_bits_, codes.data() + (k * (r1 - r0) + (r - r0)) * kHqqGroupSize);
       }
-    std::vector<uint8_t> words(static_cast<size_t>((r1 - r0) * word_row));
-    for (int64_t r = 0; r < r1 - r0; ++r)
-      for (int64_t j = 0; j < kHqqGroupSize; ++j) {
-        uint32_t word = 0;
-        for (int k = 0; k < p.slices; ++k) word |= uint32_t{codes[static_cast<size_t>((k * (r1 - r0) + r) * kHqqGroupSize + j)]} << p.shift(k);
-        for (int b = 0; b < p.word_bytes; ++b)
-          words[static_cast<size_t>((r * kHqqGroupSize + j) * p.word_bytes + b)] = static_cast<uint8_t>(word >> (8 * b));
-      }
+    const std::vector<uint8_t> words = pack_rows(p, r1 - r0, codes);
     std::memcpy(out, words.data() + (from - static_cast<size_t>(r0 * word_row)), to - from);
   }
 

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "gpu/op_parity.h"
 #include "quant/frozen_storage.h"
 #include "quant/hqq.h"
@@ -36,7 +38,7 @@ std::vector<uint8_t> bytes_of(const TensorView& t) {
 }
 
 void check_case(int bits, DType meta, int64_t rows, int64_t cols) {
-  SCOPED_TRACE(std::to_string(bits) + " bits, " + dtype_name(meta) + ", " + std::to_string(rows) + "x" + std::to_string(cols));
+  SCOPED_TRACE(fmt::format("{} bits, {}, {}x{}", bits, dtype_name(meta), rows, cols));
   const std::vector<uint16_t> w = random_bf16_weights(rows * cols, static_cast<uint32_t>(bits * 1000 + rows));
   FrozenStorage weight = FrozenStorage::encode(hqq_format(bits, meta), Shape{rows, cols}, w.data(), DType::BF16);
   Tensor cpu_meta, cpu_f32;
