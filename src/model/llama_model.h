@@ -20,7 +20,8 @@ namespace fsdpq {
 
 
 struct ModelOptions {
-  bool quantize_base = true;  // NF4 base linears (bitsandbytes layout, double-quantised absmax)
+  bool quantize_base = true;  // quantised base linears: NF4 (bitsandbytes layout, double-quantised absmax) or HQQ
+  int hqq_bits = 0;           // HQQ base linears of this many bits (hqq_lora's n_bits); 0: NF4
   bool train_base = false;    // full fine-tuning: every weight trains (fp32 masters)
   int64_t lora_rank = 64;
   double lora_alpha = 16;

@@ -8,6 +8,7 @@
 #include "config/train_config.h"
 #include "model/llama_layer.h"
 #include "model/llama_model.h"
+#include "model/llama_weights.h"
 #include "fsdp/frozen_layout.h"
 #include "model/footprint.h"
 #include "model/llama_lm_head.h"
@@ -84,7 +85,8 @@ UnitShape layer_unit_shape(const PlanInput& p) {
     if (p.train_base)
       u.trainable.push_back(l.out * l.in);
     else
-      u.frozen.push_back({p.quantized ? &nf4_format(/*double_quant=*/true) : &dense_format(p.activation), l.out * l.in});
+      u.frozen.push_back(
+          {p.quantized ? &quantized_linear_format(p.hqq_bits, p.activation) : &dense_format(p.activation), l.out * l.in});
   }
   for (const Linear& l : linears(p))
     if (l.rank > 0) {
@@ -140,6 +142,7 @@ PlanInput plan_input_from(const TrainConfig& c, const LlamaConfig& model, int wo
   PlanInput p;
   p.model = model;
   p.quantized = c.quantized_base();
+  p.hqq_bits = c.hqq_base() ? static_cast<int>(c.n_bits) : 0;
   p.train_base = !c.is_lora();
   p.lora_rank = c.lora_rank;
   if (c.is_lora()) p.lora_targets = c.lora_target_modules;
@@ -332,7 +335,7 @@ WeightTotals resident_weights(const PlanInput& p, const UnitCosts& u, bool gpu, 
   const int64_t L = p.model.num_hidden_layers;
   const int64_t frozen_nf4 = L * u.layer.nf4, frozen_dense = u.root.dense + L * u.layer.dense;
   const int64_t compute = u.root.compute + L * u.layer.compute;
-  items.add("frozen NF4 weights", frozen_nf4, gpu ? L * u.layer_host.nf4_host : 0);
+  items.add(p.hqq_bits ? "frozen HQQ weights" : "frozen NF4 weights", frozen_nf4, gpu ? L * u.layer_host.nf4_host : 0);
   items.add("frozen dense weights (embedding, head, norms" + std::string(p.quantized ? ")" : ", linears)"),
             frozen_dense, 0);
   items.add(p.activation == DType::F32 ? "trainable fp32 weights (computed with)" : "trainable compute copies", compute, 0);

@@ -38,7 +38,8 @@ struct PlanSetting {
 
 struct PlanInput {
   LlamaConfig model;
-  bool quantized = true;    // NF4 base linears (qlora)
+  bool quantized = true;    // quantised base linears: NF4 (qlora) or HQQ (hqq_lora)
+  int hqq_bits = 0;         // HQQ of this many bits (n_bits); 0: NF4
   bool train_base = false;  // full fine-tuning
   int64_t lora_rank = 64;
   std::vector<std::string> lora_targets;  // q_proj ... down_proj

@@ -49,6 +49,7 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 ModelOptions model_options_from(const TrainConfig& c) {
   ModelOptions o;
   o.quantize_base = c.quantized_base();
+  o.hqq_bits = c.hqq_base() ? static_cast<int>(c.n_bits) : 0;
   o.train_base = !c.is_lora();
   o.lora_rank = c.lora_rank;
   o.lora_alpha = c.lora_alpha;

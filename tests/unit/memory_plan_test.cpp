@@ -33,6 +33,25 @@ PlanInput tiny_input(int64_t B, int64_t T, bool on_gpu) {
   return p;
 }
 
+// hqq_lora's frozen linears are counted from HQQ's segments: per 64 weights n_bits · 8 bytes of
+// codes and 4 bytes of zero point and scale (3 bits: ten groups' codes per int32 word).
+TEST(MemoryPlan, HqqFrozenWeightsAreItsSegments) {
+  PlanInput p = tiny_input(1, 8, false);
+  const auto frozen = [&](int bits) {
+    p.hqq_bits = bits;
+    for (const MemoryItem& i : predict_memory(p).items)
+      if (i.what == (bits ? "frozen HQQ weights" : "frozen NF4 weights")) return i.host;
+    return int64_t{-1};
+  };
+  // tiny: 2 layers of q, k, v, o (64·64, 32·64, 32·64, 64·64) and gate, up, down (176·64 each):
+  // 45,056 weights a layer, 704 groups.
+  const int64_t weights = 2 * (2 * 64 * 64 + 2 * 32 * 64 + 3 * 176 * 64), groups = weights / 64;
+  EXPECT_EQ(frozen(4), weights / 2 + 4 * groups);
+  EXPECT_EQ(frozen(2), weights / 4 + 4 * groups);
+  EXPECT_EQ(frozen(8), weights + 4 * groups);
+  EXPECT_LT(frozen(0), frozen(4)) << "NF4 with double quantisation: 4.13 bits; HQQ 4 bits: 4.5";
+}
+
 TEST(MemoryPlan, LayerActivationsByHand) {
   // tiny: C 64, H 4, KV 2, D 16, I 176; B 2, T 8 → N 16; bf16; LoRA r 4 on q and v.
   // n1, q, att, x2, n2: 16·64·2 = 2048 each; k, v: 16·32·2 = 1024 each; rstd1/2: 64 each;
