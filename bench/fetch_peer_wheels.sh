@@ -3,7 +3,9 @@
 # The wheel ships CUDA libraries for every CUDA from 11.8 to 13.2 (42 MB), which with .device/lib
 # would pass the device tool's 64 MiB carry limit; the GPU machine's torch is cu130, so the copy kept
 # holds only the CUDA 13 and CPU libraries (RECORD rewritten to match, so pip installs it normally).
-#   usage: bench/fetch_bnb_wheel.sh [VERSION]      (default: the newest)
+# It also puts liger-kernel's wheel there (pure Python + Triton, ~1 MB; the version issue #24 names) for
+# the hf_lora_liger peer and peer_train.py --liger.
+#   usage: bench/fetch_peer_wheels.sh [BNB_VERSION]      (default: the newest bitsandbytes)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=.device/wheels
@@ -25,3 +27,6 @@ with zipfile.ZipFile(path + ".tmp", "w", zipfile.ZIP_DEFLATED) as dst:
 os.replace(path + ".tmp", path)
 print(f"{os.path.basename(path)}: {os.path.getsize(path) / 2**20:.1f} MiB (CUDA 13 + CPU libraries)")
 EOF
+rm -f "$dir"/liger_kernel-*.whl
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d "$dir" "liger-kernel==${LIGER_VERSION:-0.8.5}"
+ls "$dir"/liger_kernel-*.whl

@@ -20,9 +20,9 @@ namespace fsdpq {
 
 class OffloadedFrozen {
  public:
-  // Packs the unit's built frozen weights (dense_dtypes[k]: weight k's dtype where dense) into
-  // host memory and frees their own storage. `device` is where the model computes.
-  OffloadedFrozen(const ParamUnit& unit, std::vector<DType> dense_dtypes, Device device);
+  // Packs the unit's built frozen weights into host memory and frees their own storage. `device`
+  // is where the model computes.
+  OffloadedFrozen(const ParamUnit& unit, Device device);
   OffloadedFrozen(const OffloadedFrozen&) = delete;
   OffloadedFrozen& operator=(const OffloadedFrozen&) = delete;
 
@@ -40,7 +40,6 @@ class OffloadedFrozen {
  private:
   enum class State { Evicted, InFlight, Ready };
   std::vector<BaseWeight*> weights_;
-  std::vector<DType> dense_dtypes_;
   UnitLayout layout_;
   Device device_;
   HostStaging host_;
@@ -48,12 +47,11 @@ class OffloadedFrozen {
   StreamMark copied_;
 };
 
-// Allocates the weight's storage for one segment on `device` and returns where its bytes go: the
-// host storage segment_storage allocates, or the weight's GPU copy (nf4_device, or its dense
-// tensor on the GPU). What a gathered or fetched unit is unpacked into.
-uint8_t* allocate_segment_storage(BaseWeight& weight, const FrozenSegment& segment, DType dense_dtype, Device device);
+// Allocates the weight's storage for one segment on `device` and returns where its bytes go:
+// what a gathered or fetched unit is unpacked into.
+uint8_t* allocate_segment_storage(BaseWeight& weight, const FrozenSegment& segment, Device device);
 
-// Frees a frozen weight's storage on every device (its NF4 statistics' scalars and its shape stay).
+// Frees a frozen weight's storage on every device (its scalars and its shape stay).
 void evict_frozen_storage(BaseWeight& weight);
 
 }  // namespace fsdpq

@@ -95,7 +95,6 @@ struct FsdpEngine::Unit {
 
   // Layout (the same on every rank).
   std::vector<BaseWeight*> frozen;
-  std::vector<DType> frozen_dtype;  // dense segments' dtype
   std::vector<FrozenSegment> segments;
   size_t frozen_bytes = 0, frozen_shard_bytes = 0;
   std::vector<TrainableEntry> trainables;
@@ -194,15 +193,13 @@ FsdpEngine::Unit& FsdpEngine::unit(int index) {
   return *units_[static_cast<size_t>(index)];
 }
 
-void FsdpEngine::record_layout(Unit& u, ParamUnit& contents, const UnitLayout& layout,
-                               const std::vector<DType>& dense_dtypes) {
+void FsdpEngine::record_layout(Unit& u, ParamUnit& contents, const UnitLayout& layout) {
   if (u.adopted) throw std::logic_error(fmt::format("FsdpEngine: unit {} adopted twice", u.index));
-  if (contents.frozen.size() != dense_dtypes.size() || contents.trainable.size() != layout.trainable_offset.size())
+  if (contents.trainable.size() != layout.trainable_offset.size())
     throw std::logic_error(fmt::format("FsdpEngine: unit {}'s layout does not match its tensors", u.index));
   u.adopted = true;
   u.name = contents.name;
   u.frozen = contents.frozen;
-  u.frozen_dtype = dense_dtypes;
   u.segments = layout.segments;
   u.frozen_bytes = layout.frozen_bytes;
   u.frozen_shard_bytes = layout.frozen_shard_bytes;
@@ -240,9 +237,7 @@ void FsdpEngine::adopt_unit(int index, ParamUnit& contents) {
   Unit& u = unit(index);
   const int s = groups_.shard->rank();
   const UnitLayout layout = unit_layout(contents, groups_.shard->size());
-  std::vector<DType> dense_dtypes;
-  for (BaseWeight* w : contents.frozen) dense_dtypes.push_back(w->frozen.defined() ? w->frozen.dtype() : DType::U8);
-  record_layout(u, contents, layout, dense_dtypes);
+  record_layout(u, contents, layout);
 
   // This rank's master shard (zeros past the end: padding that never changes).
   try {
@@ -269,7 +264,7 @@ void FsdpEngine::adopt_unit(int index, ParamUnit& contents) {
     u.gathered = true;
     // The root (embedding, final norm, head) is used at both ends of every pass: it stays.
     if (options_.offload_frozen && index != kRootUnit && !u.frozen.empty())
-      u.offloaded = std::make_unique<OffloadedFrozen>(contents, dense_dtypes, options_.device);
+      u.offloaded = std::make_unique<OffloadedFrozen>(contents, options_.device);
     return;
   }
 
@@ -288,14 +283,14 @@ void FsdpEngine::adopt_unit(int index, ParamUnit& contents) {
 }
 
 void FsdpEngine::adopt_unit_shard(int index, ParamUnit& skeleton, const UnitLayout& layout,
-                                  const std::vector<DType>& dense_dtypes, std::vector<uint8_t> frozen_shard,
+                                  std::vector<uint8_t> frozen_shard,
                                   std::vector<float> master_shard) {
   if (resident()) throw std::logic_error("FsdpEngine: a shard group of one keeps whole units (adopt_unit)");
   watchdog_progress();
   if (frozen_shard.size() != layout.frozen_shard_bytes || master_shard.size() != static_cast<size_t>(layout.shard_numel))
     throw std::logic_error(fmt::format("FsdpEngine: unit {}'s shard does not match its layout", index));
   Unit& u = unit(index);
-  record_layout(u, skeleton, layout, dense_dtypes);
+  record_layout(u, skeleton, layout);
   u.master = std::move(master_shard);
   init_shard_state(u);
   frozen_shard.resize(u.chunk_bytes, 0);
@@ -416,7 +411,7 @@ void FsdpEngine::ensure_gathered(Unit& u) {
   const Device device = options_.device;
   const auto* recv = static_cast<const uint8_t*>(u.recv.view().data);
   for (const FrozenSegment& seg : u.segments) {
-    uint8_t* dst = allocate_segment_storage(*u.frozen[seg.weight], seg, u.frozen_dtype[seg.weight], device);
+    uint8_t* dst = allocate_segment_storage(*u.frozen[seg.weight], seg, device);
     copy_from_pieces(recv, u.chunk_bytes, u.frozen_shard_bytes, seg.offset, dst, seg.bytes, device);
   }
   const size_t element = dtype_size(options_.compute_dtype);

@@ -109,10 +109,10 @@ class FsdpEngine final : public UnitHooks {
   void adopt_unit(int unit, ParamUnit& contents);
   // A unit this rank built only its shard of (dist/shard_loader.h): the skeleton's tensors are
   // unallocated, `frozen_shard` is this rank's frozen_shard_bytes of the layout and `master_shard`
-  // its shard_numel fp32 masters; dense_dtypes[k] is frozen weight k's dtype when it is dense.
+  // its shard_numel fp32 masters.
   // Shard groups of more than one rank only.
-  void adopt_unit_shard(int unit, ParamUnit& skeleton, const UnitLayout& layout, const std::vector<DType>& dense_dtypes,
-                        std::vector<uint8_t> frozen_shard, std::vector<float> master_shard);
+  void adopt_unit_shard(int unit, ParamUnit& skeleton, const UnitLayout& layout, std::vector<uint8_t> frozen_shard,
+                        std::vector<float> master_shard);
   // Once the model exists: binds to its tensors (the root's moved with the model) and installs the
   // hooks. Every unit must have been adopted.
   void attach(LlamaModel& model);
@@ -201,7 +201,7 @@ class FsdpEngine final : public UnitHooks {
   // only when it reaches that unit.
   void measure_during_backward(const DynamicLossScaler* scaler);
   Unit& unit(int index);
-  void record_layout(Unit& u, ParamUnit& contents, const UnitLayout& layout, const std::vector<DType>& dense_dtypes);
+  void record_layout(Unit& u, ParamUnit& contents, const UnitLayout& layout);
   // The gather's send buffer of a unit being adopted, filled with `chunk` (chunk_bytes).
   void keep_send(Unit& u, const std::vector<uint8_t>& chunk);
   // The collectives over buffers where the model computes: MPI's host groups on the CPU, the

@@ -1,14 +1,15 @@
-// Low-memory loading under a shard group of several ranks (docs/sharding.md): each rank reads
-// from the weight source only the elements that fall in its shard of each unit's flat layout
-// (frozen_layout.h), quantises only the NF4 blocks those elements belong to, and hands the engine
-// its shard directly, so no rank ever holds a whole unit nor reads the whole model.
+// Low-memory loading under a shard group of several ranks (docs/sharding.md): each rank builds
+// only the pieces of each unit that fall in its shard of the unit's flat layout
+// (frozen_layout.h), reading only the values under them, and hands the engine its shard
+// directly, so no rank ever holds a whole unit nor reads the whole model.
 //
-// NF4 statistics cross shards: a rank may own a weight's absmax codes or group scales without
-// owning the codes of those blocks, and double quantisation needs the tensor-wide mean of the
-// absmax and each 256-block group's maximum. So every block's absmax is computed by the rank(s)
-// holding its packed codes, the absmax of the unit's NF4 weights is all-reduced (max) over the
-// shard group, and every rank then double-quantises each whole absmax vector exactly as the
-// single-rank code does: the bytes are the same at any world size.
+// The building is the model's unit build (model/unit_build.h), the same one that builds a whole
+// unit; the encoding is each weight's storage format's (quant/frozen_format.h). What this loader
+// adds is where the pieces go and the collective between the build's two steps: statistics that
+// cross shards (NF4: a rank may own a weight's absmax codes without the codes of those blocks,
+// and double quantisation needs the tensor-wide mean) are computed by the rank(s) reading their
+// values and max-reduced over the shard group, so every rank finishes the build with all of them
+// and the bytes are the same at any world size.
 #pragma once
 #include "dist/fsdp_engine.h"
 #include "model/llama_model.h"

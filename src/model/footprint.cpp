@@ -1,14 +1,13 @@
 #include "model/footprint.h"
 
+#include "quant/frozen_format.h"
+
 namespace fsdpq {
 
 uint64_t nf4_tensor_bytes(int64_t numel, bool double_quant) {
-  const uint64_t n = static_cast<uint64_t>(numel);
-  const uint64_t blocks = (n + 63) / 64;
-  const uint64_t codes = (n + 1) / 2;
-  if (!double_quant) return codes + blocks * 4;
-  const uint64_t absmax_blocks = (blocks + 255) / 256;
-  return codes + blocks /* uint8 absmax */ + absmax_blocks * 4 /* fp32 scales */ + 4 /* offset */;
+  // The format's segments (codes, then the absmax or its codes and group scales), and the
+  // double quantisation's fp32 offset.
+  return stored_bytes(nf4_format(double_quant), numel) + (double_quant ? sizeof(float) : 0);
 }
 
 ModelFootprint model_footprint(const LlamaConfig& config, bool quantized, bool trainable_base, int64_t lora_rank,

@@ -61,8 +61,7 @@ void check_batch(const data::Batch& batch) {
 
 // A base weight that is never NF4 (embedding, norms, head): its compute view.
 TensorView dense_of(const BaseWeight& w) {
-  if (w.nf4) throw std::logic_error("dense_of: " + w.name + " is quantised");
-  return w.trainable ? w.trainable->compute_view() : w.frozen.view();
+  return w.trainable ? w.trainable->compute_view() : w.frozen.values();  // throws for a quantised weight
 }
 
 void convert_into_master(Tensor& master, const Tensor& source) {

@@ -12,7 +12,7 @@
 #include "dist/frozen_layout.h"
 #include "model/footprint.h"
 #include "model/llama_lm_head.h"
-#include "quant/nf4.h"
+#include "quant/frozen_format.h"
 
 namespace fsdpq {
 namespace {
@@ -67,7 +67,7 @@ UnitShape root_unit(const PlanInput& p) {
     if (p.train_base)
       u.trainable.push_back(n);
     else
-      u.frozen.push_back({n, false, false, p.activation});
+      u.frozen.push_back({&dense_format(p.activation), n});
   }
   return u;
 }
@@ -79,13 +79,13 @@ UnitShape layer_unit_shape(const PlanInput& p) {
     if (p.train_base)
       u.trainable.push_back(C);
     else
-      u.frozen.push_back({C, false, false, p.activation});
+      u.frozen.push_back({&dense_format(p.activation), C});
   }
   for (const Linear& l : linears(p)) {
     if (p.train_base)
       u.trainable.push_back(l.out * l.in);
     else
-      u.frozen.push_back({l.out * l.in, p.quantized, true, p.activation});
+      u.frozen.push_back({p.quantized ? &nf4_format(/*double_quant=*/true) : &dense_format(p.activation), l.out * l.in});
   }
   for (const Linear& l : linears(p))
     if (l.rank > 0) {
@@ -95,11 +95,12 @@ UnitShape layer_unit_shape(const PlanInput& p) {
   return u;
 }
 
-// A frozen weight's separate allocations: NF4 codes, absmax codes, absmax group scales; or dense.
+// A frozen weight's separate allocations: one per segment of its format (NF4 codes, absmax codes,
+// absmax group scales; or dense values).
 std::vector<int64_t> frozen_allocations(const FrozenWeightShape& w) {
-  if (!w.nf4) return {w.numel * static_cast<int64_t>(dtype_size(w.dense_dtype))};
-  const int64_t blocks = (w.numel + kNf4BlockSize - 1) / kNf4BlockSize;
-  return {(w.numel + 1) / 2, blocks, (blocks + kNf4AbsmaxBlockSize - 1) / kNf4AbsmaxBlockSize * kF32};
+  std::vector<int64_t> sizes;
+  for (const SegmentSpec& s : w.format->segments(w.numel)) sizes.push_back(static_cast<int64_t>(s.bytes));
+  return sizes;
 }
 
 struct UnitBytes {
@@ -115,8 +116,9 @@ UnitBytes unit_bytes(const PlanInput& p, const UnitShape& u, int shard_size, boo
   UnitBytes b;
   Bytes nf4{gpu}, dense{gpu}, compute{gpu}, grads{gpu};
   for (const FrozenWeightShape& w : u.frozen) {
-    for (int64_t a : frozen_allocations(w)) (w.nf4 ? nf4 : dense).add(a);
-    if (w.nf4) b.nf4_host += static_cast<int64_t>(nf4_tensor_bytes(w.numel, true)) - 4;  // the offset is a member, not a buffer
+    const bool quantized = w.format->quantized();
+    for (int64_t a : frozen_allocations(w)) (quantized ? nf4 : dense).add(a);
+    if (quantized) b.nf4_host += static_cast<int64_t>(stored_bytes(*w.format, w.numel));
   }
   for (int64_t n : u.trainable) {
     compute.add(n * static_cast<int64_t>(dtype_size(p.activation)));

@@ -99,7 +99,7 @@ void record_unit(Expected& want, int unit, const ParamUnit& contents, int S, int
                              static_cast<size_t>(hi - lo) * sizeof(float));
   }
   for (const BaseWeight* w : contents.frozen)
-    if (w->nf4) want.nf4_offsets[unit].push_back(w->nf4->absmax_offset);
+    if (w->frozen.format().quantized()) want.nf4_offsets[unit].push_back(w->frozen.scalars.absmax_offset);
 }
 
 // Builds the case whole and sharded, from the files or the random preset, and compares every unit.
@@ -133,7 +133,7 @@ uint64_t check_case(const Case& c, bool from_files) {
       EXPECT_EQ(std::memcmp(master.data(), want.master.at(unit).data(), master.size() * sizeof(float)), 0);
     std::vector<float> offsets;
     for (const BaseWeight* w : units[static_cast<size_t>(unit)].frozen)
-      if (w->nf4) offsets.push_back(w->nf4->absmax_offset);
+      if (w->frozen.format().quantized()) offsets.push_back(w->frozen.scalars.absmax_offset);
     EXPECT_EQ(offsets, want.nf4_offsets[unit]);
     if (c.options.quantize_base && unit > 0) EXPECT_EQ(offsets.size(), 7u);
   }
