@@ -134,11 +134,23 @@ DType load_dtype(DType activation, const ModelOptions& options, const std::strin
   return load_fp32 ? DType::F32 : activation;
 }
 
-// How a frozen weight is stored: the linears in NF4 (double-quantised absmax, fsdp_qlora's
-// default) under QLoRA, everything else dense in the dtype its values are loaded in.
+// How a frozen weight is stored: the linears quantised under QLoRA and hqq_lora, everything else
+// dense in the dtype its values are loaded in.
 const FrozenFormat& frozen_format(DType activation, const ModelOptions& options, const std::string& name) {
-  if (options.quantize_base && is_linear(name)) return nf4_format(/*double_quant=*/true);
+  if (options.quantize_base && is_linear(name)) return quantized_linear_format(options.hqq_bits, activation);
   return dense_format(load_dtype(activation, options, name));
+}
+
+// A frozen weight's storage; a weight its format cannot store (an HQQ width whose packing needs
+// more groups than the weight has) is the user's setting to change.
+FrozenStorage frozen_storage(DType activation, const ModelOptions& options, const std::string& name, const Shape& shape) {
+  const FrozenFormat& format = frozen_format(activation, options, name);
+  try {
+    return FrozenStorage(format, shape);
+  } catch (const std::invalid_argument& e) {
+    fail("n_bits = {}: cannot store '{}' ({} values) as {}: {}", options.hqq_bits, name, shape.numel(), format.name(),
+         e.what());
+  }
 }
 
 // Where each HF tensor goes.
@@ -167,6 +179,11 @@ LlamaWeights empty_weights(const LlamaConfig& config, const ModelOptions& option
 }
 
 }  // namespace
+
+const FrozenFormat& quantized_linear_format(int hqq_bits, DType activation) {
+  if (hqq_bits == 0) return nf4_format(/*double_quant=*/true);
+  return hqq_format(hqq_bits, activation == DType::BF16 ? DType::BF16 : DType::F16);
+}
 
 const char* linear_module_name(int module) {
   static const char* const names[kLinearModules] = {"q_proj", "k_proj", "v_proj", "o_proj",
@@ -454,7 +471,7 @@ LlamaWeights build_llama_weights_by_unit(const LlamaConfig& config, const ModelO
       slot.trainable->name = spec.name;
       slot.trainable->shape = slot.shape;
     } else {
-      slot.frozen = FrozenStorage(frozen_format(w.activation, options, spec.name), slot.shape);
+      slot.frozen = frozen_storage(w.activation, options, spec.name, slot.shape);
     }
     reader.add_weight(slot, index);
   }

@@ -1,6 +1,6 @@
 // The weights of a LlamaModel as it holds them (private to src/model/llama_*.cpp): every tensor
 // of the HF checkpoint as a frozen weight in a storage format (quant/frozen_storage.h: dense, or
-// NF4 under QLoRA) or a trainable fp32 master with its gradient and compute copy, plus the LoRA
+// NF4 under QLoRA, HQQ under hqq_lora) or a trainable fp32 master with its gradient and compute copy, plus the LoRA
 // adapters. Built unit by unit from a WeightSource (an HF directory or the init-model generator)
 // through one unit build (model/unit_build.h), so no second copy of the model ever exists while
 // loading.
@@ -24,6 +24,12 @@ enum LinearModule : int { kQProj, kKProj, kVProj, kOProj, kGateProj, kUpProj, kD
 inline constexpr int kLinearModules = 7;
 const char* linear_module_name(int module);   // "q_proj"
 const char* linear_module_group(int module);  // "self_attn" or "mlp"
+
+// How quantised base linears are stored: NF4 with double-quantised absmax (qlora; hqq_bits 0) or
+// HQQ of hqq_bits bits (hqq_lora), its zero points and scales in fsdp_qlora's compute dtype for
+// the activation dtype: bf16, or fp16 (fp16_autocast; fp32, whose compute dtype fsdp_qlora sets
+// to fp16). The model, the planner and the footprint all ask here.
+const FrozenFormat& quantized_linear_format(int hqq_bits, DType activation);
 
 // An fp32 master the optimizer steps, its fp32 gradient, and the copy the ops compute with.
 struct TrainableTensor {

@@ -17,24 +17,35 @@ UnitBuild::UnitBuild(const ParamUnit& unit, const UnitReader& reader, std::vecto
   }
   statistics_.assign(count, kUnknownStatistic);
 
-  std::vector<uint8_t> values;
-  for (const FrozenPiece& piece : frozen_) {
+  for (size_t k = 0; k < frozen_.size(); ++k) {
+    const FrozenPiece& piece = frozen_[k];
     const BaseWeight& w = *unit.frozen.at(piece.weight);
     const FrozenFormat& format = w.frozen.format();
-    if (w.frozen.segments().at(piece.segment).from_statistics) continue;  // finish()
+    const SegmentSpec& spec = w.frozen.segments().at(piece.segment);
+    if (spec.from_statistics) continue;  // finish()
     const DType dtype = reader.frozen_dtype(w);
     if (!format.accepts_values(dtype))
       throw std::logic_error(fmt::format("UnitBuild: '{}' is stored as {} but its values come as {}", w.name,
                                          format.name(), dtype_name(dtype)));
-    const ElementRange range = format.values_for(static_cast<int>(piece.segment), w.frozen.numel(), piece.from, piece.to);
-    if (format.stores_values_as_read(static_cast<int>(piece.segment), piece.from, piece.to, dtype)) {
-      reader.read_frozen(w, range.first, range.count, piece.out);
+    const int segment = static_cast<int>(piece.segment);
+    const ElementRanges ranges = format.values_for(segment, w.frozen.numel(), piece.from, piece.to);
+    if (ranges.size() == 1 && format.stores_values_as_read(segment, piece.from, piece.to, dtype)) {
+      reader.read_frozen(w, ranges[0].first, ranges[0].count, piece.out);
       continue;
     }
-    values.resize(static_cast<size_t>(range.count) * dtype_size(dtype));
-    reader.read_frozen(w, range.first, range.count, values.data());
-    format.encode_values(static_cast<int>(piece.segment), w.frozen.numel(), piece.from, piece.to, values.data(), dtype,
-                         piece.out, statistics_.data() + statistics_at_[piece.weight]);
+    std::vector<uint8_t> values(static_cast<size_t>(element_count(ranges)) * dtype_size(dtype));
+    size_t at = 0;
+    for (const ElementRange& r : ranges) {
+      reader.read_frozen(w, r.first, r.count, values.data() + at);
+      at += static_cast<size_t>(r.count) * dtype_size(dtype);
+    }
+    float* statistics = statistics_.data() + statistics_at_[piece.weight];
+    if (spec.needs_scalars) {
+      format.measure_values(segment, w.frozen.numel(), piece.from, piece.to, values.data(), dtype, statistics);
+      waiting_.push_back({k, dtype, std::move(values)});  // encoded by finish(), once the scalars are known
+    } else {
+      format.encode_values(segment, w.frozen.numel(), piece.from, piece.to, values.data(), dtype, piece.out, statistics);
+    }
   }
   for (const MasterPiece& piece : masters)
     reader.read_master(*unit.trainable.at(piece.tensor), piece.first, piece.count, piece.out);
@@ -56,6 +67,14 @@ void UnitBuild::finish() {
     storage.format().encode_statistics(static_cast<int>(piece.segment), storage.numel(), piece.from, piece.to,
                                        statistics_.data() + statistics_at_[piece.weight], storage.scalars, piece.out);
   }
+  for (WaitingPiece& waiting : waiting_) {
+    const FrozenPiece& piece = frozen_[waiting.piece];
+    const FrozenStorage& storage = unit_.frozen.at(piece.weight)->frozen;
+    storage.format().encode_values_with_scalars(static_cast<int>(piece.segment), storage.numel(), piece.from, piece.to,
+                                                waiting.values.data(), waiting.dtype, storage.scalars, piece.out);
+    waiting.values = {};
+  }
+  waiting_.clear();
 }
 
 void build_whole_unit(ParamUnit& unit, const UnitReader& reader, DType activation) {

@@ -1,13 +1,14 @@
 // Building a unit's weights from a UnitReader (model/llama_weights.h): the one path every weight
 // of the model is built by. A rank of a shard group builds the pieces of the unit that fall in
-// its shard, into its flat shard bytes (dist/shard_loader.cpp); the whole model is the same
+// its shard, into its flat shard bytes (fsdp/shard_loader.cpp); the whole model is the same
 // build with a shard group of one: every piece whole, into the weights' own storage
 // (build_whole_unit).
 //
 // The build has the two steps of a frozen format's encoding (quant/frozen_format.h): the
 // constructor reads the values under the pieces and encodes what values alone decide; finish()
-// encodes what needs a whole tensor's statistics. Between them a shard group completes the
-// statistics (a max all-reduce); a whole build has them all already.
+// encodes what needs a whole tensor's statistics (and the value pieces whose bytes need the
+// tensor's scalars: HQQ's codes and zero points, whose values it keeps until then). Between them
+// a shard group completes the statistics (a max all-reduce); a whole build has them all already.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -50,6 +51,13 @@ class UnitBuild {
   std::vector<FrozenPiece> frozen_;
   std::vector<size_t> statistics_at_;  // per frozen weight, where its statistics start
   std::vector<float> statistics_;
+  // A needs_scalars piece measured by the constructor, with its values, for finish() to encode.
+  struct WaitingPiece {
+    size_t piece;  // in frozen_
+    DType dtype;
+    std::vector<uint8_t> values;
+  };
+  std::vector<WaitingPiece> waiting_;
 };
 
 // Builds the whole unit into its own tensors in host memory: each frozen weight's segments

@@ -8,8 +8,9 @@
 #include "config/train_config.h"
 #include "model/llama_layer.h"
 #include "model/llama_model.h"
+#include "model/llama_weights.h"
 #include "model/precision.h"
-#include "dist/frozen_layout.h"
+#include "fsdp/frozen_layout.h"
 #include "model/footprint.h"
 #include "model/llama_lm_head.h"
 #include "quant/frozen_format.h"
@@ -85,7 +86,8 @@ UnitShape layer_unit_shape(const PlanInput& p) {
     if (p.train_base)
       u.trainable.push_back(l.out * l.in);
     else
-      u.frozen.push_back({p.quantized ? &nf4_format(/*double_quant=*/true) : &dense_format(p.activation), l.out * l.in});
+      u.frozen.push_back(
+          {p.quantized ? &quantized_linear_format(p.hqq_bits, p.activation) : &dense_format(p.activation), l.out * l.in});
   }
   for (const Linear& l : linears(p))
     if (l.rank > 0) {
@@ -141,6 +143,7 @@ PlanInput plan_input_from(const TrainConfig& c, const LlamaConfig& model, int wo
   PlanInput p;
   p.model = model;
   p.quantized = c.quantized_base();
+  p.hqq_bits = c.hqq_base() ? static_cast<int>(c.n_bits) : 0;
   p.train_base = !c.is_lora();
   p.lora_rank = c.lora_rank;
   if (c.is_lora()) p.lora_targets = c.lora_target_modules;
@@ -152,6 +155,7 @@ PlanInput plan_input_from(const TrainConfig& c, const LlamaConfig& model, int wo
   p.ranks_per_node = static_cast<int>(c.ranks_per_node);
   p.setting.strategy = c.choice.sharding;
   p.setting.gradient_checkpointing = c.use_gradient_checkpointing;
+  p.setting.checkpoint_every = c.checkpoint_every;
   p.setting.cpu_offload = c.use_cpu_offload;
   p.setting.activation_offload = c.use_activation_cpu_offload;
   p.setting.batch_size = c.batch_size;
@@ -190,7 +194,11 @@ ActivationBytes activation_bytes(const PlanInput& p) {
     if (rank > 0) layer.add(N * rank * a);
   }
   x.layer = layer.sum;
-  x.kept_layers = p.setting.gradient_checkpointing ? 1 : L;
+  // Checkpointing keeps the activations of the layers it does not recompute (every
+  // checkpoint_every-th is), plus one buffer the recomputed layers share.
+  const int64_t every = p.setting.checkpoint_every;
+  const int64_t recomputed_layers = p.setting.gradient_checkpointing ? (L + every - 1) / every : 0;
+  x.kept_layers = L - recomputed_layers + (recomputed_layers > 0 ? 1 : 0);
 
   // The residual stream of a training pass (L + 1 layer inputs) and the token ids.
   const int64_t ids = R(N * 4), one_input = R(N * C * a);
@@ -298,10 +306,10 @@ struct WeightTotals {
   int64_t load_peak = 0;           // the host while the model is built
 };
 
-// use_cpu_offload on a rank holding whole units (dist/frozen_offload.h): each layer's frozen bytes
+// use_cpu_offload on a rank holding whole units (fsdp/frozen_offload.h): each layer's frozen bytes
 // wait in pinned host memory and come to the GPU one unit ahead of use (the current layer and the
 // next; the root stays). The host also holds each unit's gradients copied out and compute copies
-// going back (fsdp_engine's overlap).
+// going back (fsdp/host_offload_scheduler.h).
 WeightTotals offloaded_resident_weights(const PlanInput& p, const UnitCosts& u, int64_t building, int64_t host_state,
                                         ItemList& items) {
   const int64_t L = p.model.num_hidden_layers;
@@ -331,7 +339,7 @@ WeightTotals resident_weights(const PlanInput& p, const UnitCosts& u, bool gpu, 
   const int64_t L = p.model.num_hidden_layers;
   const int64_t frozen_nf4 = L * u.layer.nf4, frozen_dense = u.root.dense + L * u.layer.dense;
   const int64_t compute = u.root.compute + L * u.layer.compute;
-  items.add("frozen NF4 weights", frozen_nf4, gpu ? L * u.layer_host.nf4_host : 0);
+  items.add(p.hqq_bits ? "frozen HQQ weights" : "frozen NF4 weights", frozen_nf4, gpu ? L * u.layer_host.nf4_host : 0);
   items.add("frozen dense weights (embedding, head, norms" + std::string(p.quantized ? ")" : ", linears)"),
             frozen_dense, 0);
   items.add(p.activation == DType::F32 ? "trainable fp32 weights (computed with)" : "trainable compute copies", compute, 0);
@@ -459,6 +467,29 @@ MemoryPrediction predict_memory(const PlanInput& p) {
   return r;
 }
 
+namespace {
+
+// A checkpointing step that fits: at its batch, recompute as few layers as still fit (the largest
+// checkpoint_every of 2, 4, 8 ... up to the layer count), since each recomputed layer costs a
+// forward. Memory falls as checkpoint_every falls, so the search stops at the first that fits.
+template <class Fits>
+void recompute_fewer_layers(GuideStep& g, PlanInput in, const Fits& fits) {
+  in.setting = g.setting;
+  const int64_t layers = in.model.num_hidden_layers;
+  int64_t largest = 1;
+  while (largest * 2 <= layers) largest *= 2;
+  for (int64_t every = largest; every >= 2; every /= 2) {
+    in.setting.checkpoint_every = every;
+    MemoryPrediction m = predict_memory(in);
+    if (!fits(m)) continue;
+    g.setting = in.setting;
+    g.prediction = std::move(m);
+    return;
+  }
+}
+
+}  // namespace
+
 GuideResult walk_guide(const PlanInput& base, int64_t gpu_bytes, int64_t host_bytes, int64_t max_batch) {
   if (max_batch < 1) throw std::logic_error("walk_guide: max_batch < 1");
   struct Step {
@@ -493,6 +524,7 @@ GuideResult walk_guide(const PlanInput& base, int64_t gpu_bytes, int64_t host_by
       g.setting = in.setting;
       g.prediction = std::move(m);
     }
+    if (g.fits && s.checkpointing) recompute_fewer_layers(g, in, fits);
     if (g.fits && result.recommended < 0) result.recommended = static_cast<int>(result.steps.size());
     result.steps.push_back(std::move(g));
   }

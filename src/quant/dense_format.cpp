@@ -22,19 +22,23 @@ class DenseFormat final : public FrozenFormat {
   bool accepts_values(DType dtype) const override { return dtype == dtype_; }
 
   // The elements under the bytes (a range may cut an element at either end).
-  ElementRange values_for(int segment, int64_t, size_t from, size_t to) const override {
-    check_segment(segment);
-    const size_t first = from / element(), end = (to + element() - 1) / element();
-    return {static_cast<int64_t>(first), static_cast<int64_t>(end - first)};
+  ElementRanges values_for(int segment, int64_t numel, size_t from, size_t to) const override {
+    return {elements_under(segment, numel, from, to)};
   }
 
   void encode_values(int segment, int64_t numel, size_t from, size_t to, const void* values, DType dtype,
                      uint8_t* out, float*) const override {
     if (dtype != dtype_)
       throw std::logic_error(fmt::format("dense {} weight: values given as {}", name(), dtype_name(dtype)));
-    const ElementRange range = values_for(segment, numel, from, to);
+    const ElementRange range = elements_under(segment, numel, from, to);
     std::memcpy(out, static_cast<const uint8_t*>(values) + (from - static_cast<size_t>(range.first) * element()),
                 to - from);
+  }
+
+  ElementRange elements_under(int segment, int64_t, size_t from, size_t to) const {
+    check_segment(segment);
+    const size_t first = from / element(), end = (to + element() - 1) / element();
+    return {static_cast<int64_t>(first), static_cast<int64_t>(end - first)};
   }
 
   bool stores_values_as_read(int segment, size_t from, size_t to, DType dtype) const override {

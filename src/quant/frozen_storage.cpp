@@ -16,20 +16,41 @@ FrozenStorage FrozenStorage::encode(const FrozenFormat& format, const Shape& sha
   s.allocate(Device::CPU);
   const int64_t numel = shape.numel();
   std::vector<float> statistics(static_cast<size_t>(format.statistics_count(numel)), kUnknownStatistic);
-  for (int pass = 0; pass < 2; ++pass) {  // value segments, then statistics segments
-    if (pass == 1) s.scalars = format.scalars_from(statistics.data(), numel);
-    for (size_t i = 0; i < s.specs_.size(); ++i) {
-      const SegmentSpec& spec = s.specs_[i];
-      if (spec.bytes == 0 || spec.from_statistics != (pass == 1)) continue;
-      const int segment = static_cast<int>(i);
-      if (pass == 0) {
-        const ElementRange range = format.values_for(segment, numel, 0, spec.bytes);
-        const auto* first = static_cast<const uint8_t*>(values) + static_cast<size_t>(range.first) * dtype_size(dtype);
-        format.encode_values(segment, numel, 0, spec.bytes, first, dtype, s.segment(i).data(), statistics.data());
-      } else {
-        format.encode_statistics(segment, numel, 0, spec.bytes, statistics.data(), s.scalars, s.segment(i).data());
-      }
-    }
+  // The values a value segment is encoded from, concatenated from its ranges where they are several.
+  std::vector<uint8_t> gathered;
+  const auto values_of = [&](int segment, size_t bytes) -> const void* {
+    const ElementRanges ranges = format.values_for(segment, numel, 0, bytes);
+    const auto* all = static_cast<const uint8_t*>(values);
+    const size_t width = dtype_size(dtype);
+    if (ranges.size() == 1) return all + static_cast<size_t>(ranges[0].first) * width;
+    gathered.clear();
+    for (const ElementRange& r : ranges)
+      gathered.insert(gathered.end(), all + static_cast<size_t>(r.first) * width,
+                      all + static_cast<size_t>(r.first + r.count) * width);
+    return gathered.data();
+  };
+  // Step 1: value segments, and the statistics of those that need the scalars.
+  for (size_t i = 0; i < s.specs_.size(); ++i) {
+    const SegmentSpec& spec = s.specs_[i];
+    if (spec.bytes == 0 || spec.from_statistics) continue;
+    const int segment = static_cast<int>(i);
+    if (spec.needs_scalars)
+      format.measure_values(segment, numel, 0, spec.bytes, values_of(segment, spec.bytes), dtype, statistics.data());
+    else
+      format.encode_values(segment, numel, 0, spec.bytes, values_of(segment, spec.bytes), dtype, s.segment(i).data(),
+                           statistics.data());
+  }
+  // Step 2: the scalars, then statistics segments and value segments that need the scalars.
+  s.scalars = format.scalars_from(statistics.data(), numel);
+  for (size_t i = 0; i < s.specs_.size(); ++i) {
+    const SegmentSpec& spec = s.specs_[i];
+    if (spec.bytes == 0) continue;
+    const int segment = static_cast<int>(i);
+    if (spec.from_statistics)
+      format.encode_statistics(segment, numel, 0, spec.bytes, statistics.data(), s.scalars, s.segment(i).data());
+    else if (spec.needs_scalars)
+      format.encode_values_with_scalars(segment, numel, 0, spec.bytes, values_of(segment, spec.bytes), dtype, s.scalars,
+                                        s.segment(i).data());
   }
   return s;
 }

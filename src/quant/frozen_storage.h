@@ -1,7 +1,7 @@
 // A frozen weight's bytes in its format (quant/frozen_format.h): one buffer per segment, on the
 // host or the GPU, and the format's per-tensor scalars. The sharder sees only the segments, as
 // byte spans: it flattens them into a unit's flat bytes, gathers them and allocates them where a
-// gathered or fetched unit is unpacked (dist/). The model sees dense(): the values to compute with.
+// gathered or fetched unit is unpacked (fsdp/). The model sees dense(): the values to compute with.
 #pragma once
 #include <cstdint>
 #include <span>

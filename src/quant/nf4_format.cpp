@@ -59,9 +59,9 @@ class Nf4Format final : public FrozenFormat {
 
   bool accepts_values(DType dtype) const override { return dtype == DType::BF16 || dtype == DType::F32; }
 
-  ElementRange values_for(int segment, int64_t numel, size_t from, size_t to) const override {
+  ElementRanges values_for(int segment, int64_t numel, size_t from, size_t to) const override {
     if (segment != kCodes) throw std::logic_error(fmt::format("{}: segment {} is not encoded from values", name(), segment));
-    return blocks_of_codes(numel, from, to).values(numel);
+    return {blocks_of_codes(numel, from, to).values(numel)};
   }
 
   // Quantises the blocks under the bytes (at most one block more at each end than the bytes

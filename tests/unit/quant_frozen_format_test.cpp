@@ -5,6 +5,8 @@
 // nf4_dequantize values (and the dense values back).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
@@ -12,6 +14,7 @@
 
 #include "quant/frozen_format.h"
 #include "quant/frozen_storage.h"
+#include "quant/hqq.h"
 #include "quant/nf4.h"
 #include "util/bf16.h"
 
@@ -111,23 +114,39 @@ std::vector<std::vector<uint8_t>> encode_in_pieces(const FrozenFormat& format, i
       if (lo < hi) pieces.push_back({i, lo - base, hi - base});
     }
   }
+  // The values under a piece, concatenated from the ranges values_for names (as a reader gives them).
+  const auto values_under = [&](const Piece& p) {
+    const ElementRanges ranges = format.values_for(static_cast<int>(p.segment), numel, p.from, p.to);
+    std::vector<uint8_t> v;
+    for (const ElementRange& r : ranges) {
+      EXPECT_GE(r.first, 0);
+      EXPECT_LE(r.first + r.count, numel);
+      v.insert(v.end(), values + static_cast<size_t>(r.first) * dtype_size(dtype),
+               values + static_cast<size_t>(r.first + r.count) * dtype_size(dtype));
+    }
+    return v;
+  };
   for (const Piece& p : pieces) {
     if (specs[p.segment].from_statistics) continue;
     std::vector<float> mine(count, kUnknownStatistic);
     const int segment = static_cast<int>(p.segment);
-    const ElementRange range = format.values_for(segment, numel, p.from, p.to);
-    EXPECT_GE(range.first, 0);
-    EXPECT_LE(range.first + range.count, numel);
-    format.encode_values(segment, numel, p.from, p.to, values + static_cast<size_t>(range.first) * dtype_size(dtype),
-                         dtype, out[p.segment].data() + p.from, mine.data());
+    const std::vector<uint8_t> v = values_under(p);
+    if (specs[p.segment].needs_scalars)
+      format.measure_values(segment, numel, p.from, p.to, v.data(), dtype, mine.data());
+    else
+      format.encode_values(segment, numel, p.from, p.to, v.data(), dtype, out[p.segment].data() + p.from, mine.data());
     for (size_t i = 0; i < count; ++i) merged[i] = std::max(merged[i], mine[i]);
   }
   for (float s : merged) EXPECT_NE(s, kUnknownStatistic);
   scalars = format.scalars_from(merged.data(), numel);
-  for (const Piece& p : pieces)
+  for (const Piece& p : pieces) {
     if (specs[p.segment].from_statistics)
       format.encode_statistics(static_cast<int>(p.segment), numel, p.from, p.to, merged.data(), scalars,
                                out[p.segment].data() + p.from);
+    else if (specs[p.segment].needs_scalars)
+      format.encode_values_with_scalars(static_cast<int>(p.segment), numel, p.from, p.to, values_under(p).data(), dtype,
+                                        scalars, out[p.segment].data() + p.from);
+  }
   return out;
 }
 
@@ -268,6 +287,94 @@ TEST(FrozenFormat, RejectsValuesOfTheWrongType) {
   EXPECT_FALSE(nf4_format(true).accepts_values(DType::F16));
   EXPECT_THROW(nf4_format(true).values_for(1, 64, 0, 1), std::logic_error);
   EXPECT_THROW(dense_format(DType::U8), std::logic_error);
+}
+
+
+// HQQ's codes hold groups far apart in one byte and its zero points depend on the whole tensor
+// (the solver stops when the tensor's error stops falling): encoding in pieces, as the ranks of
+// a shard group do, still gives the bytes of the whole encoding, for every width and both
+// compute dtypes, on weights with several statistics blocks (64 groups each).
+TEST(FrozenFormat, HqqEncodingInPiecesEqualsTheWhole) {
+  std::mt19937 rng(5);
+  struct HqqCase {
+    int bits;
+    DType meta, values;
+    int64_t numel;
+  };
+  std::vector<HqqCase> cases;
+  for (int bits : {1, 2, 3, 4, 8})
+    for (int64_t groups : {8, 40, 136}) cases.push_back({bits, DType::BF16, DType::BF16, groups * kHqqGroupSize});
+  cases.push_back({4, DType::F16, DType::F32, 200 * kHqqGroupSize});
+  cases.push_back({3, DType::F16, DType::BF16, 330 * kHqqGroupSize});
+  for (const HqqCase& c : cases) {
+    const FrozenFormat& format = hqq_format(c.bits, c.meta);
+    SCOPED_TRACE(format.name() + " from " + std::string(dtype_name(c.values)) + ", numel " + std::to_string(c.numel));
+    const std::vector<uint8_t> v = random_values(c.numel, c.values, static_cast<uint32_t>(c.numel + c.bits));
+    const FrozenStorage whole = FrozenStorage::encode(format, Shape{c.numel}, v.data(), c.values);
+    EXPECT_GT(whole.scalars.hqq_zero_updates, 0);
+    const size_t total = stored_bytes(format, c.numel);
+    for (int split = 0; split < 3; ++split) {
+      std::vector<size_t> cuts;
+      std::uniform_int_distribution<size_t> at(0, total);
+      for (int k = 0; k < 1 + split * 3; ++k) cuts.push_back(at(rng));
+      FrozenScalars scalars;
+      const auto pieces = encode_in_pieces(format, c.numel, v.data(), c.values, cuts, scalars);
+      for (size_t i = 0; i < pieces.size(); ++i) {
+        const std::span<const uint8_t> want = whole.segment(i);
+        EXPECT_TRUE(std::equal(pieces[i].begin(), pieces[i].end(), want.begin(), want.end())) << "segment " << i;
+      }
+      EXPECT_EQ(scalars.hqq_zero_updates, whole.scalars.hqq_zero_updates);
+    }
+  }
+}
+
+// What hqq cannot pack is refused with the reason; the sizes are hqq's.
+TEST(FrozenFormat, HqqSegmentSizesAndWhatItCannotPack) {
+  const int64_t n = 24 * kHqqGroupSize;  // 24 groups
+  for (int bits : {1, 2, 4, 8}) {
+    const auto s = hqq_format(bits, DType::BF16).segments(n);
+    ASSERT_EQ(s.size(), 3u);
+    EXPECT_EQ(s[0].bytes, static_cast<size_t>(n * bits / 8));
+    EXPECT_TRUE(s[0].needs_scalars && s[1].needs_scalars && !s[2].needs_scalars);
+    EXPECT_EQ(s[1].bytes, 48u);
+    EXPECT_EQ(s[2].bytes, 48u);
+  }
+  EXPECT_EQ(hqq_format(3, DType::F16).segments(n)[0].bytes, 3u * 64 * 4) << "10 slices of 3 rows, int32 words";
+  EXPECT_THROW(hqq_format(4, DType::BF16).segments(100), std::invalid_argument);
+  EXPECT_THROW(hqq_format(1, DType::BF16).segments(12 * kHqqGroupSize), std::invalid_argument);
+  EXPECT_THROW(hqq_format(5, DType::BF16), std::logic_error);
+  EXPECT_THROW(hqq_format(4, DType::F32), std::logic_error);
+  try {
+    (void)HqqPacking::of(2, 6 * kHqqGroupSize);
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "hqq packs 2 bits from 4 groups at a time; 384 values make 6 groups");
+  }
+}
+
+// The dequantised weight is close to the weight: within about one quantisation step of each
+// group's range (half a step of rounding; the zero point moves, so a value may land one code
+// further). 1 bit: the solver trades the extremes for the bulk (1.5 steps). 8 bits: bf16 keeps 8
+// significant bits, so the two bf16 roundings of (code - zero) * scale add up to a step for codes
+// near 255 (measured 1.40).
+TEST(FrozenFormat, HqqDequantisesCloseToTheWeight) {
+  const int64_t n = 64 * kHqqGroupSize;
+  const std::vector<uint8_t> v = random_values(n, DType::F32, 9);
+  const auto* w = reinterpret_cast<const float*>(v.data());
+  for (int bits : {1, 2, 3, 4, 8}) {
+    const FrozenStorage s = FrozenStorage::encode(hqq_format(bits, DType::BF16), Shape{n}, v.data(), DType::F32);
+    Tensor scratch;
+    const TensorView d = s.dense(scratch, DType::F32);
+    double worst = 0;
+    for (int64_t g = 0; g < n / kHqqGroupSize; ++g) {
+      const float* group = w + g * kHqqGroupSize;
+      const auto [lo, hi] = std::minmax_element(group, group + kHqqGroupSize);
+      const double step = (*hi - *lo) / ((1 << bits) - 1);
+      for (int64_t j = 0; j < kHqqGroupSize; ++j)
+        worst = std::max(worst, std::fabs(static_cast<const float*>(d.data)[g * kHqqGroupSize + j] - group[j]) / step);
+    }
+    EXPECT_LT(worst, bits == 1 ? 1.5 : bits == 8 ? 2.0 : 1.05) << bits << " bits: the largest error in quantisation steps";
+  }
 }
 
 }  // namespace
