@@ -40,6 +40,11 @@
 namespace fsdpq {
 namespace {
 
+// A micro-batch's share of the step's loss, rounded to a multiple of 2^-32 so that adding shares is
+// exact while the sum stays below 2^21: the step's loss then has the same bits whichever order the
+// micro-batches and ranks add up in — at any world size, and after resuming onto another one.
+double exactly_summable(double share) { return std::ldexp(std::nearbyint(std::ldexp(share, 32)), -32); }
+
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -348,7 +353,7 @@ class Trainer {
     memory_point("after_forward_backward", step);
     if (step == 0 && i == 0) metrics_.write(memory_record("after_first_forward_backward", step, device_));
     if (l.tokens > 0) {
-      sums[kLossSum] += l.mean() * static_cast<double>(batch.batch_size);
+      sums[kLossSum] += exactly_summable(l.mean() * static_cast<double>(batch.batch_size));
       sums[kScoredSamples] += static_cast<double>(batch.batch_size);
     }
     sums[kSamples] += static_cast<double>(batch.batch_size);
