@@ -236,7 +236,8 @@ struct LlamaModel::Impl {
       return {};
     }
 
-    Tensor d_normed = train ? Tensor::empty(Shape{N, config.hidden_size}, DType::F32, device) : Tensor();
+    const DType grad = activation_grad_dtype(act);
+    Tensor d_normed = train ? Tensor::empty(Shape{N, config.hidden_size}, grad, device) : Tensor();
     const CrossEntropyResult loss = [&] {
       ScopedSection section("lm head + loss");
       return lm_head_loss(normed, head, i32_view(batch.labels, N), B, T, train ? grad_scale : 0.0f, d_normed.view(),
@@ -249,13 +250,13 @@ struct LlamaModel::Impl {
     }
 
     // Backward, layer by layer in reverse; d_resid carries the residual stream's gradient.
-    Tensor d_resid = Tensor::empty(Shape{N, config.hidden_size}, DType::F32, device);
+    Tensor d_resid = Tensor::empty(Shape{N, config.hidden_size}, grad, device);
     // A frozen final norm's grad_view has no data: rmsnorm_backward computes no dweight for it.
     rmsnorm_backward(d_resid, weights.final_norm.grad_view(), d_normed, stream_at(L), final_norm, rstd);
     d_normed = Tensor();
     normed = Tensor();
     LayerGradScratch scratch;
-    scratch.allocate(d, device);
+    scratch.allocate(d, grad, device);
     Tensor recomputed_out = checkpointing ? Tensor::empty(Shape{N, config.hidden_size}, act, device) : Tensor();
     for (int64_t i = L - 1; i >= 0; --i) {
       if (offload_inputs) {

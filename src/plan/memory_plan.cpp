@@ -9,6 +9,7 @@
 #include "model/llama_layer.h"
 #include "model/llama_model.h"
 #include "model/llama_weights.h"
+#include "model/precision.h"
 #include "fsdp/frozen_layout.h"
 #include "model/footprint.h"
 #include "model/llama_lm_head.h"
@@ -169,6 +170,7 @@ ActivationBytes activation_bytes(const PlanInput& p) {
   const int64_t I = m.intermediate_size, V = m.vocab_size;
   const int64_t a = static_cast<int64_t>(dtype_size(p.activation));
   const bool half = p.activation != DType::F32;  // GEMMs on the GPU cast fp32 operands to it
+  const int64_t g = static_cast<int64_t>(dtype_size(activation_grad_dtype(p.activation)));
   const std::vector<Linear> lin = linears(p);
   auto R = [&](int64_t bytes) { return rounded(gpu, bytes); };
   ActivationBytes x;
@@ -207,30 +209,32 @@ ActivationBytes activation_bytes(const PlanInput& p) {
     for (const Linear& l : lin) x.dequantized += R(l.out * l.in * a);
   x.rope = 2 * R(T * D * kF32);
 
-  // The head: normed + rstd, d_normed (fp32), one chunk of logits (+1 spare row) and its labels.
+  // The head: normed + rstd, d_normed, one chunk of logits (+1 spare row) and its labels.
   const int64_t chunk = lm_head_chunk_rows(V, N);
-  const int64_t normed = R(N * C * a), final_rstd = R(N * kF32), d_normed = R(N * C * kF32);
+  const int64_t normed = R(N * C * a), final_rstd = R(N * kF32), d_normed = R(N * C * g);
   const int64_t logits = R((chunk + 1) * V * a) + R((chunk + 1) * 4);
-  const int64_t d_resid = R(N * C * kF32);
+  const int64_t d_resid = R(N * C * g);
   x.lm_head = normed + final_rstd + d_normed + logits;
 
   // LayerGradScratch::allocate, d_resid, the recompute's output.
   Bytes scratch{gpu};
-  scratch.add(N * C * kF32);                // d_norm
-  scratch.add(N * H * D * kF32, 2);         // d_att, dq
-  scratch.add(N * KV * D * kF32, 2);        // dk, dv
-  scratch.add(N * I * kF32, 3);             // dh, dgate, dup
+  scratch.add(N * C * g);             // d_norm
+  scratch.add(N * H * D * g, 2);      // d_att, dq
+  scratch.add(N * KV * D * g, 2);     // dk, dv
+  scratch.add(N * I * g, 3);          // dh, dgate, dup
   const int64_t recompute = p.setting.gradient_checkpointing ? one_input : 0;
   x.grad_scratch = scratch.sum + d_resid + recompute + final_rstd;
 
   // What ops allocate for themselves (src/ops/lora.cpp, matmul.cpp, model/llama_layer.cpp), per
   // group of modules that share an input. Forward: with dropout, each adapter's dropped copy of the
   // input (one pass writes them all); without, the stacked A. Backward: the group's d(xa) (fp32
-  // [N, Σr]) throughout, with each module's dy cast to the compute dtype in turn (GPU), then for
+  // [N, Σr]) throughout, with each module's dy cast to the compute dtype in turn (GPU, where the
+  // activation gradients are fp32: fp16), then for
   // the dA and dx GEMMs d(xa) rounded (GPU) beside the dropped copies, or beside one dx_dropped
   // (fp32 [N, in]) at a time, or beside the stacked A and dA.
   const bool dropout = p.lora_dropout > 0;
-  const bool cast = gpu && half;
+  const bool cast = gpu && half;         // d(xa) is rounded for the GEMMs against A
+  const bool dy_cast_needed = cast && g == kF32;
   int64_t forward_temp = 0, backward_temp = 0;
   for (int g = 0; g < kLinearGroups; ++g) {
     const std::span<const int> group = group_modules(g);
@@ -238,7 +242,7 @@ ActivationBytes activation_bytes(const PlanInput& p) {
     const int64_t in = lin[static_cast<size_t>(group[0])].in;
     for (int m : group) {
       const Linear& l = lin[static_cast<size_t>(m)];
-      if (cast) dy_cast = std::max(dy_cast, R(N * l.out * a));
+      if (dy_cast_needed) dy_cast = std::max(dy_cast, R(N * l.out * a));
       if (l.rank > 0) ++adapters, rank += l.rank;
     }
     backward_temp = std::max(backward_temp, dy_cast);
