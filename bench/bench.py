@@ -23,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from shapes import DEFAULT_PEAK_TFLOPS, FLOP_CONVENTION, SHAPES, flops_per_token, mfu, shape_dict
 
-HF_PEERS = ("hf_lora_eager", "hf_lora_compile", "hf_qlora_bnb")
+HF_PEERS = ("hf_lora_eager", "hf_lora_compile", "hf_qlora_bnb", "hf_lora_liger")
 FSDPQ_PEERS = {"fsdpq_lora": "lora", "fsdpq_qlora": "qlora"}
 
 
@@ -85,13 +85,14 @@ def last_json_line(stdout):
     return {"error": "the run printed no JSON line"}
 
 
-def install_bnb(a):
-    """bitsandbytes is not on the GPU machine: pip-install the carried wheel into a private folder."""
-    if subprocess.run([sys.executable, "-c", "import bitsandbytes"], capture_output=True).returncode == 0:
+def install_wheel(a, module, wheel_prefix, peer):
+    """bitsandbytes and liger-kernel are not on the GPU machine: pip-install the carried wheel into a
+    private folder."""
+    if subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True).returncode == 0:
         return
-    wheels = sorted(glob.glob(os.path.join(a.wheels, "bitsandbytes-*.whl")))
+    wheels = sorted(glob.glob(os.path.join(a.wheels, f"{wheel_prefix}-*.whl")))
     if not wheels:
-        sys.exit(f"hf_qlora_bnb needs bitsandbytes: no wheel in {a.wheels} (run bench/fetch_bnb_wheel.sh here "
+        sys.exit(f"{peer} needs {module}: no wheel in {a.wheels} (run bench/fetch_peer_wheels.sh here "
                  "and carry .device/wheels), or leave the peer out with --peers")
     target = os.path.join(tempfile.gettempdir(), "bench-site")
     # --target sidesteps both the venv and PEP 668's externally-managed refusal; the env var covers old pips.
@@ -143,7 +144,9 @@ def main(argv=None):
     if any(x in FSDPQ_PEERS for x in peers) and not a.fsdpq:
         p.error("the fsdpq entries need --fsdpq PATH")
     if "hf_qlora_bnb" in peers:
-        install_bnb(a)
+        install_wheel(a, "bitsandbytes", "bitsandbytes", "hf_qlora_bnb")
+    if "hf_lora_liger" in peers or "--liger" in a.peer_args:
+        install_wheel(a, "liger_kernel", "liger_kernel", "hf_lora_liger")
 
     done = {}
     if a.resume and os.path.exists(a.results):

@@ -7,6 +7,9 @@ q,k,v,gate,up,down, AdamW lr 1e-5 betas 0.9/0.95 eps 1e-5 as fsdp_qlora, random 
   hf_lora_compile  the same, decoder layers (or the whole model) under torch.compile
   hf_qlora_bnb     bitsandbytes Linear4bit base: NF4, double quant, bf16 compute, bf16 quant storage
                    (fsdp_qlora's train_type qlora; with --model DIR: BitsAndBytesConfig + from_pretrained)
+  hf_lora_liger    hf_lora_eager with Liger-Kernel's Triton kernels (apply_liger_kernel_to_llama: RoPE,
+                   RMSNorm, SwiGLU and the fused linear cross entropy, which never materialises logits)
+--liger adds Liger-Kernel's kernels to any peer (e.g. hf_lora_compile or hf_qlora_bnb).
 The FLOP count behind "mfu" is stated in shapes.py. stdout carries only the JSON line (library prints
 are sent to stderr); exit 0 measured, 3 out of memory (JSON has "oom": true), 1 any other error.
 """
@@ -21,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from shapes import (DEFAULT_PEAK_TFLOPS, FLOP_CONVENTION, LORA_TARGETS, SHAPES, flops_per_token, mfu,
                     shape_dict, shape_from_hf_config)
 
-PEERS = ("hf_lora_eager", "hf_lora_compile", "hf_qlora_bnb")
+PEERS = ("hf_lora_eager", "hf_lora_compile", "hf_qlora_bnb", "hf_lora_liger")
 GIB = 1024 ** 3
 
 
@@ -48,6 +51,7 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--compile-scope", choices=("layers", "model"), default="layers",
                    help="hf_lora_compile: compile each decoder layer (one graph, quick) or the whole model")
+    p.add_argument("--liger", action="store_true", help="Liger-Kernel's kernels for any peer (hf_lora_liger implies it)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--peak-tflops", type=float, default=DEFAULT_PEAK_TFLOPS)
     p.add_argument("--seed", type=int, default=0)
@@ -60,7 +64,27 @@ def import_bnb():
         return bitsandbytes
     except ImportError as e:
         raise SystemExit(f"hf_qlora_bnb needs bitsandbytes ({e}); on the GPU machine bench.py installs it "
-                         "from .device/wheels (bench/fetch_bnb_wheel.sh puts it there)")
+                         "from .device/wheels (bench/fetch_peer_wheels.sh puts it there)")
+
+
+def apply_liger(rec):
+    """Liger-Kernel's Llama kernels, patched into transformers' modeling_llama before the model is built."""
+    try:
+        import liger_kernel
+        from liger_kernel.transformers import apply_liger_kernel_to_llama
+    except ImportError as e:
+        raise SystemExit(f"--liger needs liger-kernel ({e}); on the GPU machine bench.py installs it "
+                         "from .device/wheels (bench/fetch_peer_wheels.sh puts it there)")
+    apply_liger_kernel_to_llama(rope=True, rms_norm=True, swiglu=True, fused_linear_cross_entropy=True)
+    rec["liger_kernel"] = getattr(liger_kernel, "__version__", None) or version_of("liger-kernel")
+
+
+def version_of(dist):
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
 
 
 def quantize_linears(module, bnb, torch):
@@ -134,6 +158,8 @@ def run(args, rec):
     if cuda:
         rec["gpu"] = torch.cuda.get_device_name(device)
     torch.manual_seed(args.seed)
+    if args.liger or args.peer == "hf_lora_liger":
+        apply_liger(rec)  # before the model exists: it swaps modeling_llama's classes and forward
 
     if args.model:
         with open(os.path.join(args.model, "config.json")) as f:
@@ -216,7 +242,7 @@ def main(argv=None):
     rec = {"peer": args.peer, "model_shape": args.model or args.shape, "batch_size": args.batch_size,
            "context_length": args.context_length, "gradient_checkpointing": args.grad_ckpt,
            "lora_r": args.lora_r, "lora_alpha": args.lora_alpha, "lora_dropout": args.lora_dropout,
-           "lora_dtype": args.lora_dtype, "device": args.device, "peak_tflops": args.peak_tflops,
+           "lora_dtype": args.lora_dtype, "liger": args.liger or args.peer == "hf_lora_liger", "device": args.device, "peak_tflops": args.peak_tflops,
            "flop_convention": FLOP_CONVENTION, "warmup_steps": args.warmup, "oom": False,
            "tokens_per_second": None, "mfu": None, "flops_per_token": None,
            "peak_allocated_gib": None, "peak_reserved_gib": None, "steps_timed": 0, "step_seconds": []}

@@ -1,6 +1,6 @@
 // Whole-buffer passes over flat device fp32 buffers (gradient shards): the sum of squares for
 // clipping, scaling, loss-scale unscaling with the inf/NaN check, and filling. Each matches its
-// CPU counterpart in optim/clip.cpp, optim/loss_scaler.cpp and dist/fsdp_engine.cpp.
+// CPU counterpart in optim/clip.cpp, optim/loss_scaler.cpp and fsdp/sharded_training_state.cpp.
 #pragma once
 #include "kernels/kernel_types.cuh"
 

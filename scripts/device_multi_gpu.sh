@@ -7,7 +7,7 @@
 #   SKIP=equivalence,scaling,resume   leave sections out
 #   MODELS="7b 70b" GPUS="1 2 4 8" STRATEGIES="full_shard shard_grad_op ddp hybrid_full_shard" OFFLOAD="false true"
 #   STEPS=6 CTX=2048                  narrow or widen the scaling grid (GPU counts above the machine's are skipped)
-# NCCL carries the collectives wherever every rank has its own GPU (dist/device_collectives.h);
+# NCCL carries the collectives wherever every rank has its own GPU (fsdp/device_collectives.h);
 # FSDPQ_SHARE_GPUS=1 lets the 4-rank tests run on 2 GPUs (staged MPI there). NVLink multicast off.
 export LD_LIBRARY_PATH=$PWD/.device/lib:$LD_LIBRARY_PATH OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export NCCL_NVLS_ENABLE=0 FSDPQ_SHARE_GPUS=1
@@ -16,7 +16,7 @@ skip() { [[ ",${SKIP:-}," == *",$1,"* ]]; }
 NGPU=$(nvidia-smi -L | wc -l); echo "GPUs: $NGPU"; nvidia-smi topo -m 2>/dev/null | head -12
 
 if ! skip equivalence; then
-  echo "== NCCL equivalence: world 1/2/4, every strategy (tests/unit/dist_train_test.cpp), and checkpoints"
+  echo "== NCCL equivalence: world 1/2/4, every strategy (tests/unit/fsdp_train_test.cpp), and checkpoints"
   [ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }  # the test binary's built-in paths
   timeout 420 build/tests/fsdpq_unit_tests --gtest_filter='*Equivalence*:Checkpoints.ResumesAtOtherWorldSizes*' \
     > $OUT/equivalence.log 2>&1

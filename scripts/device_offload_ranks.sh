@@ -66,7 +66,7 @@ if ! skip ranks; then
   echo "== multi-rank tests with the ranks sharing the GPU (FSDPQ_SHARE_GPUS=1): equivalence, checkpoints"
   [ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }  # the test binary's built-in paths
   FSDPQ_SHARE_GPUS=1 timeout 330 build/tests/fsdpq_unit_tests \
-    --gtest_filter='*Equivalence*:Checkpoints.*:DistTrain.Profile*' > $OUT/ranks_tests.log 2>&1
+    --gtest_filter='*Equivalence*:Checkpoints.*:FsdpTrain.Profile*' > $OUT/ranks_tests.log 2>&1
   echo "rc=$?"
   grep -E "^\[ +(OK|FAILED) +\]|Failure|max relative difference" $OUT/ranks_tests.log | head -60
 fi

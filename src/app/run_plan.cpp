@@ -123,7 +123,8 @@ RunPlan prepare_run(const World& world, const ResolvedConfig& resolved, DataUse 
   if (stats.eval_without_targets > 0)
     log::warn("{} of {} eval examples keep no answer token after truncation to {}: the eval loss leaves them out",
               stats.eval_without_targets, stats.eval_examples, resolved.cite("context_length"));
-  plan.footprint = model_footprint(plan.model.config, c.quantized_base(), !c.is_lora(),
+  plan.footprint = model_footprint(plan.model.config, c.quantized_base(), c.hqq_base() ? static_cast<int>(c.n_bits) : 0,
+                                   !c.is_lora(),
                                    c.is_lora() ? c.lora_rank : 0,
                                    c.is_lora() ? c.lora_target_modules : std::vector<std::string>{});
   return plan;
@@ -173,8 +174,10 @@ std::string format_dry_run(const ResolvedConfig& resolved, const RunPlan& plan, 
                      c.lora_dropout, join(c.lora_target_modules, ","),
                      100.0 * static_cast<double>(f.lora_params) / static_cast<double>(f.params.total)));
   }
-  line(fmt::format("base weights: {} in NF4 ({} params), {} in bf16 ({} params); trainable {} ({} fp32 masters)",
-                   human_bytes(static_cast<double>(f.nf4_bytes)), human_count(static_cast<double>(f.quantized_params)),
+  line(fmt::format("base weights: {} in {} ({} params), {} in bf16 ({} params); trainable {} ({} fp32 masters)",
+                   human_bytes(static_cast<double>(f.quantized_bytes)),
+                   c.hqq_base() ? fmt::format("HQQ {}-bit", c.n_bits) : std::string("NF4"),
+                   human_count(static_cast<double>(f.quantized_params)),
                    human_bytes(static_cast<double>(f.bf16_bytes)), human_count(static_cast<double>(f.bf16_base_params)),
                    human_count(static_cast<double>(f.trainable_params)),
                    human_bytes(static_cast<double>(f.trainable_fp32_bytes))));

@@ -8,6 +8,7 @@
 
 #include "config/ini_file.h"
 #include "config/options.h"
+#include "quant/hqq.h"
 #include "util/error.h"
 #include "util/strings.h"
 
@@ -153,6 +154,7 @@ struct Resolver {
 void parse_choices(TrainConfig& c) {
   c.choice.train_type = c.train_type == "full"                                 ? TrainType::Full
                         : c.train_type == "lora" || c.train_type == "custom_lora" ? TrainType::Lora
+                        : c.train_type == "hqq_lora"                              ? TrainType::HqqLora
                                                                                   : TrainType::Qlora;
   c.choice.precision = parse_precision(c.precision);
   c.choice.optimizer = parse_optimizer(c.optimizer);
@@ -191,6 +193,15 @@ void validate_combinations(ResolvedConfig& r) {
   }
   if (c.tokenizer_path != "builtin:bytes") check_input_file(r, "tokenizer_path", c.tokenizer_path, true);
 
+  // Quantisation width: hqq packs 1, 2, 3, 4 or 8 bits; the other train types are 4-bit or none
+  // (fsdp_qlora refuses n_bits != 4 for them too).
+  if (c.hqq_base() && !hqq_supported_bits(static_cast<int>(c.n_bits)))
+    fail("{}: hqq_lora quantises to 1, 2, 3, 4 or 8 bits", r.cite("n_bits"));
+  if (!c.hqq_base() && c.n_bits != 4)
+    contradiction("n_bits", "train_type", fmt::format("only the hqq train types take another width than 4; {} "
+                                                      "does not (use train_type hqq_lora, or leave n_bits at 4)",
+                                                      c.train_type));
+
   // Data.
   const bool generated = c.dataset == "dummy" || c.dataset == "synthetic";
   if (generated && !c.data_path.empty())
@@ -212,6 +223,9 @@ void validate_combinations(ResolvedConfig& r) {
   if (c.use_cpu_offload && c.choice.sharding == ShardingStrategy::Ddp)
     contradiction("use_cpu_offload", "sharding_strategy",
                   "CPU offload moves sharded state to the host; use full_shard, shard_grad_op or a hybrid strategy");
+  if (c.checkpoint_every != 1 && !c.use_gradient_checkpointing)
+    contradiction("checkpoint_every", "use_gradient_checkpointing",
+                  "it says which layers checkpointing recomputes, so it needs use_gradient_checkpointing = true");
   if (c.use_activation_cpu_offload && !c.use_gradient_checkpointing)
     contradiction("use_activation_cpu_offload", "use_gradient_checkpointing",
                   "activation offload moves the checkpointed layer inputs, so it needs gradient checkpointing");

@@ -25,14 +25,18 @@ std::vector<OptionSpec> build_specs() {
        {}, -kNoMax, kNoMax, {}, "builtin:bytes"},
       {"train_type", "model", OptionType::Enum, &T::train_type, "qlora",
        "What trains. full: every weight (fp32 masters). lora: LoRA adapters over a frozen bf16 base. "
-       "qlora: LoRA over a frozen NF4 base (bitsandbytes layout). custom_lora / custom_qlora are "
-       "fsdp_qlora's names for the same two.",
-       {"full", "lora", "qlora", "custom_lora", "custom_qlora"}, -kNoMax, kNoMax,
-       {{"hqq_lora", "HQQ quantization is not implemented in fsdpq; use qlora (NF4)"},
-        {"hqq_dora", "DoRA and HQQ are not implemented in fsdpq; use qlora or lora"},
-        {"bnb_dora", "DoRA is not implemented in fsdpq; use qlora or lora"},
+       "qlora: LoRA over a frozen NF4 base (bitsandbytes layout). hqq_lora: LoRA over a frozen HQQ "
+       "base of n_bits bits (hqq's layout, docs/hqq.md). custom_lora / custom_qlora are fsdp_qlora's "
+       "names for lora / qlora.",
+       {"full", "lora", "qlora", "custom_lora", "custom_qlora", "hqq_lora"}, -kNoMax, kNoMax,
+       {{"hqq_dora", "DoRA is not implemented in fsdpq yet; use hqq_lora, qlora or lora"},
+        {"bnb_dora", "DoRA is not implemented in fsdpq yet; use qlora or lora"},
         {"bnb_llama_pro", "Llama-Pro block expansion is not implemented in fsdpq"},
         {"hqq_llama_pro", "Llama-Pro block expansion is not implemented in fsdpq"}}},
+      {"n_bits", "model", OptionType::Int, &T::n_bits, "4",
+       "Bits per base weight under train_type hqq_lora: 1, 2, 3, 4 or 8 (hqq's widths; groups of 64 "
+       "values, a zero point and a scale each). Other train types take only 4, as fsdp_qlora.",
+       {}, 1, 8},
       {"precision", "model", OptionType::Enum, &T::precision, "bf16",
        "Numerics. fp32: everything fp32. bf16: weights, activations and grads in bf16 with fp32 "
        "accumulation (trainable masters fp32). bf16_autocast / bf16_buffers_autocast: fp32 "
@@ -115,6 +119,11 @@ std::vector<OptionSpec> build_specs() {
        {"full_shard", "shard_grad_op", "ddp", "hybrid_full_shard", "hybrid_shard_grad_op"}},
       {"use_gradient_checkpointing", "sharding", OptionType::Bool, &T::use_gradient_checkpointing, "true",
        "Keep only each decoder layer's input and recompute the layer in backward."},
+      {"checkpoint_every", "sharding", OptionType::Int, &T::checkpoint_every, "1",
+       "With use_gradient_checkpointing: recompute every k-th decoder layer (layers 0, k, 2k, ...) and "
+       "keep the other layers' activations, trading memory for speed (torchtitan's selective layer "
+       "checkpointing). 1 recomputes every layer (fsdp_qlora's); `fsdpq plan` predicts the memory.",
+       {}, 1, 1 << 20},
       {"use_cpu_offload", "sharding", OptionType::Bool, &T::use_cpu_offload, "false",
        "Keep params, grads and optimizer state in pinned host memory: each layer's weights are copied "
        "in just ahead of use, and each unit is stepped on a CPU thread as its backward ends. "

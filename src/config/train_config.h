@@ -5,16 +5,16 @@
 #include <string>
 #include <vector>
 
-#include "dist/sharding_strategy.h"
+#include "fsdp/sharding_strategy.h"
 #include "model/precision.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
 
 namespace fsdpq {
 
-// What trains: every weight, or LoRA adapters over a frozen base in bf16 or in NF4
+// What trains: every weight, or LoRA adapters over a frozen base in bf16, NF4 or HQQ
 // (fsdp_qlora's custom_lora / custom_qlora are lora / qlora).
-enum class TrainType { Full, Lora, Qlora };
+enum class TrainType { Full, Lora, Qlora, HqqLora };
 
 // The choice settings, parsed once when the config is resolved (config_loader.cpp): code reads
 // these; the strings in TrainConfig keep the user's spelling for logs, headers and checkpoints.
@@ -32,6 +32,7 @@ struct TrainConfig {
   std::string tokenizer_path;
   std::string train_type;
   std::string precision;
+  int64_t n_bits = 4;  // HQQ's width (hqq_lora)
   double loss_scale_init = 0;             // fp16_autocast only
   int64_t loss_scale_growth_interval = 0;  // fp16_autocast only
   // [lora]
@@ -65,6 +66,7 @@ struct TrainConfig {
   // [sharding]
   std::string sharding_strategy;
   bool use_gradient_checkpointing = false;
+  int64_t checkpoint_every = 1;
   bool use_cpu_offload = false;
   bool use_activation_cpu_offload = false;
   bool low_memory = false;
@@ -91,7 +93,8 @@ struct TrainConfig {
   TrainChoices choice;  // the strings above, parsed
 
   bool is_lora() const { return choice.train_type != TrainType::Full; }
-  bool quantized_base() const { return choice.train_type == TrainType::Qlora; }
+  bool quantized_base() const { return choice.train_type == TrainType::Qlora || hqq_base(); }
+  bool hqq_base() const { return choice.train_type == TrainType::HqqLora; }
   bool sharded() const { return choice.sharding != ShardingStrategy::Ddp; }
   bool hybrid() const { return is_hybrid(choice.sharding); }
 };

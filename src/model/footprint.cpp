@@ -1,26 +1,29 @@
 #include "model/footprint.h"
 
+#include "model/llama_weights.h"
+#include "quant/frozen_format.h"
+
 namespace fsdpq {
 
 uint64_t nf4_tensor_bytes(int64_t numel, bool double_quant) {
-  const uint64_t n = static_cast<uint64_t>(numel);
-  const uint64_t blocks = (n + 63) / 64;
-  const uint64_t codes = (n + 1) / 2;
-  if (!double_quant) return codes + blocks * 4;
-  const uint64_t absmax_blocks = (blocks + 255) / 256;
-  return codes + blocks /* uint8 absmax */ + absmax_blocks * 4 /* fp32 scales */ + 4 /* offset */;
+  // The format's segments (codes, then the absmax or its codes and group scales), and the
+  // double quantisation's fp32 offset.
+  return stored_bytes(nf4_format(double_quant), numel) + (double_quant ? sizeof(float) : 0);
 }
 
-ModelFootprint model_footprint(const LlamaConfig& config, bool quantized, bool trainable_base, int64_t lora_rank,
-                               const std::vector<std::string>& lora_targets) {
+ModelFootprint model_footprint(const LlamaConfig& config, bool quantized, int hqq_bits, bool trainable_base,
+                               int64_t lora_rank, const std::vector<std::string>& lora_targets) {
   ModelFootprint f;
   f.params = count_params(config);
   int64_t linear_params = 0;
-  uint64_t nf4 = 0;
+  uint64_t quantized_bytes = 0;
   for (const auto& module : linear_module_names()) {
     auto [out, in] = linear_shape(config, module);
     linear_params += out * in * config.num_hidden_layers;
-    nf4 += nf4_tensor_bytes(out * in, true) * static_cast<uint64_t>(config.num_hidden_layers);
+    // HQQ keeps nothing beside its segments; its zero points and scales are 16-bit in any dtype.
+    const uint64_t bytes = hqq_bits == 0 ? nf4_tensor_bytes(out * in, true)
+                                         : stored_bytes(quantized_linear_format(hqq_bits, DType::BF16), out * in);
+    quantized_bytes += bytes * static_cast<uint64_t>(config.num_hidden_layers);
   }
   for (const auto& module : lora_targets) {
     auto [out, in] = linear_shape(config, module);
@@ -28,7 +31,7 @@ ModelFootprint model_footprint(const LlamaConfig& config, bool quantized, bool t
   }
   if (quantized) {
     f.quantized_params = linear_params;
-    f.nf4_bytes = nf4;
+    f.quantized_bytes = quantized_bytes;
     f.bf16_base_params = f.params.total - linear_params;
   } else {
     f.bf16_base_params = f.params.total;

@@ -146,16 +146,16 @@ int64_t LayerActivations::nbytes() const {
   return static_cast<int64_t>(total);
 }
 
-void LayerGradScratch::allocate(const LayerDims& d, Device device) {
+void LayerGradScratch::allocate(const LayerDims& d, DType dtype, Device device) {
   const int64_t N = d.N();
-  d_norm = Tensor::empty(Shape{N, d.C}, DType::F32, device);
-  d_att = Tensor::empty(Shape{N, d.H * d.D}, DType::F32, device);
-  dq = Tensor::empty(Shape{N, d.H * d.D}, DType::F32, device);
-  dk = Tensor::empty(Shape{N, d.KV * d.D}, DType::F32, device);
-  dv = Tensor::empty(Shape{N, d.KV * d.D}, DType::F32, device);
-  dh = Tensor::empty(Shape{N, d.I}, DType::F32, device);
-  dgate = Tensor::empty(Shape{N, d.I}, DType::F32, device);
-  dup = Tensor::empty(Shape{N, d.I}, DType::F32, device);
+  d_norm = Tensor::empty(Shape{N, d.C}, dtype, device);
+  d_att = Tensor::empty(Shape{N, d.H * d.D}, dtype, device);
+  dq = Tensor::empty(Shape{N, d.H * d.D}, dtype, device);
+  dk = Tensor::empty(Shape{N, d.KV * d.D}, dtype, device);
+  dv = Tensor::empty(Shape{N, d.KV * d.D}, dtype, device);
+  dh = Tensor::empty(Shape{N, d.I}, dtype, device);
+  dgate = Tensor::empty(Shape{N, d.I}, dtype, device);
+  dup = Tensor::empty(Shape{N, d.I}, dtype, device);
 }
 
 void attention_inputs_forward(LayerActivations& a, const TensorView& x, const LayerCompute& w, const LayerDims& d,
@@ -218,7 +218,7 @@ void layer_backward(TensorView d_resid, LayerGradScratch& s, const LayerActivati
   {
     ScopedSection section("rmsnorm + residual bwd");
     rmsnorm_backward(s.d_norm, w.d_post_norm, s.d_norm, a.x2, w.post_norm, a.rstd2);  // frozen: no dweight
-    accumulate(d_resid, s.d_norm);  // d_resid is now the gradient of x2
+    residual_add(d_resid, d_resid, s.d_norm);  // d_resid is now the gradient of x2
   }
 
   // Attention: x2 = x + o(att), att = attention(rope(q), rope(k), v), q/k/v = linear(n1).
@@ -240,7 +240,7 @@ void layer_backward(TensorView d_resid, LayerGradScratch& s, const LayerActivati
   linear_group_backward(s.d_norm, false, d_qkv, a.n1, kQkvGroup, w, a);
   ScopedSection section("rmsnorm + residual bwd");
   rmsnorm_backward(s.d_norm, w.d_input_norm, s.d_norm, x, w.input_norm, a.rstd1);
-  accumulate(d_resid, s.d_norm);  // the gradient of the layer's input
+  residual_add(d_resid, d_resid, s.d_norm);  // the gradient of the layer's input
 }
 
 }  // namespace fsdpq

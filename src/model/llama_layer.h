@@ -60,13 +60,14 @@ struct LayerActivations {
   int64_t nbytes() const;
 };
 
-// Gradient buffers one layer's backward uses (fp32), reused from layer to layer.
+// Gradient buffers one layer's backward uses (activation_grad_dtype), reused from layer to layer.
 struct LayerGradScratch {
   Tensor d_norm;            // [N, C]: at a norm's output, then at its input
   Tensor d_att;             // [N, H*D]
   Tensor dq, dk, dv;        // [N, H*D], [N, KV*D], [N, KV*D]
   Tensor dh, dgate, dup;    // [N, I]
-  void allocate(const LayerDims& d, Device device = Device::CPU);
+  // dtype: activation_grad_dtype (model/precision.h).
+  void allocate(const LayerDims& d, DType dtype, Device device = Device::CPU);
 };
 
 // n1 = rmsnorm(x); q, k, v = linear(n1) (+ LoRA); RoPE on q and k for positions offset + t.

@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <utility>
+#include <vector>
 
 #include "backend/cuda_backend.h"
 #include "backend/section_times.h"
@@ -24,6 +26,26 @@
 
 namespace fsdpq {
 namespace {
+
+// Which activation buffer each layer's forward writes. A layer whose activations are kept for the
+// backward has its own; the layers that checkpointing recomputes in backward (every
+// checkpoint_every-th), and every layer of a pass without backward, share one.
+struct ActivationSlots {
+  std::vector<size_t> of_layer;
+  size_t count = 0;
+};
+
+ActivationSlots activation_slots(int64_t layers, bool train, const ModelOptions& o) {
+  if (o.checkpoint_every < 1) throw std::logic_error("activation_slots: checkpoint_every must be at least 1");
+  ActivationSlots s;
+  std::optional<size_t> shared;
+  for (int64_t i = 0; i < layers; ++i) {
+    const bool kept = train && !(o.gradient_checkpointing && i % o.checkpoint_every == 0);
+    if (!kept && !shared) shared = s.count++;
+    s.of_layer.push_back(kept ? s.count++ : *shared);
+  }
+  return s;
+}
 
 // One dropout key per (seed, step_key, layer, module): masks differ across steps, micro-batches,
 // layers and modules, and the checkpointed recompute regenerates the forward's exact masks.
@@ -61,8 +83,7 @@ void check_batch(const data::Batch& batch) {
 
 // A base weight that is never NF4 (embedding, norms, head): its compute view.
 TensorView dense_of(const BaseWeight& w) {
-  if (w.nf4) throw std::logic_error("dense_of: " + w.name + " is quantised");
-  return w.trainable ? w.trainable->compute_view() : w.frozen.view();
+  return w.trainable ? w.trainable->compute_view() : w.frozen.values();  // throws for a quantised weight
 }
 
 void convert_into_master(Tensor& master, const Tensor& source) {
@@ -164,7 +185,9 @@ struct LlamaModel::Impl {
     ensure_rope(T);
     const LayerDims d = layer_dims(config, B, T);
     const bool train = kind == PassKind::Train;
-    const bool keep_activations = train && !options.gradient_checkpointing;
+    // Checkpointing: only the layer inputs (the residual stream) are kept for the recomputed layers.
+    const bool checkpointing = train && options.gradient_checkpointing;
+    auto recomputed = [&](int64_t i) { return checkpointing && i % options.checkpoint_every == 0; };
     const Tensor ids_storage = copy_to(i32_view(batch.input_ids, N), device);
     const TensorView ids = ids_storage.view();
 
@@ -176,20 +199,21 @@ struct LlamaModel::Impl {
     if (hooks) hooks->forward_begin(kRootUnit);
     embedding_forward(stream_at(0), ids, dense_of(weights.embedding));
 
-    std::vector<LayerActivations> activations(static_cast<size_t>(keep_activations ? L : 1));
+    const ActivationSlots slots = activation_slots(L, train, options);
+    std::vector<LayerActivations> activations(slots.count);
     for (LayerActivations& a : activations) a.allocate(d, act, lora_ranks(), device);
-    auto activations_of = [&](int64_t i) -> LayerActivations& {
-      return activations[static_cast<size_t>(keep_activations ? i : 0)];
-    };
+    auto activations_of = [&](int64_t i) -> LayerActivations& { return activations[slots.of_layer[static_cast<size_t>(i)]]; };
+    int64_t shared_slot_holds = -1;  // the recomputed layer whose activations the shared buffer holds
     // Activation offload: a layer's input goes to host memory once the layer's forward is done and
     // comes back just before its backward (the same bytes: the pass's results do not change).
-    const bool offload_inputs = train && !keep_activations && options.activation_offload;
+    const bool offload_inputs = checkpointing && options.activation_offload;
     const size_t input_bytes = stream_at(0).nbytes();
     while (offload_inputs && offloaded_inputs.size() < static_cast<size_t>(L))
       offloaded_inputs.push_back(std::make_unique<HostStaging>());
     for (int64_t i = 0; i < L; ++i) {
       if (hooks) hooks->forward_begin(layer_unit(i));
       layer_forward(stream_at(i + 1), activations_of(i), stream_at(i), layer_compute(i, train, step_key), d, rope);
+      if (recomputed(i)) shared_slot_holds = i;
       if (hooks) hooks->forward_end(layer_unit(i), backward_follows);
       if (offload_inputs) {
         void* host = offloaded_inputs[static_cast<size_t>(i)]->reserve(input_bytes);
@@ -212,7 +236,8 @@ struct LlamaModel::Impl {
       return {};
     }
 
-    Tensor d_normed = train ? Tensor::empty(Shape{N, config.hidden_size}, DType::F32, device) : Tensor();
+    const DType grad = activation_grad_dtype(act);
+    Tensor d_normed = train ? Tensor::empty(Shape{N, config.hidden_size}, grad, device) : Tensor();
     const CrossEntropyResult loss = [&] {
       ScopedSection section("lm head + loss");
       return lm_head_loss(normed, head, i32_view(batch.labels, N), B, T, train ? grad_scale : 0.0f, d_normed.view(),
@@ -225,14 +250,14 @@ struct LlamaModel::Impl {
     }
 
     // Backward, layer by layer in reverse; d_resid carries the residual stream's gradient.
-    Tensor d_resid = Tensor::empty(Shape{N, config.hidden_size}, DType::F32, device);
+    Tensor d_resid = Tensor::empty(Shape{N, config.hidden_size}, grad, device);
     // A frozen final norm's grad_view has no data: rmsnorm_backward computes no dweight for it.
     rmsnorm_backward(d_resid, weights.final_norm.grad_view(), d_normed, stream_at(L), final_norm, rstd);
     d_normed = Tensor();
     normed = Tensor();
     LayerGradScratch scratch;
-    scratch.allocate(d, device);
-    Tensor recomputed_out = keep_activations ? Tensor() : Tensor::empty(Shape{N, config.hidden_size}, act, device);
+    scratch.allocate(d, grad, device);
+    Tensor recomputed_out = checkpointing ? Tensor::empty(Shape{N, config.hidden_size}, act, device) : Tensor();
     for (int64_t i = L - 1; i >= 0; --i) {
       if (offload_inputs) {
         stream_at(i) = Tensor::empty(Shape{N, config.hidden_size}, act, device);
@@ -241,9 +266,12 @@ struct LlamaModel::Impl {
       }
       if (hooks) hooks->backward_begin(layer_unit(i));
       const LayerCompute w = layer_compute(i, true, step_key);
-      // Checkpointing: rebuild this layer's activations (same dropout masks). The last layer's are
-      // still in the shared buffer from the forward.
-      if (!keep_activations && i != L - 1) layer_forward(recomputed_out, activations_of(i), stream_at(i), w, d, rope);
+      // Checkpointing: rebuild a recomputed layer's activations (same dropout masks), unless the
+      // shared buffer still holds them (the last recomputed layer's, from the forward).
+      if (recomputed(i) && shared_slot_holds != i) {
+        layer_forward(recomputed_out, activations_of(i), stream_at(i), w, d, rope);
+        shared_slot_holds = i;
+      }
       layer_backward(d_resid, scratch, activations_of(i), stream_at(i), w, d, rope);
       if (offload_inputs && i + 1 < L) stream_at(i + 1) = Tensor();  // its layer's backward is done
       if (hooks) hooks->backward_end(layer_unit(i));

@@ -20,7 +20,8 @@ namespace fsdpq {
 
 
 struct ModelOptions {
-  bool quantize_base = true;  // NF4 base linears (bitsandbytes layout, double-quantised absmax)
+  bool quantize_base = true;  // quantised base linears: NF4 (bitsandbytes layout, double-quantised absmax) or HQQ
+  int hqq_bits = 0;           // HQQ base linears of this many bits (hqq_lora's n_bits); 0: NF4
   bool train_base = false;    // full fine-tuning: every weight trains (fp32 masters)
   int64_t lora_rank = 64;
   double lora_alpha = 16;
@@ -28,6 +29,9 @@ struct ModelOptions {
   std::vector<std::string> lora_targets;  // q_proj ... down_proj; empty: no adapters
   Precision precision = Precision::BF16;
   bool gradient_checkpointing = true;
+  // With gradient_checkpointing: layers i with i % checkpoint_every == 0 are recomputed in backward;
+  // the others keep their activations from the forward.
+  int64_t checkpoint_every = 1;
   // use_activation_cpu_offload (with checkpointing): each layer's input, kept for its backward,
   // waits in host memory between the layer's forward and backward instead of on the device.
   bool activation_offload = false;

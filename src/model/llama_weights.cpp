@@ -9,6 +9,7 @@
 
 #include "backend/cuda_backend.h"
 #include "model/init_model.h"
+#include "model/unit_build.h"
 #include "ops/elementwise.h"
 #include "ops/lora.h"
 #include "optim/lora_init.h"
@@ -25,20 +26,6 @@ Shape shape_of(const std::vector<int64_t>& dims) {
   s.rank = static_cast<int>(dims.size());
   for (size_t i = 0; i < dims.size(); ++i) s.dims[i] = dims[i];
   return s;
-}
-
-std::vector<int64_t> dims_of(const Shape& shape) {
-  return std::vector<int64_t>(shape.dims.begin(), shape.dims.begin() + shape.rank);
-}
-
-TrainableTensor make_trainable(std::string name, const Shape& shape, DType activation) {
-  TrainableTensor t;
-  t.name = std::move(name);
-  t.shape = shape;
-  t.master = Tensor::zeros(shape, DType::F32);
-  t.grad = Tensor::zeros(shape, DType::F32);
-  if (activation != DType::F32) t.compute = Tensor::zeros(shape, activation);
-  return t;
 }
 
 // Converts `count` values of a safetensors dtype into `out` (F32, BF16 or F16).
@@ -147,6 +134,25 @@ DType load_dtype(DType activation, const ModelOptions& options, const std::strin
   return load_fp32 ? DType::F32 : activation;
 }
 
+// How a frozen weight is stored: the linears quantised under QLoRA and hqq_lora, everything else
+// dense in the dtype its values are loaded in.
+const FrozenFormat& frozen_format(DType activation, const ModelOptions& options, const std::string& name) {
+  if (options.quantize_base && is_linear(name)) return quantized_linear_format(options.hqq_bits, activation);
+  return dense_format(load_dtype(activation, options, name));
+}
+
+// A frozen weight's storage; a weight its format cannot store (an HQQ width whose packing needs
+// more groups than the weight has) is the user's setting to change.
+FrozenStorage frozen_storage(DType activation, const ModelOptions& options, const std::string& name, const Shape& shape) {
+  const FrozenFormat& format = frozen_format(activation, options, name);
+  try {
+    return FrozenStorage(format, shape);
+  } catch (const std::invalid_argument& e) {
+    fail("n_bits = {}: cannot store '{}' ({} values) as {}: {}", options.hqq_bits, name, shape.numel(), format.name(),
+         e.what());
+  }
+}
+
 // Where each HF tensor goes.
 std::map<std::string, BaseWeight*> weight_slots(LlamaWeights& w, const LlamaConfig& config) {
   std::map<std::string, BaseWeight*> slots;
@@ -164,13 +170,6 @@ std::map<std::string, BaseWeight*> weight_slots(LlamaWeights& w, const LlamaConf
   return slots;
 }
 
-// The unit an HF tensor belongs to.
-int unit_of(const std::string& name) {
-  static const std::string prefix = "model.layers.";
-  if (name.rfind(prefix, 0) != 0) return kRootUnit;
-  return layer_unit(std::stoll(name.substr(prefix.size())));
-}
-
 LlamaWeights empty_weights(const LlamaConfig& config, const ModelOptions& options) {
   LlamaWeights w;
   w.activation = activation_dtype(options.precision);
@@ -180,6 +179,11 @@ LlamaWeights empty_weights(const LlamaConfig& config, const ModelOptions& option
 }
 
 }  // namespace
+
+const FrozenFormat& quantized_linear_format(int hqq_bits, DType activation) {
+  if (hqq_bits == 0) return nf4_format(/*double_quant=*/true);
+  return hqq_format(hqq_bits, activation == DType::BF16 ? DType::BF16 : DType::F16);
+}
 
 const char* linear_module_name(int module) {
   static const char* const names[kLinearModules] = {"q_proj", "k_proj", "v_proj", "o_proj",
@@ -217,58 +221,14 @@ void TrainableTensor::place_on(Device device) {
 }
 
 void BaseWeight::place_on(Device device) {
-  if (trainable) {
+  if (trainable)
     trainable->place_on(device);
-  } else if (nf4) {
-    // A weight whose bytes the engine holds elsewhere (a shard, or offloaded to host memory) has
-    // nothing to place: the engine puts it on the device when it is used.
-    const bool evicted = nf4->packed.empty() && nf4->numel > 0;
-    nf4_device = device == Device::CUDA && !evicted ? std::make_unique<Nf4Device>(upload_nf4(*nf4)) : nullptr;
-  } else {
-    move_tensor(frozen, device);
-  }
+  else
+    frozen.place_on(device);
 }
 
 TensorView BaseWeight::dense(Tensor& scratch, DType dtype) const {
-  if (trainable) return trainable->compute_view();
-  if (!nf4) return frozen.view();
-  const Device device = nf4_device ? Device::CUDA : Device::CPU;
-  if (!scratch.defined() || scratch.shape() != shape || scratch.dtype() != dtype || scratch.device() != device)
-    scratch = Tensor::empty(shape, dtype, device);
-  if (nf4_device) {
-    nf4_dequantize(*nf4_device, scratch.view());
-    return scratch.view();
-  }
-  if (dtype == DType::F32) {
-    nf4_dequantize(*nf4, scratch.data<float>());
-  } else if (dtype == DType::F16) {
-    // code * absmax in fp32, rounded once to half, staged 256 blocks at a time (no fp32 copy of
-    // the whole weight on every pass).
-    constexpr int64_t kChunkBlocks = 256;
-    const std::vector<float> absmax = nf4_absmax(*nf4);
-    uint16_t* out = scratch.data<uint16_t>();
-    const int64_t blocks = nf4->num_blocks(), numel = nf4->numel;
-#pragma omp parallel for schedule(static)
-    for (int64_t b0 = 0; b0 < blocks; b0 += kChunkBlocks) {
-      float staged[kChunkBlocks * kNf4BlockSize];
-      const int64_t count_blocks = std::min(kChunkBlocks, blocks - b0);
-      nf4_dequantize_blocks(nf4->packed.data() + b0 * (kNf4BlockSize / 2), absmax.data() + b0, numel, b0,
-                            count_blocks, staged);
-      const int64_t first = b0 * kNf4BlockSize, count = std::min(numel - first, count_blocks * kNf4BlockSize);
-      for (int64_t i = 0; i < count; ++i) out[first + i] = float_to_f16(staged[i]);
-    }
-  } else {
-    nf4_dequantize(*nf4, scratch.data<uint16_t>());
-  }
-  return scratch.view();
-}
-
-int64_t BaseWeight::storage_bytes() const {
-  if (nf4) return nf4->storage_bytes();
-  if (trainable)
-    return static_cast<int64_t>(trainable->master.nbytes() + trainable->grad.nbytes() +
-                                (trainable->compute.defined() ? trainable->compute.nbytes() : 0));
-  return static_cast<int64_t>(frozen.nbytes());
+  return trainable ? trainable->compute_view() : frozen.dense(scratch, dtype);
 }
 
 void LlamaWeights::place_on(Device device) {
@@ -393,11 +353,10 @@ WeightSource random_weight_source(uint64_t seed, float stddev) {
 
 namespace {
 
-// PEFT LoRA on the targeted linears of one layer (A kaiming-uniform from the seed and the module's
-// name, so the values do not depend on the order layers are built in; B zero). A skeleton's
-// adapters have names and shapes only.
-void add_adapters(LayerWeights& layer, const LlamaConfig& config, const ModelOptions& options, int64_t i,
-                  DType activation, bool skeleton = false) {
+// PEFT LoRA on the targeted linears of one layer, names and shapes only (a unit build reads
+// their initial values: A kaiming-uniform from the seed and the module's name, so the values do
+// not depend on the order layers are built in; B zero).
+void add_skeleton_adapters(LayerWeights& layer, const LlamaConfig& config, const ModelOptions& options, int64_t i) {
   for (int m = 0; m < kLinearModules; ++m) {
     const std::string module = linear_module_name(m);
     if (std::find(options.lora_targets.begin(), options.lora_targets.end(), module) == options.lora_targets.end())
@@ -405,84 +364,16 @@ void add_adapters(LayerWeights& layer, const LlamaConfig& config, const ModelOpt
     const auto [out, in] = linear_shape(config, module);
     auto adapter = std::make_unique<LoraAdapter>();
     adapter->prefix = fmt::format("base_model.model.model.layers.{}.{}.{}", i, linear_module_group(m), module);
-    if (skeleton) {
-      adapter->A.name = adapter->prefix + ".lora_A.weight";
-      adapter->A.shape = Shape{options.lora_rank, in};
-      adapter->B.name = adapter->prefix + ".lora_B.weight";
-      adapter->B.shape = Shape{out, options.lora_rank};
-      layer.lora[m] = std::move(adapter);
-      continue;
-    }
-    adapter->A = make_trainable(adapter->prefix + ".lora_A.weight", Shape{options.lora_rank, in}, activation);
-    adapter->B = make_trainable(adapter->prefix + ".lora_B.weight", Shape{out, options.lora_rank}, activation);
-    lora_init_a(adapter->A.master.data<float>(), options.lora_rank, in, options.seed, adapter->prefix);
-    lora_init_b(adapter->B.master.data<float>(), adapter->B.master.numel());
-    adapter->A.refresh_compute();
-    adapter->B.refresh_compute();
+    adapter->A.name = adapter->prefix + ".lora_A.weight";
+    adapter->A.shape = Shape{options.lora_rank, in};
+    adapter->B.name = adapter->prefix + ".lora_B.weight";
+    adapter->B.shape = Shape{out, options.lora_rank};
     layer.lora[m] = std::move(adapter);
   }
 }
 
-}  // namespace
-
-LlamaWeights build_llama_weights(const LlamaConfig& config, const ModelOptions& options, const WeightSource& source,
-                                 const UnitBuilt& on_unit_built) {
-  validate_options(config, options);
-  LlamaWeights w = empty_weights(config, options);
-  const std::map<std::string, BaseWeight*> slots = weight_slots(w, config);
-  const std::vector<TensorSpec> specs = hf_tensor_specs(config);
-  // The last tensor of each unit (when it is complete).
-  std::vector<size_t> last_spec(static_cast<size_t>(config.num_hidden_layers) + 1, 0);
-  for (size_t index = 0; index < specs.size(); ++index) last_spec[static_cast<size_t>(unit_of(specs[index].name))] = index;
-
-  for (size_t index = 0; index < specs.size(); ++index) {
-    const TensorSpec& spec = specs[index];
-    BaseWeight& slot = *slots.at(spec.name);
-    slot.name = spec.name;
-    slot.shape = shape_of(spec.shape);
-    Tensor loaded = Tensor::empty(slot.shape, load_dtype(w.activation, options, spec.name));
-    source(spec, index, 0, loaded.view());
-    if (options.train_base) {
-      slot.trainable = std::make_unique<TrainableTensor>();
-      TrainableTensor& t = *slot.trainable;
-      t.name = spec.name;
-      t.shape = slot.shape;
-      t.master = Tensor::empty(slot.shape, DType::F32);
-      copy_convert(t.master.view(), loaded.view());
-      t.grad = Tensor::zeros(slot.shape, DType::F32);
-      if (w.activation == DType::F16) {
-        t.compute = Tensor::empty(slot.shape, DType::F16);
-        copy_convert(t.compute.view(), t.master.view());
-      } else if (w.activation != DType::F32) {
-        t.compute = std::move(loaded);  // the master's values, exactly
-      }
-    } else if (options.quantize_base && is_linear(spec.name)) {
-      const bool f32 = loaded.dtype() == DType::F32;
-      slot.nf4 = std::make_unique<Nf4Tensor>(
-          f32 ? nf4_quantize(loaded.data<float>(), loaded.numel(), dims_of(slot.shape), /*double_quant=*/true)
-              : nf4_quantize(loaded.data<uint16_t>(), loaded.numel(), dims_of(slot.shape), /*double_quant=*/true));
-    } else {
-      slot.frozen = std::move(loaded);
-    }
-
-    const int unit = unit_of(spec.name);
-    if (index != last_spec[static_cast<size_t>(unit)] || unit == kRootUnit) continue;
-    if (!options.train_base) add_adapters(w.layers[static_cast<size_t>(unit - 1)], config, options, unit - 1, w.activation);
-    if (on_unit_built) {
-      ParamUnit contents = w.unit(unit);
-      on_unit_built(unit, contents);
-    }
-  }
-  if (on_unit_built) {
-    ParamUnit root = w.unit(kRootUnit);
-    on_unit_built(kRootUnit, root);
-  }
-  return w;
-}
-
-namespace {
-
-// The values build_llama_weights would give each tensor, for any element range.
+// The initial values of any element range of a unit's tensors: from the weight source in the
+// load dtype (load_dtype); the adapters as PEFT initialises them.
 class SourceUnitReader final : public UnitReader {
  public:
   SourceUnitReader(const LlamaConfig& config, const ModelOptions& options, DType activation, const WeightSource& source)
@@ -508,7 +399,7 @@ class SourceUnitReader final : public UnitReader {
   void read_master(const TrainableTensor& t, int64_t first, int64_t count, float* out) const override {
     check_range(t.name, t.shape, first, count);
     if (auto it = base_trainable_.find(&t); it != base_trainable_.end()) {
-      // As build_llama_weights: loaded in the load dtype, then made fp32 exactly.
+      // Loaded in the load dtype, then made fp32 exactly.
       const DType dtype = load_dtype(activation_, options_, t.name);
       if (dtype == DType::F32) {
         source_(specs_[it->second], it->second, first, TensorView{out, DType::F32, Shape{count}});
@@ -554,6 +445,15 @@ class SourceUnitReader final : public UnitReader {
 
 }  // namespace
 
+LlamaWeights build_llama_weights(const LlamaConfig& config, const ModelOptions& options, const WeightSource& source,
+                                 const UnitBuilt& on_unit_built) {
+  const DType activation = activation_dtype(options.precision);
+  return build_llama_weights_by_unit(config, options, source, [&](int unit, ParamUnit& skeleton, const UnitReader& reader) {
+    build_whole_unit(skeleton, reader, activation);
+    if (on_unit_built) on_unit_built(unit, skeleton);
+  });
+}
+
 LlamaWeights build_llama_weights_by_unit(const LlamaConfig& config, const ModelOptions& options,
                                          const WeightSource& source, const UnitLoader& load_unit) {
   validate_options(config, options);
@@ -570,16 +470,13 @@ LlamaWeights build_llama_weights_by_unit(const LlamaConfig& config, const ModelO
       slot.trainable = std::make_unique<TrainableTensor>();
       slot.trainable->name = spec.name;
       slot.trainable->shape = slot.shape;
-    } else if (options.quantize_base && is_linear(spec.name)) {
-      slot.nf4 = std::make_unique<Nf4Tensor>();
-      slot.nf4->numel = slot.shape.numel();
-      slot.nf4->shape = spec.shape;
-      slot.nf4->double_quant = true;
+    } else {
+      slot.frozen = frozen_storage(w.activation, options, spec.name, slot.shape);
     }
     reader.add_weight(slot, index);
   }
   for (int64_t i = 0; i < config.num_hidden_layers && !options.train_base; ++i)
-    add_adapters(w.layers[static_cast<size_t>(i)], config, options, i, w.activation, /*skeleton=*/true);
+    add_skeleton_adapters(w.layers[static_cast<size_t>(i)], config, options, i);
   for (LoraAdapter* adapter : w.adapters()) reader.add_adapter(*adapter);
 
   // The order build_llama_weights hands units over in: the layers, then the root.

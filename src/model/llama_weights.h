@@ -1,8 +1,9 @@
 // The weights of a LlamaModel as it holds them (private to src/model/llama_*.cpp): every tensor
-// of the HF checkpoint as a frozen dense tensor, a frozen NF4 tensor, or a trainable fp32 master
-// with its gradient and compute copy, plus the LoRA adapters. Built tensor by tensor from a
-// WeightSource (an HF directory or the init-model generator), so no second copy of the model
-// ever exists while loading.
+// of the HF checkpoint as a frozen weight in a storage format (quant/frozen_storage.h: dense, or
+// NF4 under QLoRA, HQQ under hqq_lora) or a trainable fp32 master with its gradient and compute copy, plus the LoRA
+// adapters. Built unit by unit from a WeightSource (an HF directory or the init-model generator)
+// through one unit build (model/unit_build.h), so no second copy of the model ever exists while
+// loading.
 #pragma once
 #include <array>
 #include <functional>
@@ -14,8 +15,7 @@
 #include "io/model_files.h"
 #include "model/llama_config.h"
 #include "model/llama_model.h"
-#include "quant/nf4.h"
-#include "quant/nf4_device.h"
+#include "quant/frozen_storage.h"
 
 namespace fsdpq {
 
@@ -24,6 +24,12 @@ enum LinearModule : int { kQProj, kKProj, kVProj, kOProj, kGateProj, kUpProj, kD
 inline constexpr int kLinearModules = 7;
 const char* linear_module_name(int module);   // "q_proj"
 const char* linear_module_group(int module);  // "self_attn" or "mlp"
+
+// How quantised base linears are stored: NF4 with double-quantised absmax (qlora; hqq_bits 0) or
+// HQQ of hqq_bits bits (hqq_lora), its zero points and scales in fsdp_qlora's compute dtype for
+// the activation dtype: bf16, or fp16 (fp16_autocast; fp32, whose compute dtype fsdp_qlora sets
+// to fp16). The model, the planner and the footprint all ask here.
+const FrozenFormat& quantized_linear_format(int hqq_bits, DType activation);
 
 // An fp32 master the optimizer steps, its fp32 gradient, and the copy the ops compute with.
 struct TrainableTensor {
@@ -41,26 +47,23 @@ struct TrainableTensor {
   void place_on(Device device);
 };
 
-// One base weight of the checkpoint: exactly one of frozen / nf4 / trainable is set.
+// One base weight of the checkpoint: frozen (its bytes in a storage format: dense, or NF4 under
+// QLoRA) or trainable (full fine-tuning); exactly one of the two is set.
 struct BaseWeight {
   std::string name;  // HF name, e.g. "model.layers.0.self_attn.q_proj.weight"
   Shape shape;
-  Tensor frozen;                               // activation dtype
-  std::unique_ptr<Nf4Tensor> nf4;              // bitsandbytes NF4 with double-quantised absmax
-  std::unique_ptr<Nf4Device> nf4_device;       // its copy on the GPU, when the model computes there
+  FrozenStorage frozen;                        // a frozen weight (defined() false when trainable)
   std::unique_ptr<TrainableTensor> trainable;  // full fine-tuning
 
-  // Puts what the ops read on `device`: the dense frozen tensor, the NF4 bytes (the host copy
-  // stays: sharding sends it), or the trainable tensor's compute copy.
+  // Puts what the ops read on `device`: the frozen bytes (FrozenStorage::place_on), or the
+  // trainable tensor's compute copy.
   void place_on(Device device);
 
-  // The dense weight to compute with. An NF4 weight is dequantised into `scratch` (allocated
-  // here on first use in `dtype`, reused afterwards), so only one layer is ever dense at a time;
-  // on the GPU when nf4_device is there.
+  // The dense weight to compute with: a trainable's compute copy, a dense frozen weight in place,
+  // or a quantised one dequantised into `scratch` in `dtype` (FrozenStorage::dense).
   TensorView dense(Tensor& scratch, DType dtype) const;
   // The fp32 gradient, or an empty view (data == nullptr) for a frozen weight.
   TensorView grad_view() const { return trainable ? trainable->grad.view() : TensorView{}; }
-  int64_t storage_bytes() const;
 };
 
 // PEFT LoRA on one linear: A [r, in] (kaiming-uniform), B [out, r] (zero).
@@ -77,7 +80,7 @@ struct LayerWeights {
 
 // The weights sharding moves as one piece (an FSDP unit): unit 0 is the root (embedding, final
 // norm, head: present for a whole step, as FSDP's root unit), unit i > 0 is decoder layer i - 1.
-// `frozen` are the dense frozen and NF4 base weights, `trainable` every trainable tensor.
+// `frozen` are the frozen base weights (any storage format), `trainable` every trainable tensor.
 struct ParamUnit {
   std::string name;  // "root" or "layer 3"
   std::vector<BaseWeight*> frozen;
@@ -116,18 +119,18 @@ WeightSource file_weight_source(const ModelWeights& files);
 // The values `fsdpq init-model --seed seed` writes: Normal(0, stddev) per tensor stream, norms 1.
 WeightSource random_weight_source(uint64_t seed, float stddev);
 
-// Called once a unit's tensors are all built (each layer as soon as it is complete, the root
-// last), while the others may not exist yet: a sharded loader keeps its shard and frees the rest,
-// so no more than one unit of the model is ever whole in memory.
+// Called once a unit's tensors are all built (the layers in order, the root last), while the
+// others may not exist yet: the engine keeps what it needs of it, so no more than one unit of the
+// model need ever be whole in memory.
 using UnitBuilt = std::function<void(int unit, ParamUnit& contents)>;
 
-// Validates the options (fails with the option's name) and builds every weight and adapter.
+// Validates the options (fails with the option's name) and builds every weight and adapter
+// whole: build_llama_weights_by_unit with build_whole_unit (model/unit_build.h) as the loader.
 LlamaWeights build_llama_weights(const LlamaConfig& config, const ModelOptions& options, const WeightSource& source,
                                  const UnitBuilt& on_unit_built = {});
 
-// For a loader that builds each unit itself, and only part of it (a rank of a shard group reads
-// and quantises only its shard): the values of any element range of a unit's tensors, exactly
-// as build_llama_weights would compute them.
+// What a unit is built from (model/unit_build.h), whole or only part of it (a rank of a shard
+// group reads and quantises only its shard): the initial values of any element range of its tensors.
 class UnitReader {
  public:
   virtual ~UnitReader() = default;
@@ -140,10 +143,9 @@ class UnitReader {
   virtual void read_master(const TrainableTensor& tensor, int64_t first, int64_t count, float* out) const = 0;
 };
 
-// Builds the weights as skeletons — every name and shape, NF4 weights with numel, shape and
-// double_quant but no data or offset, trainables and adapters without tensors — and hands each
-// unit to `load_unit` (the layers in order, then the root, as build_llama_weights), which fills
-// what it keeps.
+// Builds the weights as skeletons — every name and shape, frozen weights with their storage
+// format but no bytes, trainables and adapters without tensors — and hands each unit to
+// `load_unit` (the layers in order, then the root), which fills what it keeps.
 LlamaWeights build_llama_weights_by_unit(const LlamaConfig& config, const ModelOptions& options,
                                          const WeightSource& source, const UnitLoader& load_unit);
 

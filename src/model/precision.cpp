@@ -27,6 +27,8 @@ Precision parse_precision(const std::string& name) {
        join(names, ", "));
 }
 
+DType activation_grad_dtype(DType activation) { return activation == DType::BF16 ? DType::BF16 : DType::F32; }
+
 DType activation_dtype(Precision precision) {
   switch (precision) {
     case Precision::FP32: return DType::F32;

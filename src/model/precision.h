@@ -21,4 +21,11 @@ enum class Precision { FP32, BF16, BF16Autocast, BF16BuffersAutocast, FP16Autoca
 Precision parse_precision(const std::string& name);
 DType activation_dtype(Precision precision);
 
+// What the backward keeps activation gradients in (the residual stream's and each layer's): the
+// activations' own type where that is bf16, as autocast and FSDP's bf16 mixed precision keep them
+// (the kernels still sum in fp32 and round once per store), and fp32 otherwise. fp16 keeps fp32:
+// fsdpq's loss scaler guards the weight gradients, and fp16's 5-bit exponent would put the
+// activation gradients of long sequences at its edges. Weight gradients are fp32 in every precision.
+DType activation_grad_dtype(DType activation);
+
 }  // namespace fsdpq

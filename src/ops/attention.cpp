@@ -44,11 +44,12 @@ GpuAttentionKernels& gpu_attention_choice() {
   static GpuAttentionKernels choice = [] {
     const char* env = std::getenv("FSDPQ_ATTENTION");
     const std::string v = env != nullptr ? env : "";
+    if (v == "mma") return GpuAttentionKernels::TensorCores;
     if (v == "simt") return GpuAttentionKernels::Simt;
     if (v == "cudnn") return GpuAttentionKernels::Cudnn;
     if (v == "cudnn-nondeterministic") return GpuAttentionKernels::CudnnNondeterministic;
     if (v == "wgmma") return GpuAttentionKernels::Wgmma;
-    return GpuAttentionKernels::TensorCores;
+    return GpuAttentionKernels::Auto;  // unset or "auto" (runtime/environment.cpp refuses other values)
   }();
   return choice;
 }

@@ -16,17 +16,18 @@ void attention_forward(TensorView out, TensorView lse, const TensorView& q, cons
 void attention_backward(TensorView dq, TensorView dk, TensorView dv, const TensorView& dout, const TensorView& q,
                         const TensorView& k, const TensorView& v, const TensorView& out, const TensorView& lse);
 
-// Which GPU kernels run attention. TensorCores (the default) takes kernels/attention_mma.cu
-// wherever it applies (q, k, v all BF16 or all F16, head dim 64 or 128, 16-byte aligned) and the
-// fp32 SIMT kernels (kernels/attention.cu) elsewhere; Simt takes the SIMT kernels everywhere.
-// Cudnn asks cuDNN's fused flash attention first (ops/attention_cudnn.h) and runs TensorCores'
-// choice where cuDNN declines; its backward is deterministic, CudnnNondeterministic's is cuDNN's
-// faster one whose bits vary from run to run. Wgmma runs the forward on the Hopper (sm_90a)
-// kernel of kernels/attention_sm90a.cu where it applies (ops/cuda/attention_wgmma.h) and
-// TensorCores' choice everywhere else, the backward included. The environment's FSDPQ_ATTENTION
-// (simt, cudnn, cudnn-nondeterministic, wgmma) sets the choice at start-up; tests set it with
-// set_gpu_attention_kernels.
-enum class GpuAttentionKernels { TensorCores, Simt, Cudnn, CudnnNondeterministic, Wgmma };
+// Which GPU kernels run attention. TensorCores takes kernels/attention_mma.cu wherever it applies
+// (q, k, v all BF16 or all F16, head dim 64 or 128, 16-byte aligned) and the fp32 SIMT kernels
+// (kernels/attention.cu) elsewhere; Simt takes the SIMT kernels everywhere. Cudnn asks cuDNN's
+// fused flash attention first (ops/attention_cudnn.h) and runs TensorCores' choice where cuDNN
+// declines; its backward is deterministic, CudnnNondeterministic's is cuDNN's faster one whose bits
+// vary from run to run. Auto, the default, is Cudnn that says why it declines as information, not
+// as a warning: the fastest deterministic kernels this machine has (cuDNN is optional). Wgmma runs
+// the forward on the Hopper (sm_90a) kernel of kernels/attention_sm90a.cu where it applies
+// (ops/cuda/attention_wgmma.h) and TensorCores' choice everywhere else, the backward included.
+// The environment's FSDPQ_ATTENTION (auto, mma, simt, cudnn, cudnn-nondeterministic, wgmma) sets
+// the choice at start-up; tests set it with set_gpu_attention_kernels.
+enum class GpuAttentionKernels { Auto, TensorCores, Simt, Cudnn, CudnnNondeterministic, Wgmma };
 GpuAttentionKernels gpu_attention_kernels();
 void set_gpu_attention_kernels(GpuAttentionKernels kernels);
 

@@ -39,8 +39,12 @@ bool decline(bool backward, const std::string& why) {
   RouteState& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   ++(backward ? s.counts.backward_declined : s.counts.forward_declined);
-  if (s.logged.insert(why).second)
-    log::warn("attention {} runs on fsdpq's own kernels, not cuDNN: {}", backward ? "backward" : "forward", why);
+  if (!s.logged.insert(why).second) return false;
+  const char* pass = backward ? "backward" : "forward";
+  if (gpu_attention_kernels() == GpuAttentionKernels::Auto)
+    log::info("attention {} runs on fsdpq's own kernels, not cuDNN: {}", pass, why);
+  else
+    log::warn("attention {} runs on fsdpq's own kernels, not cuDNN: {}", pass, why);
   return false;
 }
 

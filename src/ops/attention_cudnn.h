@@ -1,5 +1,5 @@
-// The cuDNN route of attention_forward / attention_backward (ops/attention.h), chosen with
-// FSDPQ_ATTENTION=cudnn (the backward deterministic) or cudnn-nondeterministic (cuDNN's faster
+// The cuDNN route of attention_forward / attention_backward (ops/attention.h): the default (auto)
+// and FSDPQ_ATTENTION=cudnn (the backward deterministic), or cudnn-nondeterministic (cuDNN's faster
 // backward, whose dQ sums vary in order from run to run).
 //
 // The op asks this route first. It takes a call when q, k, v and out share one 16-bit type
@@ -8,7 +8,8 @@
 // 16-bit buffers of q's type: dout rounded as the tensor-core kernels round it, the gradients
 // rounded once more before widening). Otherwise it declines — cuDNN missing or too old, other
 // types, a shape cuDNN refuses, a graph that breaks the memory rule — and the op runs its own
-// kernels (the tensor-core ones where they apply). Each reason is logged once, as a warning.
+// kernels (the tensor-core ones where they apply). Each reason is logged once: as a warning when
+// cuDNN was asked for by name, as information under the default (auto).
 #pragma once
 #include <cstdint>
 
@@ -19,7 +20,8 @@ namespace fsdpq {
 
 inline bool cudnn_attention_chosen() {
   const GpuAttentionKernels k = gpu_attention_kernels();
-  return k == GpuAttentionKernels::Cudnn || k == GpuAttentionKernels::CudnnNondeterministic;
+  return k == GpuAttentionKernels::Auto || k == GpuAttentionKernels::Cudnn ||
+         k == GpuAttentionKernels::CudnnNondeterministic;
 }
 
 // True when cuDNN ran the pass; false when it declined and queued nothing. The caller has checked

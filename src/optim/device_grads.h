@@ -1,5 +1,5 @@
 // Gradient passes over flat fp32 buffers in GPU memory, the device counterparts of
-// grad_sq_sum (clip.h), FsdpEngine::scale_grads / clip_grads_to_norm's multiply and
+// grad_sq_sum (clip.h), ShardedTrainingState::scale_gradients / clip_grads_to_norm's multiply and
 // DynamicLossScaler::unscale. Each gives the CPU's result: unscale and scale bit for bit, the
 // sum of squares to ~1e-15 relative (the same chunks and chunk order; within a chunk a fixed
 // tree instead of left to right). Every pointer is a device pointer; the work runs on the

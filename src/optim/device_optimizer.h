@@ -63,7 +63,7 @@ class DeviceShardOptimizer {
   std::vector<Tensor> buffers_;  // F32 [numel] on Device::CUDA, zeros before the first step
 };
 
-// FsdpEngine's store_compute for device buffers: dst[i] = src[i] as dtype (F32, BF16 or F16;
+// ShardedParameters' store_compute for device buffers: dst[i] = src[i] as dtype (F32, BF16 or F16;
 // round to nearest even). Queued on the compute stream; throws std::logic_error without CUDA.
 void device_store_compute(DType dtype, const float* src_device, int64_t n, void* dst_device);
 

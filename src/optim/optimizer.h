@@ -37,7 +37,7 @@ void optimizer_step(const OptimizerConfig& config, double lr, int64_t step, floa
                     const float* grad, float* const* state, int64_t n);
 
 // What a host step may do in the same pass over the shard. CPU offload's worker updates are
-// bound by memory bandwidth (dist/fsdp_engine.cpp), so each pass saved is time. The results are
+// bound by memory bandwidth (fsdp/host_offload_scheduler.cpp), so each pass saved is time. The results are
 // bit for bit those of the separate passes: scale the gradient, step, zero the gradient, store
 // the compute copy.
 struct StepFusion {

@@ -8,10 +8,12 @@
 #include "config/train_config.h"
 #include "model/llama_layer.h"
 #include "model/llama_model.h"
-#include "dist/frozen_layout.h"
+#include "model/llama_weights.h"
+#include "model/precision.h"
+#include "fsdp/frozen_layout.h"
 #include "model/footprint.h"
 #include "model/llama_lm_head.h"
-#include "quant/nf4.h"
+#include "quant/frozen_format.h"
 
 namespace fsdpq {
 namespace {
@@ -66,7 +68,7 @@ UnitShape root_unit(const PlanInput& p) {
     if (p.train_base)
       u.trainable.push_back(n);
     else
-      u.frozen.push_back({n, false, false, p.activation});
+      u.frozen.push_back({&dense_format(p.activation), n});
   }
   return u;
 }
@@ -78,13 +80,14 @@ UnitShape layer_unit_shape(const PlanInput& p) {
     if (p.train_base)
       u.trainable.push_back(C);
     else
-      u.frozen.push_back({C, false, false, p.activation});
+      u.frozen.push_back({&dense_format(p.activation), C});
   }
   for (const Linear& l : linears(p)) {
     if (p.train_base)
       u.trainable.push_back(l.out * l.in);
     else
-      u.frozen.push_back({l.out * l.in, p.quantized, true, p.activation});
+      u.frozen.push_back(
+          {p.quantized ? &quantized_linear_format(p.hqq_bits, p.activation) : &dense_format(p.activation), l.out * l.in});
   }
   for (const Linear& l : linears(p))
     if (l.rank > 0) {
@@ -94,11 +97,12 @@ UnitShape layer_unit_shape(const PlanInput& p) {
   return u;
 }
 
-// A frozen weight's separate allocations: NF4 codes, absmax codes, absmax group scales; or dense.
+// A frozen weight's separate allocations: one per segment of its format (NF4 codes, absmax codes,
+// absmax group scales; or dense values).
 std::vector<int64_t> frozen_allocations(const FrozenWeightShape& w) {
-  if (!w.nf4) return {w.numel * static_cast<int64_t>(dtype_size(w.dense_dtype))};
-  const int64_t blocks = (w.numel + kNf4BlockSize - 1) / kNf4BlockSize;
-  return {(w.numel + 1) / 2, blocks, (blocks + kNf4AbsmaxBlockSize - 1) / kNf4AbsmaxBlockSize * kF32};
+  std::vector<int64_t> sizes;
+  for (const SegmentSpec& s : w.format->segments(w.numel)) sizes.push_back(static_cast<int64_t>(s.bytes));
+  return sizes;
 }
 
 struct UnitBytes {
@@ -114,8 +118,9 @@ UnitBytes unit_bytes(const PlanInput& p, const UnitShape& u, int shard_size, boo
   UnitBytes b;
   Bytes nf4{gpu}, dense{gpu}, compute{gpu}, grads{gpu};
   for (const FrozenWeightShape& w : u.frozen) {
-    for (int64_t a : frozen_allocations(w)) (w.nf4 ? nf4 : dense).add(a);
-    if (w.nf4) b.nf4_host += static_cast<int64_t>(nf4_tensor_bytes(w.numel, true)) - 4;  // the offset is a member, not a buffer
+    const bool quantized = w.format->quantized();
+    for (int64_t a : frozen_allocations(w)) (quantized ? nf4 : dense).add(a);
+    if (quantized) b.nf4_host += static_cast<int64_t>(stored_bytes(*w.format, w.numel));
   }
   for (int64_t n : u.trainable) {
     compute.add(n * static_cast<int64_t>(dtype_size(p.activation)));
@@ -138,6 +143,7 @@ PlanInput plan_input_from(const TrainConfig& c, const LlamaConfig& model, int wo
   PlanInput p;
   p.model = model;
   p.quantized = c.quantized_base();
+  p.hqq_bits = c.hqq_base() ? static_cast<int>(c.n_bits) : 0;
   p.train_base = !c.is_lora();
   p.lora_rank = c.lora_rank;
   if (c.is_lora()) p.lora_targets = c.lora_target_modules;
@@ -149,6 +155,7 @@ PlanInput plan_input_from(const TrainConfig& c, const LlamaConfig& model, int wo
   p.ranks_per_node = static_cast<int>(c.ranks_per_node);
   p.setting.strategy = c.choice.sharding;
   p.setting.gradient_checkpointing = c.use_gradient_checkpointing;
+  p.setting.checkpoint_every = c.checkpoint_every;
   p.setting.cpu_offload = c.use_cpu_offload;
   p.setting.activation_offload = c.use_activation_cpu_offload;
   p.setting.batch_size = c.batch_size;
@@ -163,6 +170,7 @@ ActivationBytes activation_bytes(const PlanInput& p) {
   const int64_t I = m.intermediate_size, V = m.vocab_size;
   const int64_t a = static_cast<int64_t>(dtype_size(p.activation));
   const bool half = p.activation != DType::F32;  // GEMMs on the GPU cast fp32 operands to it
+  const int64_t g = static_cast<int64_t>(dtype_size(activation_grad_dtype(p.activation)));
   const std::vector<Linear> lin = linears(p);
   auto R = [&](int64_t bytes) { return rounded(gpu, bytes); };
   ActivationBytes x;
@@ -186,7 +194,11 @@ ActivationBytes activation_bytes(const PlanInput& p) {
     if (rank > 0) layer.add(N * rank * a);
   }
   x.layer = layer.sum;
-  x.kept_layers = p.setting.gradient_checkpointing ? 1 : L;
+  // Checkpointing keeps the activations of the layers it does not recompute (every
+  // checkpoint_every-th is), plus one buffer the recomputed layers share.
+  const int64_t every = p.setting.checkpoint_every;
+  const int64_t recomputed_layers = p.setting.gradient_checkpointing ? (L + every - 1) / every : 0;
+  x.kept_layers = L - recomputed_layers + (recomputed_layers > 0 ? 1 : 0);
 
   // The residual stream of a training pass (L + 1 layer inputs) and the token ids.
   const int64_t ids = R(N * 4), one_input = R(N * C * a);
@@ -197,30 +209,32 @@ ActivationBytes activation_bytes(const PlanInput& p) {
     for (const Linear& l : lin) x.dequantized += R(l.out * l.in * a);
   x.rope = 2 * R(T * D * kF32);
 
-  // The head: normed + rstd, d_normed (fp32), one chunk of logits (+1 spare row) and its labels.
+  // The head: normed + rstd, d_normed, one chunk of logits (+1 spare row) and its labels.
   const int64_t chunk = lm_head_chunk_rows(V, N);
-  const int64_t normed = R(N * C * a), final_rstd = R(N * kF32), d_normed = R(N * C * kF32);
+  const int64_t normed = R(N * C * a), final_rstd = R(N * kF32), d_normed = R(N * C * g);
   const int64_t logits = R((chunk + 1) * V * a) + R((chunk + 1) * 4);
-  const int64_t d_resid = R(N * C * kF32);
+  const int64_t d_resid = R(N * C * g);
   x.lm_head = normed + final_rstd + d_normed + logits;
 
   // LayerGradScratch::allocate, d_resid, the recompute's output.
   Bytes scratch{gpu};
-  scratch.add(N * C * kF32);                // d_norm
-  scratch.add(N * H * D * kF32, 2);         // d_att, dq
-  scratch.add(N * KV * D * kF32, 2);        // dk, dv
-  scratch.add(N * I * kF32, 3);             // dh, dgate, dup
+  scratch.add(N * C * g);             // d_norm
+  scratch.add(N * H * D * g, 2);      // d_att, dq
+  scratch.add(N * KV * D * g, 2);     // dk, dv
+  scratch.add(N * I * g, 3);          // dh, dgate, dup
   const int64_t recompute = p.setting.gradient_checkpointing ? one_input : 0;
   x.grad_scratch = scratch.sum + d_resid + recompute + final_rstd;
 
   // What ops allocate for themselves (src/ops/lora.cpp, matmul.cpp, model/llama_layer.cpp), per
   // group of modules that share an input. Forward: with dropout, each adapter's dropped copy of the
   // input (one pass writes them all); without, the stacked A. Backward: the group's d(xa) (fp32
-  // [N, Σr]) throughout, with each module's dy cast to the compute dtype in turn (GPU), then for
+  // [N, Σr]) throughout, with each module's dy cast to the compute dtype in turn (GPU, where the
+  // activation gradients are fp32: fp16), then for
   // the dA and dx GEMMs d(xa) rounded (GPU) beside the dropped copies, or beside one dx_dropped
   // (fp32 [N, in]) at a time, or beside the stacked A and dA.
   const bool dropout = p.lora_dropout > 0;
-  const bool cast = gpu && half;
+  const bool cast = gpu && half;         // d(xa) is rounded for the GEMMs against A
+  const bool dy_cast_needed = cast && g == kF32;
   int64_t forward_temp = 0, backward_temp = 0;
   for (int g = 0; g < kLinearGroups; ++g) {
     const std::span<const int> group = group_modules(g);
@@ -228,7 +242,7 @@ ActivationBytes activation_bytes(const PlanInput& p) {
     const int64_t in = lin[static_cast<size_t>(group[0])].in;
     for (int m : group) {
       const Linear& l = lin[static_cast<size_t>(m)];
-      if (cast) dy_cast = std::max(dy_cast, R(N * l.out * a));
+      if (dy_cast_needed) dy_cast = std::max(dy_cast, R(N * l.out * a));
       if (l.rank > 0) ++adapters, rank += l.rank;
     }
     backward_temp = std::max(backward_temp, dy_cast);
@@ -292,10 +306,10 @@ struct WeightTotals {
   int64_t load_peak = 0;           // the host while the model is built
 };
 
-// use_cpu_offload on a rank holding whole units (dist/frozen_offload.h): each layer's frozen bytes
+// use_cpu_offload on a rank holding whole units (fsdp/frozen_offload.h): each layer's frozen bytes
 // wait in pinned host memory and come to the GPU one unit ahead of use (the current layer and the
 // next; the root stays). The host also holds each unit's gradients copied out and compute copies
-// going back (fsdp_engine's overlap).
+// going back (fsdp/host_offload_scheduler.h).
 WeightTotals offloaded_resident_weights(const PlanInput& p, const UnitCosts& u, int64_t building, int64_t host_state,
                                         ItemList& items) {
   const int64_t L = p.model.num_hidden_layers;
@@ -325,7 +339,7 @@ WeightTotals resident_weights(const PlanInput& p, const UnitCosts& u, bool gpu, 
   const int64_t L = p.model.num_hidden_layers;
   const int64_t frozen_nf4 = L * u.layer.nf4, frozen_dense = u.root.dense + L * u.layer.dense;
   const int64_t compute = u.root.compute + L * u.layer.compute;
-  items.add("frozen NF4 weights", frozen_nf4, gpu ? L * u.layer_host.nf4_host : 0);
+  items.add(p.hqq_bits ? "frozen HQQ weights" : "frozen NF4 weights", frozen_nf4, gpu ? L * u.layer_host.nf4_host : 0);
   items.add("frozen dense weights (embedding, head, norms" + std::string(p.quantized ? ")" : ", linears)"),
             frozen_dense, 0);
   items.add(p.activation == DType::F32 ? "trainable fp32 weights (computed with)" : "trainable compute copies", compute, 0);
@@ -453,6 +467,29 @@ MemoryPrediction predict_memory(const PlanInput& p) {
   return r;
 }
 
+namespace {
+
+// A checkpointing step that fits: at its batch, recompute as few layers as still fit (the largest
+// checkpoint_every of 2, 4, 8 ... up to the layer count), since each recomputed layer costs a
+// forward. Memory falls as checkpoint_every falls, so the search stops at the first that fits.
+template <class Fits>
+void recompute_fewer_layers(GuideStep& g, PlanInput in, const Fits& fits) {
+  in.setting = g.setting;
+  const int64_t layers = in.model.num_hidden_layers;
+  int64_t largest = 1;
+  while (largest * 2 <= layers) largest *= 2;
+  for (int64_t every = largest; every >= 2; every /= 2) {
+    in.setting.checkpoint_every = every;
+    MemoryPrediction m = predict_memory(in);
+    if (!fits(m)) continue;
+    g.setting = in.setting;
+    g.prediction = std::move(m);
+    return;
+  }
+}
+
+}  // namespace
+
 GuideResult walk_guide(const PlanInput& base, int64_t gpu_bytes, int64_t host_bytes, int64_t max_batch) {
   if (max_batch < 1) throw std::logic_error("walk_guide: max_batch < 1");
   struct Step {
@@ -487,6 +524,7 @@ GuideResult walk_guide(const PlanInput& base, int64_t gpu_bytes, int64_t host_by
       g.setting = in.setting;
       g.prediction = std::move(m);
     }
+    if (g.fits && s.checkpointing) recompute_fewer_layers(g, in, fits);
     if (g.fits && result.recommended < 0) result.recommended = static_cast<int>(result.steps.size());
     result.steps.push_back(std::move(g));
   }

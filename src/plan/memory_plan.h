@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/sharding_strategy.h"
+#include "fsdp/sharding_strategy.h"
 #include "model/llama_config.h"
 #include "optim/optimizer.h"
 #include "util/dtype.h"
@@ -33,11 +33,13 @@ struct PlanSetting {
   bool cpu_offload = false;
   bool activation_offload = false;  // checkpointed layer inputs kept in host memory
   int64_t batch_size = 1;
+  int64_t checkpoint_every = 1;  // with checkpointing: every k-th layer recomputed, the rest kept
 };
 
 struct PlanInput {
   LlamaConfig model;
-  bool quantized = true;    // NF4 base linears (qlora)
+  bool quantized = true;    // quantised base linears: NF4 (qlora) or HQQ (hqq_lora)
+  int hqq_bits = 0;         // HQQ of this many bits (n_bits); 0: NF4
   bool train_base = false;  // full fine-tuning
   int64_t lora_rank = 64;
   std::vector<std::string> lora_targets;  // q_proj ... down_proj
@@ -58,7 +60,8 @@ struct PlanInput {
 // allocates it (rounded to the caching allocator's granules on the GPU).
 struct ActivationBytes {
   int64_t layer = 0;            // one LayerActivations (n1 … h, xa, lse, rstd)
-  int64_t kept_layers = 0;      // LayerActivations alive: L without checkpointing, else 1
+  int64_t kept_layers = 0;      // LayerActivations alive: L without checkpointing, else the layers not
+                                // recomputed + the one buffer the recomputed share
   int64_t stream = 0;           // the residual stream: L + 1 layer inputs (+ the token ids)
   int64_t stream_on_device = 0; // of which on the compute device (activation offload keeps 2)
   int64_t dequantized = 0;      // one layer's NF4 weights made dense (kept between passes)

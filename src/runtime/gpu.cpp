@@ -25,7 +25,7 @@ GpuInfo select_gpu(const World& world) {
   info.visible_devices = count;
   // FSDPQ_SHARE_GPUS=1 lets several ranks share a GPU (rank r on GPU r mod count): a way to test
   // multi-rank runs on fewer GPUs. NCCL refuses two ranks on one GPU, so their collectives then
-  // go through MPI staged via the host (dist/device_collectives.h). Each rank has the GPU's
+  // go through MPI staged via the host (fsdp/device_collectives.h). Each rank has the GPU's
   // memory and compute only in part.
   const char* share = std::getenv("FSDPQ_SHARE_GPUS");
   const bool shared = share != nullptr && std::string(share) == "1";

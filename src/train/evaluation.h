@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "data/examples.h"
-#include "dist/collectives.h"
+#include "fsdp/collectives.h"
 #include "model/llama_model.h"
 
 namespace fsdpq {

@@ -121,7 +121,7 @@ std::optional<std::filesystem::path> checkpoint_to_resume(const TrainConfig& c) 
   return std::filesystem::path(c.resume);
 }
 
-std::filesystem::path save_training_checkpoint(const World& world, FsdpEngine& engine, const TrainingPosition& position,
+std::filesystem::path save_training_checkpoint(const World& world, Fsdp& fsdp, const TrainingPosition& position,
                                                const ResolvedConfig& resolved, const RunPlan& plan,
                                                const nlohmann::json& fingerprint) {
   const TrainConfig& c = resolved.config;
@@ -130,11 +130,12 @@ std::filesystem::path save_training_checkpoint(const World& world, FsdpEngine& e
   const std::string file = checkpoint_file_name(position.step);
   {
     CheckpointWriter writer(world.comm, dir / file);
-    const bool writes = engine.is_writer();
+    ShardedTrainingState& state = fsdp.state();
+    const bool writes = state.is_writer();
     const std::vector<std::string> states = optimizer_state_names(c.choice.optimizer);
     size_t written = 0, total = 0;
-    engine.for_each_trainable([&](TrainableShard&) { ++total; });
-    engine.for_each_trainable([&](TrainableShard& t) {
+    state.for_each_trainable([&](TrainableShard&) { ++total; });
+    state.for_each_trainable([&](TrainableShard& t) {
       if (++written == total / 2 + 1) maybe_inject_fault(world, fmt::format("checkpoint_write_{}", position.step));
       const std::vector<int64_t> shape = dims_of(t.shape);
       auto slices = [&](std::span<float> values) {
@@ -155,7 +156,7 @@ std::filesystem::path save_training_checkpoint(const World& world, FsdpEngine& e
                    {"samples_in_epoch", position.samples_in_epoch},
                    {"first_loss", position.first_loss},
                    {"last_loss", position.last_loss},
-                   {"optimizer_steps", engine.optimizer_steps()},
+                   {"optimizer_steps", state.optimizer_steps()},
                    {"optimizer_states", states},
                    {"loss_scaler", position.loss_scaler},
                    {"rng", {{"dropout", "keyed by (seed, step, micro-batch)"}, {"sampler", "keyed by (seed, epoch)"}}},
@@ -179,7 +180,7 @@ std::filesystem::path save_training_checkpoint(const World& world, FsdpEngine& e
   return dir / file;
 }
 
-TrainingPosition load_training_checkpoint(const World& world, const std::filesystem::path& path, FsdpEngine& engine,
+TrainingPosition load_training_checkpoint(const World& world, const std::filesystem::path& path, Fsdp& fsdp,
                                           const ResolvedConfig& resolved, const RunPlan& plan,
                                           const nlohmann::json& fingerprint) {
   const TrainConfig& c = resolved.config;
@@ -189,7 +190,7 @@ TrainingPosition load_training_checkpoint(const World& world, const std::filesys
   reader.verify();
 
   const std::vector<std::string> states = optimizer_state_names(c.choice.optimizer);
-  engine.for_each_trainable([&](TrainableShard& t) {
+  fsdp.state().for_each_trainable([&](TrainableShard& t) {
     const std::vector<int64_t> shape = dims_of(t.shape);
     auto read = [&](const std::string& name, std::span<float> out) {
       if (!reader.has_tensor(name))
@@ -203,7 +204,7 @@ TrainingPosition load_training_checkpoint(const World& world, const std::filesys
     read(t.name, t.master);
     for (size_t k = 0; k < states.size(); ++k) read(state_dataset(states[k], t.name), t.state[k]);
   });
-  engine.masters_loaded(meta.at("optimizer_steps").get<int64_t>());
+  fsdp.masters_loaded(meta.at("optimizer_steps").get<int64_t>());
 
   TrainingPosition p;
   p.step = meta.at("step").get<int64_t>();

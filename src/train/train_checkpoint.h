@@ -13,7 +13,7 @@
 
 #include "app/run_plan.h"
 #include "config/config_loader.h"
-#include "dist/fsdp_engine.h"
+#include "fsdp/fsdp.h"
 #include "runtime/world.h"
 
 namespace fsdpq {
@@ -38,7 +38,7 @@ nlohmann::json run_base_fingerprint(const World& world, const RunPlan& plan);
 // Collective over the world. Writes checkpoint_dir/step-NNNNNNNN.h5 through a temporary name,
 // then rank 0 points `latest` at it and prunes to keep_last. Returns the file. `fingerprint` is
 // run_base_fingerprint's.
-std::filesystem::path save_training_checkpoint(const World& world, FsdpEngine& engine, const TrainingPosition& position,
+std::filesystem::path save_training_checkpoint(const World& world, Fsdp& fsdp, const TrainingPosition& position,
                                                const ResolvedConfig& resolved, const RunPlan& plan,
                                                const nlohmann::json& fingerprint);
 
@@ -49,8 +49,8 @@ std::filesystem::path save_training_checkpoint(const World& world, FsdpEngine& e
 void check_training_checkpoint(const World& world, const std::filesystem::path& path, const ResolvedConfig& resolved,
                                const RunPlan& plan, const nlohmann::json& fingerprint);
 
-// check_training_checkpoint, then loads every rank's slices into the engine and returns where to continue.
-TrainingPosition load_training_checkpoint(const World& world, const std::filesystem::path& path, FsdpEngine& engine,
+// check_training_checkpoint, then loads every rank's slices into the training state and returns where to continue.
+TrainingPosition load_training_checkpoint(const World& world, const std::filesystem::path& path, Fsdp& fsdp,
                                           const ResolvedConfig& resolved, const RunPlan& plan,
                                           const nlohmann::json& fingerprint);
 

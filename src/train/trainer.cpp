@@ -10,10 +10,10 @@
 
 #include "backend/cuda_backend.h"
 #include "backend/section_times.h"
-#include "dist/device_collectives.h"
-#include "dist/fsdp_engine.h"
-#include "dist/process_groups.h"
-#include "dist/shard_loader.h"
+#include "fsdp/device_collectives.h"
+#include "fsdp/fsdp.h"
+#include "fsdp/process_groups.h"
+#include "fsdp/shard_loader.h"
 #include "io/model_files.h"
 #include "optim/clip.h"
 #include "optim/lr_schedule.h"
@@ -40,6 +40,11 @@
 namespace fsdpq {
 namespace {
 
+// A micro-batch's share of the step's loss, rounded to a multiple of 2^-32 so that adding shares is
+// exact while the sum stays below 2^21: the step's loss then has the same bits whichever order the
+// micro-batches and ranks add up in — at any world size, and after resuming onto another one.
+double exactly_summable(double share) { return std::ldexp(std::nearbyint(std::ldexp(share, 32)), -32); }
+
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -49,6 +54,7 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 ModelOptions model_options_from(const TrainConfig& c) {
   ModelOptions o;
   o.quantize_base = c.quantized_base();
+  o.hqq_bits = c.hqq_base() ? static_cast<int>(c.n_bits) : 0;
   o.train_base = !c.is_lora();
   o.lora_rank = c.lora_rank;
   o.lora_alpha = c.lora_alpha;
@@ -56,6 +62,7 @@ ModelOptions model_options_from(const TrainConfig& c) {
   if (c.is_lora()) o.lora_targets = c.lora_target_modules;
   o.precision = c.choice.precision;
   o.gradient_checkpointing = c.use_gradient_checkpointing;
+  o.checkpoint_every = c.checkpoint_every;
   o.activation_offload = c.use_activation_cpu_offload;
   o.seed = static_cast<uint64_t>(c.seed);
   return o;
@@ -121,7 +128,7 @@ class Trainer {
         device_(gpu.has_gpu() ? Device::CUDA : Device::CPU),  // CUDA_VISIBLE_DEVICES= keeps the CPU backend
         options_(model_options_from(c_)),
         groups_(make_groups()),
-        engine_(groups_, engine_options(), static_cast<int>(plan.model.config.num_hidden_layers) + 1),
+        fsdp_(groups_, fsdp_options(), static_cast<int>(plan.model.config.num_hidden_layers) + 1),
         gas_(c_.gradient_accumulation_steps),
         total_steps_(plan.batches.total_steps),
         schedule_(c_.choice.lr_scheduler, c_.lr,
@@ -173,7 +180,7 @@ class Trainer {
     return groups;
   }
 
-  FsdpOptions engine_options() const {
+  FsdpOptions fsdp_options() const {
     // use_cpu_offload keeps the shards' masters, gradients and optimizer state in host memory and
     // steps them on the CPU; otherwise they live (and are stepped) where the model computes.
     return {.compute_dtype = activation_dtype(options_.precision),
@@ -192,18 +199,19 @@ class Trainer {
     uint64_t read_bytes = 0;
     run_on_all_ranks(world_, [&] {
       // One rank keeps whole units; a rank of a larger shard group reads and builds only its shards.
-      if (engine_.resident())
+      if (fsdp_.parameters().resident())
         model_.emplace(build_model(
-            plan_, options_, [&](int unit, ParamUnit& contents) { engine_.adopt_unit(unit, contents); }, &read_bytes));
+            plan_, options_, [&](int unit, ParamUnit& contents) { fsdp_.adopt_whole_unit(unit, contents); },
+            &read_bytes));
       else
-        model_.emplace(build_model(plan_, options_, shard_loader(world_, engine_), &read_bytes));
+        model_.emplace(build_model(plan_, options_, shard_loader(world_, fsdp_), &read_bytes));
     });
-    engine_.attach(*model_);
+    fsdp_.attach(*model_);
     if (device_ == Device::CUDA) {
       run_on_all_ranks(world_, [&] { model_->place_on(device_); });
       log::info("GPU {} ({}): {}", gpu_.device, gpu_.name, format_memory_stats(cuda_memory_stats()));
     }
-    held_ = engine_.shard_bytes();
+    held_ = fsdp_.parameters().shard_bytes();
     const HostMemory memory = host_memory();
     peak_host_after_load_ = groups_.world->all_reduce_max(static_cast<double>(memory.peak_resident));
     private_host_after_load_ = groups_.world->all_reduce_max(static_cast<double>(memory.private_now));
@@ -227,7 +235,7 @@ class Trainer {
       watchdog_phase("reading the checkpoint to resume");
       // Its errors are the same on every rank (the reader agrees them): report them once.
       run_on_all_ranks(world_, [&] {
-        position_ = load_training_checkpoint(world_, *resume_from_, engine_, resolved_, plan_, fingerprint_);
+        position_ = load_training_checkpoint(world_, *resume_from_, fsdp_, resolved_, plan_, fingerprint_);
       });
     } else if (c_.resume == "auto") {
       log::info("resume = auto: no checkpoint in {} yet, starting from step 0", c_.checkpoint_dir);
@@ -276,9 +284,9 @@ class Trainer {
       std::filesystem::create_directories(c_.output_dir);
       *trace_ = TraceWriter(std::filesystem::path(c_.output_dir) / fmt::format("trace.rank{}.json", world_.rank),
                             world_.rank);
-      // Shared with the engine's sink: the CPU-offload worker may still write spans of the last
-      // step's queued updates after the loop, until the engine is gone.
-      engine_.set_event_sink([trace = trace_](const char* what, const std::string& unit,
+      // Shared with FSDP's sink: the CPU-offload worker may still write spans of the last
+      // step's queued updates after the loop, until FSDP is gone.
+      fsdp_.set_event_sink([trace = trace_](const char* what, const std::string& unit,
                                               TraceWriter::Clock::time_point begin, TraceWriter::Clock::time_point end) {
         // The CPU-offload worker's own spans get a lane of their own (they come from its thread).
         const bool worker = std::string_view(what).starts_with("host ");
@@ -286,7 +294,7 @@ class Trainer {
       });
     }
     first_pass_ = position_.step == 0;  // fsdp_qlora's "after first forward" reading
-    engine_.set_forward_done_callback([this] {
+    fsdp_.set_forward_done_callback([this] {
       if (first_pass_) metrics_.write(memory_record("after_first_forward", 0, device_));
       first_pass_ = false;
       memory_point("after_forward", position_.step);
@@ -329,18 +337,13 @@ class Trainer {
     const int64_t step = position_.step;
     watchdog_phase("training", step + 1);
     const bool last_of_step = (i + 1) % gas_ == 0;
-    engine_.set_sync_gradients(!c_.no_sync || last_of_step);
+    fsdp_.set_sync_gradients(!c_.no_sync || last_of_step);
     // fsdp_qlora: loss = output.loss / gradient_accumulation_steps, output.loss the micro-batch mean.
     const double normalizer = static_cast<double>(std::max<int64_t>(batch.target_tokens, 1)) * static_cast<double>(gas_);
     loss_scale_ = scaler_ ? scaler_->scale() : 1.0f;
-    // With offload, the last micro-batch's backward steps each unit on the CPU as its gradients
-    // arrive, unless clipping or loss scaling needs all of them first.
-    if (last_of_step && engine_.can_step_during_backward()) {
-      if (!scaler_ && !c_.apply_gradient_clipping)
-        engine_.step_during_backward(schedule_.lr_at(step));
-      else  // each unit unscaled and measured as it completes; the updates follow in the next pass
-        engine_.measure_during_backward(scaler_ ? &*scaler_ : nullptr);
-    }
+    // With offload, the last micro-batch's backward may update (or measure) each unit as its
+    // gradients arrive: FSDP's host-offload scheduler decides.
+    if (last_of_step) fsdp_.before_last_micro_batch(step_request(step));
     memory_point("before_forward_backward", step);
     const auto start = Clock::now();
     const LossSum l = model_->forward_backward(batch, normalizer, loss_scale_, static_cast<uint64_t>(step * gas_ + i % gas_));
@@ -350,7 +353,7 @@ class Trainer {
     memory_point("after_forward_backward", step);
     if (step == 0 && i == 0) metrics_.write(memory_record("after_first_forward_backward", step, device_));
     if (l.tokens > 0) {
-      sums[kLossSum] += l.mean() * static_cast<double>(batch.batch_size);
+      sums[kLossSum] += exactly_summable(l.mean() * static_cast<double>(batch.batch_size));
       sums[kScoredSamples] += static_cast<double>(batch.batch_size);
     }
     sums[kSamples] += static_cast<double>(batch.batch_size);
@@ -367,24 +370,15 @@ class Trainer {
     const auto start = Clock::now();
     groups_.world->all_reduce(sums, kStepSums, CommType::F64, ReduceOp::Sum).wait();
     r.loss = sums[kScoredSamples] > 0 ? sums[kLossSum] / sums[kScoredSamples] : std::nan("");
-    // fp16: unscale, and skip the step when any gradient overflowed (the scale backs off).
-    if (scaler_) r.skipped = !scaler_->update(engine_.unscale_grads(*scaler_));
-    r.grad_norm = r.skipped ? std::nan("") : engine_.grad_norm();
-    if (!r.skipped && !std::isfinite(r.grad_norm)) {
-      const std::string where = engine_.first_non_finite_gradient();
-      fail("step {}: the gradient norm is {} (loss {}): training diverged; the first NaN or infinite gradient is in "
-           "{}; lower lr or check the data", step + 1, r.grad_norm, r.loss, where);
-    }
-    if (!r.skipped && c_.apply_gradient_clipping) {
-      const double coefficient = clip_coefficient(r.grad_norm, c_.grad_norm);
-      if (coefficient < 1.0) engine_.scale_grads(coefficient);
-    }
     // The schedule advances over skipped steps too, as fsdp_qlora's lr_scheduler.step() does.
-    r.lr = schedule_.lr_at(step);
-    if (r.skipped)
-      engine_.skip_step();
-    else
-      engine_.optimizer_step(r.lr);
+    const StepRequest request = step_request(step);
+    r.lr = request.lr;
+    const StepOutcome outcome = fsdp_.step(request);
+    r.skipped = outcome.skipped;
+    r.grad_norm = outcome.grad_norm;
+    if (!outcome.diverged_at.empty())
+      fail("step {}: the gradient norm is {} (loss {}): training diverged; the first NaN or infinite gradient is in "
+           "{}; lower lr or check the data", step + 1, r.grad_norm, r.loss, outcome.diverged_at);
     if (device_ == Device::CUDA) cuda_synchronize();
     r.optimizer_seconds = seconds_since(start);
     trace_->span(r.skipped ? "skipped step (fp16 overflow)" : "optimizer", "compute", start, Clock::now(),
@@ -419,7 +413,7 @@ class Trainer {
                              {"samples", sums[kSamples]},
                              {"step_seconds", seconds},
                              {"tokens_per_second", sums[kTokens] / seconds}};
-    const CommTimes comm = engine_.take_times();  // this rank's (rank 0 writes the metrics)
+    const CommTimes comm = fsdp_.take_times();  // this rank's (rank 0 writes the metrics)
     record["gather_wait_seconds"] = comm.gather_wait;
     record["reduce_seconds"] = comm.reduce;
     // Where the step went (seconds, this rank): forward_backward includes the gathers' waits and
@@ -441,7 +435,7 @@ class Trainer {
       record["eval_loss"] = eval_loss;
       record["eval_perplexity"] = std::exp(eval_loss);
       report.eval_loss = eval_loss;
-      engine_.take_times();  // evaluation's gathers are not the next step's
+      fsdp_.take_times();  // evaluation's gathers are not the next step's
     }
     metrics_.write(record);
     progress_.step(report);
@@ -463,7 +457,7 @@ class Trainer {
         at.samples_in_epoch = 0;
       }
       watchdog_phase("writing a checkpoint", step);
-      save_training_checkpoint(world_, engine_, at, resolved_, plan_, fingerprint_);
+      save_training_checkpoint(world_, fsdp_, at, resolved_, plan_, fingerprint_);
     }
     if (signal == 0) return false;
     progress_.finish();
@@ -474,6 +468,15 @@ class Trainer {
     outcome_.preempted = true;
     outcome_.seconds = seconds_since(start_);
     return true;
+  }
+
+  // What step `step` (0-based) asks of the optimizer.
+  StepRequest step_request(int64_t step) {
+    StepRequest request;
+    request.lr = schedule_.lr_at(step);
+    if (c_.apply_gradient_clipping) request.clip_to_norm = c_.grad_norm;
+    request.scaler = scaler_ ? &*scaler_ : nullptr;
+    return request;
   }
 
   double evaluate() {
@@ -504,7 +507,7 @@ class Trainer {
   void save_model() {
     const HostMemoryPurpose purpose("saving the model");
     watchdog_phase("saving the model", position_.step);
-    engine_.gather_masters_into_model();
+    fsdp_.gather_masters_into_model();
     model_->place_on(Device::CPU);  // the savers read host tensors; training is over
     if (world_.is_root()) log::info("saved {}", save_trained_model(*model_, resolved_, plan_));
     const WaitScope waiting("waiting for rank 0 to save the model");
@@ -557,7 +560,7 @@ class Trainer {
   const Device device_;
   const ModelOptions options_;
   ProcessGroups groups_;
-  FsdpEngine engine_;
+  Fsdp fsdp_;
   const int64_t gas_;
   const int64_t total_steps_;
   LrSchedule schedule_;

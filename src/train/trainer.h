@@ -1,13 +1,13 @@
 // The training loop (fsdp_qlora's train loop): epochs of micro-batches on every rank, gradient
 // accumulation, clipping, optimizer step, lr schedule, evaluation, metrics, progress, checkpoints
-// and resume, and saving the result. Parameters, gradients and optimizer state are sharded by the
-// FSDP engine (src/dist/); a single rank is the same code with a shard group of one.
+// and resume, and saving the result. Parameters, gradients and optimizer state are sharded by
+// FSDP (src/fsdp/fsdp.h); a single rank is the same code with a shard group of one.
 #pragma once
 #include <optional>
 
 #include "app/run_plan.h"
 #include "config/config_loader.h"
-#include "dist/collectives.h"
+#include "fsdp/collectives.h"
 #include "model/llama_model.h"
 #include "runtime/gpu.h"
 #include "runtime/world.h"
@@ -31,7 +31,7 @@ ModelOptions model_options_from(const TrainConfig& config);
 // receives what was read of the model files (0 for a preset, which reads none).
 LlamaModel build_model(const RunPlan& plan, const ModelOptions& options, const UnitBuiltCallback& on_unit_built = {},
                        uint64_t* bytes_read = nullptr);
-// The same model, each unit built by `load_unit` (dist/shard_loader.h: a rank reads only its shards).
+// The same model, each unit built by `load_unit` (fsdp/shard_loader.h: a rank reads only its shards).
 LlamaModel build_model(const RunPlan& plan, const ModelOptions& options, const UnitLoader& load_unit,
                        uint64_t* bytes_read = nullptr);
 

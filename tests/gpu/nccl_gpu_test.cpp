@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "dist/nccl_communicator.h"
+#include "fsdp/nccl_communicator.h"
 #include "gpu_test_support.h"
 
 namespace fsdpq {

@@ -1,4 +1,5 @@
-// NF4 dequantization on the GPU (kernels/nf4.cu through quant/nf4_device.h) equals the CPU
+// NF4 dequantization on the GPU (kernels/nf4.cu, reached through the NF4 frozen format:
+// FrozenStorage::dense on a weight placed on the GPU, as the model runs it) equals the CPU
 // nf4_dequantize bit for bit: the same fp32 products (code * absmax, absmax decoded in two
 // roundings) and one rounding to the output type. No tolerance: any differing bit is a failure.
 #include <gtest/gtest.h>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "gpu/op_parity.h"
+#include "quant/frozen_storage.h"
 #include "quant/nf4.h"
 #include "quant/nf4_device.h"
 #include "util/bf16.h"
@@ -56,6 +58,21 @@ std::vector<T> read_back(const Tensor& t) {
   return out;
 }
 
+// The kernel's view of a weight's segments on the GPU.
+Nf4DeviceSegments device_segments(const FrozenStorage& weight, bool double_quant) {
+  Nf4DeviceSegments d;
+  d.packed = weight.segment(0).data();
+  if (double_quant) {
+    d.absmax_q = weight.segment(1).data();
+    d.absmax_scale = reinterpret_cast<const float*>(weight.segment(2).data());
+  } else {
+    d.absmax = reinterpret_cast<const float*>(weight.segment(1).data());
+  }
+  d.absmax_offset = weight.scalars.absmax_offset;
+  d.numel = weight.numel();
+  return d;
+}
+
 // Quantizes on the CPU, dequantizes on both devices into BF16, F32 and F16 and compares bits.
 void check_case(int64_t numel, bool double_quant, uint32_t seed) {
   const std::string what = "numel " + std::to_string(numel) + (double_quant ? " double_quant" : " plain");
@@ -68,16 +85,23 @@ void check_case(int64_t numel, bool double_quant, uint32_t seed) {
   std::vector<uint16_t> cpu_f16(static_cast<size_t>(numel));
   for (size_t i = 0; i < cpu_f32.size(); ++i) cpu_f16[i] = float_to_f16(cpu_f32[i]);
 
-  const Nf4Device dev = upload_nf4(q);
-  Tensor bf16 = Tensor::empty(Shape{numel}, DType::BF16, Device::CUDA);
-  Tensor f32 = Tensor::empty(Shape{numel}, DType::F32, Device::CUDA);
-  Tensor f16 = Tensor::empty(Shape{numel}, DType::F16, Device::CUDA);
-  nf4_dequantize(dev, bf16);
-  nf4_dequantize(dev, f32);
-  nf4_dequantize(dev, f16);
+  FrozenStorage weight = FrozenStorage::encode(nf4_format(double_quant), Shape{numel}, w.data(), DType::BF16);
+  weight.place_on(Device::CUDA);
+  ASSERT_EQ(weight.device(), Device::CUDA);
+  Tensor bf16, f32, f16;
+  weight.dense(bf16, DType::BF16);
+  weight.dense(f32, DType::F32);
+  weight.dense(f16, DType::F16);
   EXPECT_EQ(count_mismatches(read_back<uint16_t>(bf16), cpu_bf16, what + " BF16"), 0);
   EXPECT_EQ(count_mismatches(read_back<float>(f32), cpu_f32, what + " F32"), 0);
   EXPECT_EQ(count_mismatches(read_back<uint16_t>(f16), cpu_f16, what + " F16"), 0);
+  // Back on the host, the same bytes as before.
+  weight.place_on(Device::CPU);
+  Tensor host_bf16;
+  weight.dense(host_bf16, DType::BF16);
+  EXPECT_EQ(count_mismatches(read_back<uint16_t>(host_bf16), cpu_bf16, what + " BF16 on the host"), 0);
+  weight.place_on(Device::CUDA);
+  const Nf4DeviceSegments dev = device_segments(weight, double_quant);
 
   // An output that is not 16-byte aligned takes the scalar path; same bits.
   Tensor padded = Tensor::empty(Shape{numel + 1}, DType::BF16, Device::CUDA);
@@ -106,12 +130,12 @@ TEST(GpuNf4, LlamaWeightBitExact) {
 
 TEST(GpuNf4, EmptyAndShapeErrors) {
   use_gpu();
-  const Nf4Tensor q = nf4_quantize(static_cast<const uint16_t*>(nullptr), 0, {0}, true);
-  const Nf4Device dev = upload_nf4(q);
   Tensor out = Tensor::empty(Shape{0}, DType::BF16, Device::CUDA);
-  EXPECT_NO_THROW(nf4_dequantize(dev, out));
+  EXPECT_NO_THROW(nf4_dequantize(Nf4DeviceSegments{}, out));
   const std::vector<uint16_t> w = random_bf16_weights(100, 5);
-  const Nf4Device dev2 = upload_nf4(nf4_quantize(w.data(), 100, {10, 10}, true));
+  FrozenStorage weight = FrozenStorage::encode(nf4_format(true), Shape{10, 10}, w.data(), DType::BF16);
+  weight.place_on(Device::CUDA);
+  const Nf4DeviceSegments dev2 = device_segments(weight, true);
   Tensor wrong = Tensor::empty(Shape{99}, DType::BF16, Device::CUDA);
   EXPECT_THROW(nf4_dequantize(dev2, wrong), std::logic_error);
   Tensor host = Tensor::empty(Shape{10, 10}, DType::BF16);
@@ -124,7 +148,9 @@ TEST(GpuNf4, Perf) {
   const int64_t rows = 11008, cols = 4096, numel = rows * cols;
   const std::vector<uint16_t> w = random_bf16_weights(numel, 9);
   const Nf4Tensor q = nf4_quantize(w.data(), numel, {rows, cols}, true);
-  const Nf4Device dev = upload_nf4(q);
+  FrozenStorage weight = FrozenStorage::encode(nf4_format(true), Shape{rows, cols}, w.data(), DType::BF16);
+  weight.place_on(Device::CUDA);
+  const Nf4DeviceSegments dev = device_segments(weight, true);
   Tensor out = Tensor::empty(Shape{rows, cols}, DType::BF16, Device::CUDA);
   // Bytes moved: bf16 out + packed codes + absmax codes + group scales.
   const double bytes = numel * 2.0 + numel / 2.0 + q.num_blocks() + q.absmax_scale.size() * 4.0;

@@ -47,24 +47,66 @@ TEST(GpuOpsAttentionCudnn, LoadsCudnnAtFirstUse) {
   EXPECT_GE(lib->version, cudnn::kMinimumVersion);
 }
 
-// FSDPQ_ATTENTION=cudnn's backward is deterministic whichever kernels run it: two runs, same bits.
-TEST(GpuOpsAttentionCudnn, DefaultBackwardIsDeterministic) {
-  test::use_gpu();
-  FSDPQ_NEED_CUDNN();
-  const test::UseAttentionKernels use(GpuAttentionKernels::Cudnn);
-  const test::AttentionInputs in(kModelCase, 5);
-  test::GpuAttention g(kModelCase, in);
+// Two backwards of one forward through the op: their gradients, and how many ran on cuDNN.
+struct TwoBackwards {
+  std::vector<std::vector<double>> gradients;
+  int64_t on_cudnn = 0;
+};
+TwoBackwards two_backwards(const AttentionCase& c, uint32_t seed) {
+  const test::AttentionInputs in(c, seed);
+  test::GpuAttention g(c, in);
   g.forward();
-  std::vector<std::vector<double>> runs;
+  TwoBackwards result;
   const CudnnAttentionCounts before = cudnn_attention_counts();
   for (int run = 0; run < 2; ++run) {
     g.backward(g.out, g.lse);
-    runs.push_back(gradients_of(g));
+    result.gradients.push_back(gradients_of(g));
   }
-  const bool on_cudnn = cudnn_attention_counts().backward_ran - before.backward_ran == 2;
+  result.on_cudnn = cudnn_attention_counts().backward_ran - before.backward_ran;
+  return result;
+}
+
+// FSDPQ_ATTENTION=cudnn's backward is deterministic whichever kernels run it: two runs, same bits.
+TEST(GpuOpsAttentionCudnn, CudnnRouteBackwardIsDeterministic) {
+  test::use_gpu();
+  FSDPQ_NEED_CUDNN();
+  const test::UseAttentionKernels use(GpuAttentionKernels::Cudnn);
+  const TwoBackwards two = two_backwards(kModelCase, 5);
+  const std::vector<std::vector<double>>& runs = two.gradients;
+  const bool on_cudnn = two.on_cudnn == 2;
   std::printf("deterministic backward of %s ran on %s\n", kModelCase.name().c_str(),
               on_cudnn ? "cuDNN" : "the mma kernels (cuDNN declined)");
   EXPECT_EQ(differing(runs[0], runs[1]), 0);
+}
+
+// The default route (auto, FSDPQ_ATTENTION unset) is FSDPQ_ATTENTION=cudnn: cuDNN's forward where
+// cuDNN is loaded, and a deterministic backward, the same bits as the cudnn route's.
+TEST(GpuOpsAttentionCudnn, DefaultIsCudnnForwardDeterministicBackward) {
+  test::use_gpu();
+  FSDPQ_NEED_CUDNN();
+  ASSERT_EQ(gpu_attention_kernels(), GpuAttentionKernels::Auto) << "FSDPQ_ATTENTION is set in the environment";
+  const test::AttentionInputs in(kModelCase, 7);
+  auto outputs_and_gradients = [&](GpuAttentionKernels kernels, CudnnAttentionCounts* ran) {
+    const test::UseAttentionKernels use(kernels);
+    test::GpuAttention g(kModelCase, in);
+    const CudnnAttentionCounts before = cudnn_attention_counts();
+    g.forward();
+    g.backward(g.out, g.lse);
+    const CudnnAttentionCounts after = cudnn_attention_counts();
+    ran->forward_ran = after.forward_ran - before.forward_ran;
+    ran->backward_ran = after.backward_ran - before.backward_ran;
+    std::vector<double> all = test::values_of(g.out);
+    const std::vector<double> grads = gradients_of(g);
+    all.insert(all.end(), grads.begin(), grads.end());
+    return all;
+  };
+  CudnnAttentionCounts by_default, by_name;
+  const std::vector<double> first = outputs_and_gradients(GpuAttentionKernels::Auto, &by_default);
+  const std::vector<double> second = outputs_and_gradients(GpuAttentionKernels::Auto, &by_default);
+  const std::vector<double> named = outputs_and_gradients(GpuAttentionKernels::Cudnn, &by_name);
+  EXPECT_EQ(by_default.forward_ran, 1) << "the default forward did not run on cuDNN";
+  EXPECT_EQ(differing(first, second), 0) << "the default route is not deterministic";
+  EXPECT_EQ(differing(first, named), 0) << "the default route differs from FSDPQ_ATTENTION=cudnn";
 }
 
 // cuDNN's own deterministic backward, where fsdpq uses it (not on Hopper: the memory rule).
@@ -94,16 +136,9 @@ TEST(GpuOpsAttentionCudnn, NondeterministicBackwardRunsOnCudnn) {
   test::use_gpu();
   FSDPQ_NEED_CUDNN();
   const test::UseAttentionKernels use(GpuAttentionKernels::CudnnNondeterministic);
-  const test::AttentionInputs in(kModelCase, 7);
-  test::GpuAttention g(kModelCase, in);
-  g.forward();
-  std::vector<std::vector<double>> runs;
-  const CudnnAttentionCounts before = cudnn_attention_counts();
-  for (int run = 0; run < 2; ++run) {
-    g.backward(g.out, g.lse);
-    runs.push_back(gradients_of(g));
-  }
-  EXPECT_EQ(cudnn_attention_counts().backward_ran - before.backward_ran, 2)
+  const TwoBackwards two = two_backwards(kModelCase, 7);
+  const std::vector<std::vector<double>>& runs = two.gradients;
+  EXPECT_EQ(two.on_cudnn, 2)
       << cudnn::why_not_sdpa_backward(kModelCase.sdpa(), cudnn::SdpaBackward::Nondeterministic);
   EXPECT_LE(test::relative_error(runs[1], runs[0]), 1e-3);
   std::printf("non-deterministic backward of %s: %lld of %zu gradient values differ between two runs\n",

@@ -191,7 +191,9 @@ TEST(GpuOpsAttentionMma, BackwardIsDeterministic) {
 // The public op takes these kernels by default for the model's types (bit for bit what the
 // direct call gives) and the SIMT kernels when those are chosen (a different summation, so
 // different bits somewhere in the output).
-TEST(GpuOpsAttentionMma, PublicOpUsesThemByDefault) {
+// FSDPQ_ATTENTION=mma: the public op runs these kernels, and the SIMT ones when those are chosen.
+// (The default, auto, asks cuDNN first: GpuOpsAttentionCudnn.DefaultIsCudnnForwardDeterministicBackward.)
+TEST(GpuOpsAttentionMma, PublicOpUsesThemWhenChosen) {
   use_gpu();
   const Case c{2, 96, 8, 2, 128};
   const Shape qs{c.B, c.T, c.H, c.D}, ks{c.B, c.T, c.KV, c.D}, ls{c.B, c.H, c.T};
@@ -204,12 +206,13 @@ TEST(GpuOpsAttentionMma, PublicOpUsesThemByDefault) {
     else attention_forward(out, lse, q, k, v);
     return test::values_of(out);
   };
-  ASSERT_EQ(gpu_attention_kernels(), GpuAttentionKernels::TensorCores) << "FSDPQ_ATTENTION is set in the environment";
+  ASSERT_EQ(gpu_attention_kernels(), GpuAttentionKernels::Auto) << "FSDPQ_ATTENTION is set in the environment";
+  set_gpu_attention_kernels(GpuAttentionKernels::TensorCores);
   const std::vector<double> direct = forward(true);
   EXPECT_TRUE(forward(false) == direct);
   set_gpu_attention_kernels(GpuAttentionKernels::Simt);
   const std::vector<double> simt = forward(false);
-  set_gpu_attention_kernels(GpuAttentionKernels::TensorCores);
+  set_gpu_attention_kernels(GpuAttentionKernels::Auto);
   EXPECT_FALSE(simt == direct);
 }
 

@@ -296,7 +296,7 @@ TEST(GpuOptim, SumOfSquaresMatchesGradSqSum) {
   }
   EXPECT_EQ(device_grad_sq_sum(nullptr, 0), 0.0);
 
-  // Several buffers at once, as FsdpEngine::grad_norm sums its units.
+  // Several buffers at once, as ShardedTrainingState::grad_norm sums its units.
   std::vector<std::vector<float>> host = {random_values(70001, 1, -1, 1), random_values(3, 2, -1, 1),
                                           random_values(0, 3, -1, 1), random_values(200000, 4, -1, 1)};
   std::vector<Tensor> dev;
@@ -372,7 +372,7 @@ TEST(GpuOptim, ScaleAndFillZero) {
   for (int64_t pad : {0, 1}) {
     std::vector<float> v = random_values(123457, 3, -10.0f, 10.0f);
     Tensor d = device_floats(v, pad);
-    const float f = static_cast<float>(0.3);  // FsdpEngine::scale_grads' float(factor)
+    const float f = static_cast<float>(0.3);  // run_step's float(clip coefficient)
     for (float& g : v) g *= f;
     device_scale(d.data<float>() + pad, 123457, f);
     EXPECT_EQ(host_floats(d.data<float>() + pad, 123457), v) << "pad " << pad;

@@ -5,9 +5,9 @@
 #include <numeric>
 #include <vector>
 
-#include "dist/collectives.h"
-#include "dist/process_groups.h"
-#include "dist/staged_communicator.h"
+#include "fsdp/collectives.h"
+#include "fsdp/process_groups.h"
+#include "fsdp/staged_communicator.h"
 #include "runtime/world.h"
 #include "test_support.h"
 
@@ -73,7 +73,7 @@ TEST(MpiCollectives, WorldOfFour) {
   check_collectives(*c);
 }
 
-// The device-buffer adapter over MPI (dist/staged_communicator.h) with host "device" buffers: the
+// The device-buffer adapter over MPI (fsdp/staged_communicator.h) with host "device" buffers: the
 // same results as MPI itself, through the staging copies (the GPU tests run it on CUDA memory).
 TEST(StagedCollectives, WorldOfFourAndGroups) {
   World w = make_world();

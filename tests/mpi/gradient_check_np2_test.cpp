@@ -1,4 +1,4 @@
-// FsdpEngine::first_non_finite_gradient on 2 ranks: after a pass that made the gradients NaN, it
+// ShardedTrainingState::first_non_finite_gradient on 2 ranks: after a pass that made the gradients NaN, it
 // names the first trainable tensor in unit order whose gradient (on whichever rank's shard) is not
 // finite, the same on every rank; with finite gradients it finds none.
 #include <gtest/gtest.h>
@@ -9,9 +9,9 @@
 #include <string>
 
 #include "data/collate.h"
-#include "dist/fsdp_engine.h"
-#include "dist/process_groups.h"
-#include "dist/shard_loader.h"
+#include "fsdp/fsdp.h"
+#include "fsdp/process_groups.h"
+#include "fsdp/shard_loader.h"
 #include "model/llama_model.h"
 #include "model/presets.h"
 #include "runtime/world.h"
@@ -52,20 +52,20 @@ PassResult run_pass(const std::string& poison) {
   options.precision = Precision::FP32;
   options.lora_targets = {"q_proj", "v_proj", "down_proj"};
   const LlamaConfig config = small_config();
-  FsdpEngine engine(groups, {.compute_dtype = DType::F32}, static_cast<int>(config.num_hidden_layers) + 1);
-  LlamaModel model = LlamaModel::random(config, 5, options, shard_loader(world, engine));
-  engine.attach(model);
+  Fsdp fsdp(groups, {.compute_dtype = DType::F32}, static_cast<int>(config.num_hidden_layers) + 1);
+  LlamaModel model = LlamaModel::random(config, 5, options, shard_loader(world, fsdp));
+  fsdp.attach(model);
   if (!poison.empty()) {
-    engine.for_each_trainable([&](TrainableShard& t) {
+    fsdp.state().for_each_trainable([&](TrainableShard& t) {
       if (t.name == poison && !t.master.empty()) t.master[0] = std::numeric_limits<float>::quiet_NaN();
     });
-    engine.masters_loaded(0);  // the compute copies follow the masters
+    fsdp.masters_loaded(0);  // the compute copies follow the masters
   }
   const data::Batch batch = small_batch();
   model.forward_backward(batch, static_cast<double>(batch.target_tokens), 1.0f, 0);
   PassResult r;
-  r.norm = engine.grad_norm();
-  if (!std::isfinite(r.norm)) r.first_bad = engine.first_non_finite_gradient();
+  r.norm = fsdp.state().grad_norm();
+  if (!std::isfinite(r.norm)) r.first_bad = fsdp.state().first_non_finite_gradient();
   return r;
 }
 

@@ -121,6 +121,10 @@ TEST(ConfigResolve, ChoicesAreParsedOnceIntoEnums) {
   EXPECT_FALSE(r.config.sharded());
   r = resolve_config_text(std::string(kDummy), "x.ini", {{"train_type", "full"}});
   EXPECT_FALSE(r.config.is_lora());
+  r = resolve_config_text(std::string(kDummy), "x.ini", {{"train_type", "hqq_lora"}, {"n_bits", "3"}});
+  EXPECT_EQ(r.config.choice.train_type, TrainType::HqqLora);
+  EXPECT_TRUE(r.config.quantized_base() && r.config.hqq_base() && r.config.is_lora());
+  EXPECT_EQ(r.config.n_bits, 3);
 }
 
 TEST(ConfigResolve, ListsAndAliases) {
@@ -201,9 +205,16 @@ INSTANTIATE_TEST_SUITE_P(
         BadConfigCase{"UnknownEnum", "dataset = dummy\nsharding_strategy = fullshard\n", {},
                       "cfg.ini:2: sharding_strategy = \"fullshard\": expected one of full_shard, shard_grad_op, ddp, "
                       "hybrid_full_shard, hybrid_shard_grad_op (did you mean full_shard?)"},
-        BadConfigCase{"NotImplementedEnum", "dataset = dummy\ntrain_type = hqq_lora\n", {},
-                      "cfg.ini:2: train_type = \"hqq_lora\": not supported: HQQ quantization is not implemented in "
-                      "fsdpq; use qlora (NF4) (supported: full, lora, qlora, custom_lora, custom_qlora)"},
+        BadConfigCase{"NotImplementedEnum", "dataset = dummy\ntrain_type = bnb_dora\n", {},
+                      "cfg.ini:2: train_type = \"bnb_dora\": not supported: DoRA is not implemented in fsdpq yet; use "
+                      "qlora or lora (supported: full, lora, qlora, custom_lora, custom_qlora, hqq_lora)"},
+        BadConfigCase{"HqqWidthHqqCannotPack", "dataset = dummy\ntrain_type = hqq_lora\nn_bits = 5\n", {},
+                      "n_bits = 5 (cfg.ini:3): hqq_lora quantises to 1, 2, 3, 4 or 8 bits"},
+        BadConfigCase{"HqqWidthAboveEight", "dataset = dummy\ntrain_type = hqq_lora\n", {{"n_bits", "16"}},
+                      "command line: --n_bits 16: must be at most 8"},
+        BadConfigCase{"WidthWithoutHqq", "dataset = dummy\nn_bits = 2\n", {},
+                      "n_bits = 2 (cfg.ini:2) contradicts train_type = qlora (default): only the hqq train types take "
+                      "another width than 4; qlora does not (use train_type hqq_lora, or leave n_bits at 4)"},
         BadConfigCase{"BadListItem", "dataset = dummy\nlora_target_modules = q_proj, v_prj\n", {},
                       "cfg.ini:2: lora_target_modules = \"q_proj, v_prj\": 'v_prj' is not one of all, default, q_proj, "
                       "k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (did you mean v_proj?)"},
@@ -227,6 +238,12 @@ INSTANTIATE_TEST_SUITE_P(
                       "use_activation_cpu_offload = true (cfg.ini:2) contradicts use_gradient_checkpointing = false "
                       "(cfg.ini:3): activation offload moves the checkpointed layer inputs, so it needs gradient "
                       "checkpointing"},
+        BadConfigCase{"CheckpointEveryWithoutCheckpointing",
+                      "dataset = dummy\ncheckpoint_every = 2\nuse_gradient_checkpointing = false\n", {},
+                      "checkpoint_every = 2 (cfg.ini:2) contradicts use_gradient_checkpointing = false (cfg.ini:3): it "
+                      "says which layers checkpointing recomputes, so it needs use_gradient_checkpointing = true"},
+        BadConfigCase{"CheckpointEveryZero", "dataset = dummy\ncheckpoint_every = 0\n", {},
+                      "cfg.ini:2: checkpoint_every = \"0\": must be at least 1"},
         BadConfigCase{"GeneratedDatasetWithFile", "dataset = dummy\ndata_path = cfg.ini\n", {},
                       "dataset = dummy (cfg.ini:1) contradicts data_path = cfg.ini (cfg.ini:2): dataset dummy "
                       "generates its records; remove data_path"},

@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <utility>
+#include <vector>
+
 #include "backend/host_tensor_bytes.h"
 #include "model/llama_layer.h"
 #include "model/presets.h"
@@ -28,6 +31,25 @@ PlanInput tiny_input(int64_t B, int64_t T, bool on_gpu) {
   p.on_gpu = on_gpu;
   p.setting.batch_size = B;
   return p;
+}
+
+// hqq_lora's frozen linears are counted from HQQ's segments: per 64 weights n_bits · 8 bytes of
+// codes and 4 bytes of zero point and scale (3 bits: ten groups' codes per int32 word).
+TEST(MemoryPlan, HqqFrozenWeightsAreItsSegments) {
+  PlanInput p = tiny_input(1, 8, false);
+  const auto frozen = [&](int bits) {
+    p.hqq_bits = bits;
+    for (const MemoryItem& i : predict_memory(p).items)
+      if (i.what == (bits ? "frozen HQQ weights" : "frozen NF4 weights")) return i.host;
+    return int64_t{-1};
+  };
+  // tiny: 2 layers of q, k, v, o (64·64, 32·64, 32·64, 64·64) and gate, up, down (176·64 each):
+  // 45,056 weights a layer, 704 groups.
+  const int64_t weights = 2 * (2 * 64 * 64 + 2 * 32 * 64 + 3 * 176 * 64), groups = weights / 64;
+  EXPECT_EQ(frozen(4), weights / 2 + 4 * groups);
+  EXPECT_EQ(frozen(2), weights / 4 + 4 * groups);
+  EXPECT_EQ(frozen(8), weights + 4 * groups);
+  EXPECT_LT(frozen(0), frozen(4)) << "NF4 with double quantisation: 4.13 bits; HQQ 4 bits: 4.5";
 }
 
 TEST(MemoryPlan, LayerActivationsByHand) {
@@ -96,7 +118,7 @@ TEST(MemoryPlan, OptimizerStateAndOffload) {
 
   // CPU offload on one GPU moves the fp32 master, gradient and 2 state buffers of every shard off
   // the GPU, and the layers' frozen weights too: after loading none is there, and in a pass two
-  // layers' are (dist/frozen_offload.h). The root's (embedding, head, final norm) stay.
+  // layers' are (fsdp/frozen_offload.h). The root's (embedding, head, final norm) stay.
   p = llama2_7b(true);
   const MemoryPrediction on_gpu = predict_memory(p);
   p.setting.cpu_offload = true;
@@ -173,6 +195,38 @@ TEST(MemoryPlan, MatchesTheMeasured7BRunsWithin10Percent) {
   EXPECT_NEAR(b.gpu_peak / kGiB, 52.62, 5.262);
 }
 
+// checkpoint_every = k recomputes layers 0, k, 2k ... (ceil(L / k) of them, sharing one buffer)
+// and keeps the others' activations.
+TEST(MemoryPlan, CheckpointingEveryKthLayerKeepsTheOthers) {
+  PlanInput p = tiny_input(4, 64, false);
+  p.model.num_hidden_layers = 7;
+  p.setting.gradient_checkpointing = true;
+  for (const auto& [every, kept] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {2, 4}, {3, 5}, {7, 7}, {100, 7}}) {
+    p.setting.checkpoint_every = every;
+    EXPECT_EQ(activation_bytes(p).kept_layers, kept) << "checkpoint_every " << every;
+  }
+}
+
+// At a checkpointing step's batch the guide recomputes as few layers as still fit: the next
+// larger checkpoint_every would not.
+TEST(MemoryPlan, GuideRecomputesTheFewestLayersThatFit) {
+  const PlanInput p = llama2_7b(true);
+  for (double gib : {24.0, 40.0, 80.0}) {
+    SCOPED_TRACE(gib);
+    const int64_t gpu = static_cast<int64_t>(gib * kGiB);
+    const GuideResult guide = walk_guide(p, gpu, 0, 64);
+    const GuideStep& ckpt = guide.steps[1];
+    ASSERT_TRUE(ckpt.fits);
+    PlanInput at = p;
+    at.setting = ckpt.setting;
+    EXPECT_LE(predict_memory(at).gpu_required, gpu);
+    if (2 * ckpt.setting.checkpoint_every <= p.model.num_hidden_layers) {
+      at.setting.checkpoint_every *= 2;
+      EXPECT_GT(predict_memory(at).gpu_required, gpu);
+    }
+  }
+}
+
 TEST(MemoryPlan, GuideOrderAndRecommendation) {
   PlanInput p = llama2_7b(true);
   const GuideResult one = walk_guide(p, static_cast<int64_t>(80 * kGiB), 0, 64);
@@ -224,6 +278,7 @@ struct PassCase {
   double dropout;
   Precision precision;
   int64_t B, T;
+  int64_t checkpoint_every = 1;
 };
 
 TEST(MemoryPlan, ActivationBytesEqualWhatACpuPassAllocates) {
@@ -233,12 +288,15 @@ TEST(MemoryPlan, ActivationBytesEqualWhatACpuPassAllocates) {
       {"lora fp32 ckpt no dropout", false, false, true, 0.0, Precision::FP32, 2, 20},
       {"lora fp16 no ckpt", false, false, false, 0.05, Precision::FP16Autocast, 1, 40},
       {"full bf16 ckpt", false, true, true, 0.0, Precision::BF16, 2, 16},
+      {"qlora bf16 ckpt every 2nd layer", true, false, true, 0.1, Precision::BF16, 2, 24, 2},
+      {"lora fp32 ckpt every 3rd layer", false, false, true, 0.0, Precision::FP32, 2, 20, 3},
   };
   for (const PassCase& c : cases) {
     SCOPED_TRACE(c.name);
     const LlamaConfig config = test::tiny_llama(300);
     ModelOptions o = c.train_base ? test::full_options(c.precision) : test::lora_options(c.precision, c.quantize, c.dropout);
     o.gradient_checkpointing = c.checkpointing;
+    o.checkpoint_every = c.checkpoint_every;
     LlamaModel model = LlamaModel::random(config, 1, o);
     const data::Batch batch = test::random_batch(c.B, c.T, config.vocab_size, 7);
 
@@ -255,6 +313,7 @@ TEST(MemoryPlan, ActivationBytesEqualWhatACpuPassAllocates) {
     p.grads_per_unit = false;  // a bare model's gradients exist all the time
     p.setting.batch_size = c.B;
     p.setting.gradient_checkpointing = c.checkpointing;
+    p.setting.checkpoint_every = c.checkpoint_every;
     const ActivationBytes predicted = activation_bytes(p);
 
     const int64_t before_first = host_tensor_bytes().live;

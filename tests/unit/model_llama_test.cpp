@@ -171,6 +171,27 @@ TEST(LlamaModel, CheckpointingGivesBitIdenticalGradients) {
   expect_bit_identical(run_step(config, full, true, batch, 7), run_step(config, full, false, batch, 7));
 }
 
+// checkpoint_every = k recomputes layers 0, k, 2k ... and keeps the others' activations: the same
+// bits as no checkpointing, whichever layers are recomputed (the last one or not, one or all), with
+// dropout masks regenerated in the recompute, with and without activation offload.
+TEST(LlamaModel, CheckpointingEveryKthLayerGivesBitIdenticalGradients) {
+  LlamaConfig config = test::tiny_llama();
+  config.num_hidden_layers = 5;
+  const data::Batch batch = test::random_batch(2, 16, config.vocab_size, 23);
+  for (bool full : {false, true}) {
+    ModelOptions options = full ? test::full_options(Precision::FP32) : test::lora_options(Precision::BF16, true, 0.1);
+    const GradSnapshot none = run_step(config, options, false, batch, 3);
+    for (int64_t every : {1, 2, 3, 5, 8})
+      for (bool offload : {false, true}) {
+        SCOPED_TRACE(testing::Message() << (full ? "full" : "qlora") << ", checkpoint_every " << every
+                                        << (offload ? ", activation offload" : ""));
+        options.checkpoint_every = every;
+        options.activation_offload = offload;
+        expect_bit_identical(run_step(config, options, true, batch, 3), none);
+      }
+  }
+}
+
 // use_activation_cpu_offload moves each layer's input out and back between its forward and its
 // backward: the same bytes come back, so the gradients are the same bits.
 TEST(LlamaModel, ActivationOffloadGivesBitIdenticalGradients) {

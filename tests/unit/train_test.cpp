@@ -184,6 +184,27 @@ TEST_F(Train, SqlLossFallsOnRealDataWithTheLlamaTokenizer) {
   EXPECT_TRUE(std::isfinite(evals[0].at("eval_loss").get<double>()));
 }
 
+// hqq_lora trains on sql data with falling loss, at fsdp_qlora's default width and at 2 bits.
+TEST_F(Train, SqlLossFallsWithAnHqqBase) {
+  FSDPQ_SHARED_DATA_OR_SKIP(sql, "sql.jsonl");
+  FSDPQ_SHARED_DATA_OR_SKIP(tok, "tokenizer.model");
+  auto init = fsdpq("init-model --preset tiny --out sqlmodel_hqq --initializer_range 0.2 --tokenizer " + tok.string());
+  ASSERT_EQ(init.exit_code, 0) << init.output;
+  for (int bits : {4, 2}) {
+    const std::string out = "sql_hqq" + std::to_string(bits);
+    auto r = fsdpq("--model_name sqlmodel_hqq --dataset sql --data_path " + sql.string() +
+                   " --train_type hqq_lora --n_bits " + std::to_string(bits) +
+                   " --batch_size 8 --context_length 256 --lr 3e-3 --lora_rank 16 --lora_alpha 32 --lora_dropout 0 "
+                   "--max_steps 40 --log_to stdout --save_model true --output_dir " + out);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    auto steps = of_type(read_jsonl(dir_ / out / "metrics.jsonl"), "step");
+    ASSERT_EQ(steps.size(), 40u);
+    double first = mean_loss(steps, 0, 5), last = mean_loss(steps, 35, 40);
+    EXPECT_LT(last, 0.8 * first) << bits << " bits: " << first << " → " << last;
+    EXPECT_TRUE(fs::exists(dir_ / out / "adapter_model.safetensors"));
+  }
+}
+
 // A Llama-3-shaped model with the real Llama-3 tokenizer (tokenizer.json, 128,256 ids) as
 // init-model writes it: a complete HF folder (tokenizer files copied, config.json naming its
 // special tokens); the dry run names the tokenizer; it trains on sql data on the CPU with falling

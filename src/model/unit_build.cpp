@@ -1,0 +1,105 @@
+#include "model/unit_build.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace fsdpq {
+
+UnitBuild::UnitBuild(const ParamUnit& unit, const UnitReader& reader, std::vector<FrozenPiece> frozen,
+                     const std::vector<MasterPiece>& masters)
+    : unit_(unit), frozen_(std::move(frozen)) {
+  size_t count = 0;
+  for (const BaseWeight* w : unit.frozen) {
+    statistics_at_.push_back(count);
+    count += static_cast<size_t>(w->frozen.format().statistics_count(w->frozen.numel()));
+  }
+  statistics_.assign(count, kUnknownStatistic);
+
+  for (size_t k = 0; k < frozen_.size(); ++k) {
+    const FrozenPiece& piece = frozen_[k];
+    const BaseWeight& w = *unit.frozen.at(piece.weight);
+    const FrozenFormat& format = w.frozen.format();
+    const SegmentSpec& spec = w.frozen.segments().at(piece.segment);
+    if (spec.from_statistics) continue;  // finish()
+    const DType dtype = reader.frozen_dtype(w);
+    if (!format.accepts_values(dtype))
+      throw std::logic_error(fmt::format("UnitBuild: '{}' is stored as {} but its values come as {}", w.name,
+                                         format.name(), dtype_name(dtype)));
+    const int segment = static_cast<int>(piece.segment);
+    const ElementRanges ranges = format.values_for(segment, w.frozen.numel(), piece.from, piece.to);
+    if (ranges.size() == 1 && format.stores_values_as_read(segment, piece.from, piece.to, dtype)) {
+      reader.read_frozen(w, ranges[0].first, ranges[0].count, piece.out);
+      continue;
+    }
+    std::vector<uint8_t> values(static_cast<size_t>(element_count(ranges)) * dtype_size(dtype));
+    size_t at = 0;
+    for (const ElementRange& r : ranges) {
+      reader.read_frozen(w, r.first, r.count, values.data() + at);
+      at += static_cast<size_t>(r.count) * dtype_size(dtype);
+    }
+    float* statistics = statistics_.data() + statistics_at_[piece.weight];
+    if (spec.needs_scalars) {
+      format.measure_values(segment, w.frozen.numel(), piece.from, piece.to, values.data(), dtype, statistics);
+      waiting_.push_back({k, dtype, std::move(values)});  // encoded by finish(), once the scalars are known
+    } else {
+      format.encode_values(segment, w.frozen.numel(), piece.from, piece.to, values.data(), dtype, piece.out, statistics);
+    }
+  }
+  for (const MasterPiece& piece : masters)
+    reader.read_master(*unit.trainable.at(piece.tensor), piece.first, piece.count, piece.out);
+}
+
+void UnitBuild::finish() {
+  for (size_t k = 0; k < unit_.frozen.size(); ++k) {
+    FrozenStorage& storage = unit_.frozen[k]->frozen;
+    const int64_t n = storage.format().statistics_count(storage.numel());
+    if (n == 0) continue;
+    const float* stats = statistics_.data() + statistics_at_[k];
+    if (std::any_of(stats, stats + n, [](float v) { return v == kUnknownStatistic; }))
+      throw std::logic_error(fmt::format("UnitBuild: some values of '{}' were read by no rank", unit_.frozen[k]->name));
+    storage.scalars = storage.format().scalars_from(stats, storage.numel());
+  }
+  for (const FrozenPiece& piece : frozen_) {
+    const FrozenStorage& storage = unit_.frozen.at(piece.weight)->frozen;
+    if (!storage.segments().at(piece.segment).from_statistics) continue;
+    storage.format().encode_statistics(static_cast<int>(piece.segment), storage.numel(), piece.from, piece.to,
+                                       statistics_.data() + statistics_at_[piece.weight], storage.scalars, piece.out);
+  }
+  for (WaitingPiece& waiting : waiting_) {
+    const FrozenPiece& piece = frozen_[waiting.piece];
+    const FrozenStorage& storage = unit_.frozen.at(piece.weight)->frozen;
+    storage.format().encode_values_with_scalars(static_cast<int>(piece.segment), storage.numel(), piece.from, piece.to,
+                                                waiting.values.data(), waiting.dtype, storage.scalars, piece.out);
+    waiting.values = {};
+  }
+  waiting_.clear();
+}
+
+void build_whole_unit(ParamUnit& unit, const UnitReader& reader, DType activation) {
+  std::vector<FrozenPiece> frozen;
+  for (size_t k = 0; k < unit.frozen.size(); ++k) {
+    FrozenStorage& storage = unit.frozen[k]->frozen;
+    storage.allocate(Device::CPU);
+    for (size_t i = 0; i < storage.segments().size(); ++i)
+      if (storage.segments()[i].bytes > 0) frozen.push_back({k, i, 0, storage.segments()[i].bytes, storage.segment(i).data()});
+  }
+  std::vector<MasterPiece> masters;
+  for (size_t k = 0; k < unit.trainable.size(); ++k) {
+    TrainableTensor& t = *unit.trainable[k];
+    t.master = Tensor::empty(t.shape, DType::F32);
+    t.grad = Tensor::zeros(t.shape, DType::F32);
+    masters.push_back({k, 0, t.shape.numel(), t.master.data<float>()});
+  }
+  UnitBuild build(unit, reader, std::move(frozen), masters);
+  build.finish();  // every value was read: the statistics are complete
+  // The compute copies only now, once the values read in the load dtype are freed: a trainable
+  // embedding is then never held three times over.
+  for (TrainableTensor* t : unit.trainable) {
+    if (activation != DType::F32) t->compute = Tensor::empty(t->shape, activation);
+    t->refresh_compute();
+  }
+}
+
+}  // namespace fsdpq

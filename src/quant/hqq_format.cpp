@@ -1,0 +1,297 @@
+// HQQ as a frozen format (docs/hqq.md, quant/hqq.h): three segments in hqq's layout — the packed
+// codes (hqq's W_q), the zero points and the scales (hqq's meta "zero_scale", one 16-bit value
+// per group each). The scales come from each group's minimum and maximum alone (a plain value
+// segment). The codes and zero points need the number of solver updates, which the error of the
+// whole tensor decides, so they are needs_scalars segments: step 1 runs the solver's 20
+// iterations over blocks of 64 groups and keeps each block's error sum per iteration as
+// statistics; scalars_from() sums the blocks into the tensor's errors and finds the number of
+// updates; step 2 runs that many updates for the groups under the bytes.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <vector>
+
+#include "quant/frozen_format.h"
+#include "quant/hqq.h"
+#include "quant/hqq_device.h"
+#include "util/bf16.h"
+
+namespace fsdpq {
+namespace {
+
+enum HqqSegment : int { kCodes = 0, kZeros = 1, kScales = 2 };
+
+// The solver's errors are statistics per block of this many groups: a rank measuring a block
+// reads all of it (values_for rounds the codes' groups out to whole blocks).
+constexpr int64_t kBlockGroups = 64;
+
+int64_t ceil_div(int64_t n, int64_t d) { return (n + d - 1) / d; }
+
+// Groups [first, end) of a weight.
+struct GroupRange {
+  int64_t first = 0, end = 0;
+};
+
+// Where each group's values are in the concatenated values of some element ranges.
+class GroupValues {
+ public:
+  GroupValues(const ElementRanges& ranges, const void* values, DType dtype)
+      : ranges_(ranges), values_(static_cast<const uint8_t*>(values)), dtype_(dtype) {}
+  // Group g's 64 values as fp32 (g must lie in the ranges).
+  void read(int64_t g, float* out) const {
+    int64_t offset = 0;
+    for (const ElementRange& r : ranges_) {
+      const int64_t first = g * kHqqGroupSize;
+      if (first >= r.first && first < r.first + r.count) {
+        const int64_t at = offset + (first - r.first);
+        if (dtype_ == DType::F32) {
+          std::memcpy(out, values_ + at * 4, kHqqGroupSize * 4);
+        } else {
+          const auto* h = reinterpret_cast<const uint16_t*>(values_) + at;
+          for (int64_t j = 0; j < kHqqGroupSize; ++j) out[j] = bf16_to_float(h[j]);
+        }
+        return;
+      }
+      offset += r.count;
+    }
+    throw std::logic_error(fmt::format("hqq: group {} is not among the values given", g));
+  }
+
+ private:
+  const ElementRanges& ranges_;
+  const uint8_t* values_;
+  DType dtype_;
+};
+
+ElementRanges elements_of(std::vector<GroupRange> groups) {
+  std::sort(groups.begin(), groups.end(), [](const GroupRange& a, const GroupRange& b) { return a.first < b.first; });
+  ElementRanges out;
+  for (const GroupRange& g : groups) {
+    if (g.first >= g.end) continue;
+    const int64_t first = g.first * kHqqGroupSize, end = g.end * kHqqGroupSize;
+    if (!out.empty() && first <= out.back().first + out.back().count)
+      out.back().count = std::max(out.back().count, end - out.back().first);
+    else
+      out.push_back({first, end - first});
+  }
+  return out;
+}
+
+// Packs `rows` rows of every slice's codes (codes[(k * rows + r) * 64 + j]) into hqq's words.
+std::vector<uint8_t> pack_rows(const HqqPacking& p, int64_t rows, const std::vector<uint8_t>& codes) {
+  std::vector<uint8_t> words(static_cast<size_t>(rows * kHqqGroupSize * p.word_bytes));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < kHqqGroupSize; ++j) {
+      uint32_t word = 0;
+      for (int k = 0; k < p.slices; ++k)
+        word |= uint32_t{codes[static_cast<size_t>((k * rows + r) * kHqqGroupSize + j)]} << p.shift(k);
+      for (int b = 0; b < p.word_bytes; ++b)  // little-endian int32 words for 3 bits
+        words[static_cast<size_t>((r * kHqqGroupSize + j) * p.word_bytes + b)] = static_cast<uint8_t>(word >> (8 * b));
+    }
+  return words;
+}
+
+class HqqFormat final : public FrozenFormat {
+ public:
+  HqqFormat(int n_bits, DType meta, HqqSolverPrecision precision) : n_bits_(n_bits), meta_(meta), precision_(precision) {}
+
+  std::string name() const override {
+    return fmt::format("hqq {}-bit ({} zero points and scales{})", n_bits_, dtype_name(meta_),
+                       precision_ == HqqSolverPrecision::kFloat ? ", fp32 solver" : "");
+  }
+  bool quantized() const override { return true; }
+
+  std::vector<SegmentSpec> segments(int64_t numel) const override {
+    const HqqPacking p = packing(numel);
+    const auto meta_bytes = static_cast<size_t>(p.groups) * 2;
+    return {{"codes", static_cast<size_t>(p.bytes()), DType::U8, false, true},
+            {"zeros", meta_bytes, meta_, false, true},
+            {"scales", meta_bytes, meta_, false, false}};
+  }
+
+  bool accepts_values(DType dtype) const override { return dtype == DType::BF16 || dtype == DType::F32; }
+
+  ElementRanges values_for(int segment, int64_t numel, size_t from, size_t to) const override {
+    const HqqPacking p = packing(numel);
+    if (segment == kZeros || segment == kScales) return elements_of({meta_groups(from, to)});
+    check_value_segment(segment);
+    // Every slice's groups under the rows, rounded out to whole blocks for measure_values.
+    std::vector<GroupRange> groups = code_groups(p, from, to);
+    for (GroupRange& g : groups)
+      g = {g.first / kBlockGroups * kBlockGroups, std::min(ceil_div(g.end, kBlockGroups) * kBlockGroups, p.groups)};
+    return elements_of(groups);
+  }
+
+  // The scales: 1 / scale of each group under the bytes, as stored.
+  void encode_values(int segment, int64_t numel, size_t from, size_t to, const void* values, DType dtype, uint8_t* out,
+                     float*) const override {
+    if (segment != kScales) throw std::logic_error(fmt::format("{}: segment {} needs the scalars", name(), segment));
+    check_dtype(dtype);
+    const ElementRanges ranges = values_for(segment, numel, from, to);
+    const GroupRange groups = meta_groups(from, to);
+    const GroupValues source(ranges, values, dtype);
+    write_meta(groups, from, to, out, [&](int64_t g) {
+      float w[kHqqGroupSize];
+      source.read(g, w);
+      const HqqGroup unsolved = hqq_solve_group(w, hqq_group_start(w, n_bits_), n_bits_, 0, precision_, nullptr);
+      return hqq_stored(unsolved, precision_, meta_).scale;  // the solver moves only the zero point
+    });
+  }
+
+  int64_t statistics_count(int64_t numel) const override {
+    return ceil_div(packing(numel).groups, kBlockGroups) * kHqqSolverIterations;
+  }
+
+  // The codes' owners measure every block under their rows: each block's error sum per
+  // iteration, over all 20 iterations (the stop is not known yet).
+  void measure_values(int segment, int64_t numel, size_t from, size_t to, const void* values, DType dtype,
+                      float* statistics) const override {
+    if (segment == kZeros) return;  // the codes' owners measure every block
+    if (segment != kCodes) FrozenFormat::measure_values(segment, numel, from, to, values, dtype, statistics);
+    check_dtype(dtype);
+    const HqqPacking p = packing(numel);
+    const ElementRanges ranges = values_for(segment, numel, from, to);
+    const GroupValues source(ranges, values, dtype);
+    std::vector<int64_t> blocks;
+    for (const ElementRange& r : ranges)
+      for (int64_t b = r.first / kHqqGroupSize / kBlockGroups; b * kBlockGroups * kHqqGroupSize < r.first + r.count; ++b)
+        blocks.push_back(b);
+#pragma omp parallel for schedule(dynamic)
+    for (size_t k = 0; k < blocks.size(); ++k) {
+      const int64_t b = blocks[k];
+      double errors[kHqqSolverIterations] = {};
+      float w[kHqqGroupSize];
+      for (int64_t g = b * kBlockGroups; g < std::min((b + 1) * kBlockGroups, p.groups); ++g) {
+        source.read(g, w);
+        hqq_solve_group(w, hqq_group_start(w, n_bits_), n_bits_, kHqqSolverIterations, precision_, errors);
+      }
+      for (int i = 0; i < kHqqSolverIterations; ++i)
+        statistics[b * kHqqSolverIterations + i] = static_cast<float>(errors[i]);
+    }
+  }
+
+  FrozenScalars scalars_from(const float* statistics, int64_t numel) const override {
+    std::array<double, kHqqSolverIterations> sums{};
+    const int64_t blocks = statistics_count(numel) / kHqqSolverIterations;
+    for (int64_t b = 0; b < blocks; ++b)
+      for (int i = 0; i < kHqqSolverIterations; ++i) sums[static_cast<size_t>(i)] += statistics[b * kHqqSolverIterations + i];
+    FrozenScalars s;
+    s.hqq_zero_updates = hqq_zero_updates(sums, numel, precision_);
+    return s;
+  }
+
+  void encode_values_with_scalars(int segment, int64_t numel, size_t from, size_t to, const void* values, DType dtype,
+                                  const FrozenScalars& scalars, uint8_t* out) const override {
+    check_dtype(dtype);
+    const HqqPacking p = packing(numel);
+    const ElementRanges ranges = values_for(segment, numel, from, to);
+    const GroupValues source(ranges, values, dtype);
+    const auto solve = [&](int64_t g, float* w) {
+      source.read(g, w);
+      return hqq_solve_group(w, hqq_group_start(w, n_bits_), n_bits_, scalars.hqq_zero_updates, precision_, nullptr);
+    };
+    if (segment == kZeros) {
+      write_meta(meta_groups(from, to), from, to, out, [&](int64_t g) {
+        float w[kHqqGroupSize];
+        return hqq_stored(solve(g, w), precision_, meta_).zero;
+      });
+      return;
+    }
+    if (segment != kCodes) FrozenFormat::encode_values_with_scalars(segment, numel, from, to, values, dtype, scalars, out);
+    // The codes of every slice's groups under the packed rows, then the rows' words, then the bytes.
+    const int64_t word_row = kHqqGroupSize * p.word_bytes;
+    const int64_t r0 = static_cast<int64_t>(from) / word_row, r1 = ceil_div(static_cast<int64_t>(to), word_row);
+    std::vector<uint8_t> codes(static_cast<size_t>(p.slices * (r1 - r0) * kHqqGroupSize), 0);
+#pragma omp parallel for collapse(2) schedule(dynamic)
+    for (int k = 0; k < p.slices; ++k)
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t g = k * p.rows + r;
+        if (g >= p.groups) continue;  // 3 bits: the padding rows' codes are 0
+        float w[kHqqGroupSize];
+        const HqqGroup group = solve(g, w);
+        hqq_group_codes(w, group, n_bits_, codes.data() + (k * (r1 - r0) + (r - r0)) * kHqqGroupSize);
+      }
+    const std::vector<uint8_t> words = pack_rows(p, r1 - r0, codes);
+    std::memcpy(out, words.data() + (from - static_cast<size_t>(r0 * word_row)), to - from);
+  }
+
+  void dequantize(std::span<const TensorView> segments, const FrozenScalars&, int64_t numel,
+                  TensorView out) const override {
+    if (segments.size() != 3u || out.numel() != numel)
+      throw std::logic_error(fmt::format("{} weight of {} elements: cannot dequantise into {}", name(), numel, out.describe()));
+    const HqqPacking p = packing(numel);
+    const auto* codes = static_cast<const uint8_t*>(segments[kCodes].data);
+    const auto* zeros = static_cast<const uint16_t*>(segments[kZeros].data);
+    const auto* scales = static_cast<const uint16_t*>(segments[kScales].data);
+    if (out.device == Device::CUDA)
+      hqq_dequantize(HqqDeviceSegments{codes, zeros, scales, meta_, p}, out);
+    else
+      hqq_dequantize_groups(p, codes, zeros, scales, meta_, 0, p.groups, out.dtype, out.data);
+  }
+
+ private:
+  HqqPacking packing(int64_t numel) const { return HqqPacking::of(n_bits_, numel); }
+
+  void check_value_segment(int segment) const {
+    if (segment != kCodes && segment != kZeros && segment != kScales)
+      throw std::logic_error(fmt::format("{}: no segment {}", name(), segment));
+  }
+  void check_dtype(DType dtype) const {
+    if (!accepts_values(dtype))
+      throw std::logic_error(fmt::format("{}: values given as {}, expected BF16 or F32", name(), dtype_name(dtype)));
+  }
+
+  // The groups whose 16-bit zero point or scale lies under bytes [from, to).
+  static GroupRange meta_groups(size_t from, size_t to) {
+    return {static_cast<int64_t>(from / 2), ceil_div(static_cast<int64_t>(to), 2)};
+  }
+
+  // The groups of every slice whose codes lie in the packed rows under bytes [from, to).
+  static std::vector<GroupRange> code_groups(const HqqPacking& p, size_t from, size_t to) {
+    const int64_t word_row = kHqqGroupSize * p.word_bytes;
+    const int64_t r0 = static_cast<int64_t>(from) / word_row, r1 = ceil_div(static_cast<int64_t>(to), word_row);
+    std::vector<GroupRange> groups;
+    for (int k = 0; k < p.slices; ++k)
+      groups.push_back({std::min(k * p.rows + r0, p.groups), std::min(k * p.rows + r1, p.groups)});
+    return groups;
+  }
+
+  // Writes bytes [from, to) of a 16-bit-per-group segment, value_of(g) giving group g's value.
+  template <class ValueOf>
+  void write_meta(const GroupRange& groups, size_t from, size_t to, uint8_t* out, const ValueOf& value_of) const {
+    std::vector<uint16_t> words(static_cast<size_t>(groups.end - groups.first));
+#pragma omp parallel for schedule(dynamic, 16)
+    for (int64_t g = groups.first; g < groups.end; ++g)
+      words[static_cast<size_t>(g - groups.first)] = hqq_meta_bits(value_of(g), meta_);
+    std::memcpy(out, reinterpret_cast<const uint8_t*>(words.data()) + (from - static_cast<size_t>(groups.first) * 2), to - from);
+  }
+
+  int n_bits_;
+  DType meta_;
+  HqqSolverPrecision precision_;
+};
+
+}  // namespace
+
+const FrozenFormat& hqq_format(int n_bits, DType meta, bool float_solver) {
+  if (!hqq_supported_bits(n_bits)) throw std::logic_error(fmt::format("hqq_format: {} bits", n_bits));
+  if (meta != DType::BF16 && meta != DType::F16)
+    throw std::logic_error(fmt::format("hqq_format: zero points and scales in {}", dtype_name(meta)));
+  // One format per (bits, meta dtype, solver): 5 x 2 x 2.
+  static const auto formats = [] {
+    std::vector<std::unique_ptr<HqqFormat>> all;
+    for (int bits : {1, 2, 3, 4, 8})
+      for (DType m : {DType::BF16, DType::F16})
+        for (HqqSolverPrecision s : {HqqSolverPrecision::kHalf, HqqSolverPrecision::kFloat})
+          all.push_back(std::make_unique<HqqFormat>(bits, m, s));
+    return all;
+  }();
+  const int bits_index = n_bits == 8 ? 4 : n_bits - 1;
+  return *formats[static_cast<size_t>(bits_index * 4 + (meta == DType::F16 ? 2 : 0) + (float_solver ? 1 : 0))];
+}
+
+}  // namespace fsdpq
