@@ -136,6 +136,30 @@ __device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t a, 
                  : "l"(a), "l"(b));
 }
 
+// d = A B or d += A B, m64n64k16: A and B K-major in shared memory (the backward's 64-key and
+// 64-query score tiles).
+template <class T, bool kAccumulate>
+__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t a, uint64_t b) {
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>);
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  if constexpr (kAccumulate && kBf16)
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FSDPQ_WGMMA_D32 ", %32, %33, 1, 1, 1, 0, 0;\n"
+                 : FSDPQ_WGMMA_ACC32("+f", d)
+                 : "l"(a), "l"(b));
+  else if constexpr (kAccumulate)
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " FSDPQ_WGMMA_D32 ", %32, %33, 1, 1, 1, 0, 0;\n"
+                 : FSDPQ_WGMMA_ACC32("+f", d)
+                 : "l"(a), "l"(b));
+  else if constexpr (kBf16)
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FSDPQ_WGMMA_D32 ", %32, %33, 0, 1, 1, 0, 0;\n"
+                 : FSDPQ_WGMMA_ACC32("=f", d)
+                 : "l"(a), "l"(b));
+  else
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " FSDPQ_WGMMA_D32 ", %32, %33, 0, 1, 1, 0, 0;\n"
+                 : FSDPQ_WGMMA_ACC32("=f", d)
+                 : "l"(a), "l"(b));
+}
+
 // d += A B, m64nNk16 (N 64 or 128): A in registers (the layout above), B MN-major in shared memory
 // (descriptor_mn_major).
 template <class T, int N>

@@ -31,6 +31,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -89,11 +90,14 @@ double compared_absolutely(const TensorView& gpu, const TensorView& cpu, double 
 
 // Where the wgmma route's forward ran ("wgmma" or "fallback", from its counters); on Hopper it must
 // be the wgmma kernel.
-std::string wgmma_forward_ran_on(const AttentionCase& c, const cuda_ops::WgmmaAttentionCounts& before) {
+std::string wgmma_ran_on(const AttentionCase& c, bool backward, const cuda_ops::WgmmaAttentionCounts& before) {
   const cuda_ops::WgmmaAttentionCounts after = cuda_ops::wgmma_attention_counts();
-  const int64_t ran = after.forward_ran - before.forward_ran;
-  EXPECT_EQ(ran + after.forward_declined - before.forward_declined, 1) << c.name() << " wgmma: did not ask it once";
-  if (cuda::attention_sm90a_unavailable().empty()) EXPECT_EQ(ran, 1) << c.name() << " wgmma: the kernel declined";
+  const int64_t ran = backward ? after.backward_ran - before.backward_ran : after.forward_ran - before.forward_ran;
+  const int64_t declined = backward ? after.backward_declined - before.backward_declined
+                                    : after.forward_declined - before.forward_declined;
+  const std::string what = c.name() + (backward ? " wgmma backward" : " wgmma forward");
+  EXPECT_EQ(ran + declined, 1) << what << ": did not ask it once";
+  if (cuda::attention_sm90a_unavailable().empty()) EXPECT_EQ(ran, 1) << what << ": the kernel declined";
   return ran == 1 ? "wgmma" : "fallback";
 }
 
@@ -102,7 +106,6 @@ std::string wgmma_forward_ran_on(const AttentionCase& c, const cuda_ops::WgmmaAt
 // routes and the backward of cudnn-nondeterministic; `cudnn`'s backward may fall back (the memory
 // rule, docs/cuda.md).
 std::string ran_on(const Route& route, const AttentionCase& c, bool backward, const CudnnAttentionCounts& before) {
-  if (route.wgmma() && backward) return "mma";
   if (!route.cudnn()) return route.name;
   const CudnnAttentionCounts after = cudnn_attention_counts();
   const int64_t ran = backward ? after.backward_ran - before.backward_ran : after.forward_ran - before.forward_ran;
@@ -128,15 +131,16 @@ void check_route(const AttentionCase& c, const test::AttentionInputs& in, const 
   const CudnnAttentionCounts before = cudnn_attention_counts();
   const cuda_ops::WgmmaAttentionCounts wgmma_before = cuda_ops::wgmma_attention_counts();
   g.forward();
-  const std::string forward =
-      route.wgmma() ? wgmma_forward_ran_on(c, wgmma_before) : ran_on(route, c, false, before);
+  const std::string forward = route.wgmma() ? wgmma_ran_on(c, false, wgmma_before) : ran_on(route, c, false, before);
   const double out_err = compared(g.out, ref.out, out_tolerance(c.in), what + " out");
   const double lse_err = compared(g.lse, ref.lse, 1e-5, what + " lse");
 
   const Tensor ref_out = test::on_gpu(ref.out), ref_lse = test::on_gpu(ref.lse);
   const CudnnAttentionCounts before_backward = cudnn_attention_counts();
+  const cuda_ops::WgmmaAttentionCounts wgmma_before_backward = cuda_ops::wgmma_attention_counts();
   g.backward(ref_out, ref_lse);
-  const std::string backward = ran_on(route, c, true, before_backward);
+  const std::string backward =
+      route.wgmma() ? wgmma_ran_on(c, true, wgmma_before_backward) : ran_on(route, c, true, before_backward);
   const double tol = grad_tolerance(route, c.grad);
   const double dq_err = c.T == 1 ? compared_absolutely(g.dq, ref.dq, 1e-5, what + " dq")
                                  : compared(g.dq, ref.dq, tol, what + " dq");
@@ -146,6 +150,14 @@ void check_route(const AttentionCase& c, const test::AttentionInputs& in, const 
   std::printf("ROUTE %s %s: out %.2e lse %.2e dq %.2e dk %.2e dv %.2e (forward on %s, backward on %s)%s\n",
               route.name, c.name().c_str(), out_err, lse_err, dq_err, dk_err, dv_err, forward.c_str(),
               backward.c_str(), c.T == 1 ? " [T1: dq, dk absolute]" : "");
+}
+
+// FSDPQ_TEST_ROUTES="wgmma mma" narrows a device run to those routes; unset, all of them run.
+bool chosen(const Route& route) {
+  const char* only = std::getenv("FSDPQ_TEST_ROUTES");
+  if (only == nullptr || *only == '\0') return true;
+  const std::string list = std::string(" ") + only + " ";
+  return list.find(std::string(" ") + route.name + " ") != std::string::npos;
 }
 
 // Every route of one storage type and head dim, over the sequence lengths and head counts.
@@ -160,6 +172,7 @@ void check_all_routes(DType in, int64_t D, uint32_t seed) {
       const test::AttentionInputs inputs(c, seed += 10);
       const test::AttentionReference reference(c, inputs);
       for (const Route& route : kRoutes) {
+        if (!chosen(route)) continue;
         if (route.cudnn() && !no_cudnn.empty()) {
           std::printf("ROUTE %s %s: skipped, no cuDNN (%s)\n", route.name, c.name().c_str(), no_cudnn.c_str());
           continue;
