@@ -8,6 +8,7 @@
 #include "runtime/host_out_of_memory.h"
 #include "runtime/watchdog.h"
 #include "train/epoch_batches.h"
+#include "train/exact_sum.h"
 
 namespace fsdpq {
 
@@ -19,19 +20,25 @@ double evaluate_loss(LlamaModel& model, const std::vector<data::Example>& exampl
   const int64_t n = static_cast<int64_t>(batches.size());
   // Batches go round-robin over the ranks; a rank without one in the last round runs batch 0
   // and discards it, so every rank makes the same passes (and the same gathers).
-  double sums[2] = {0, 0};  // loss sum, tokens
+  ExactSum loss;  // the same bits whichever rank adds which batch
+  int64_t tokens = 0;
   watchdog_phase("evaluating");
   for (int64_t round = 0; round * ranks < n; ++round) {
     const int64_t i = round * ranks + rank;
     watchdog_progress();
     LossSum l = model.evaluate(batches[static_cast<size_t>(i < n ? i : 0)]);
     if (i >= n) continue;
-    sums[0] += l.loss_sum;
-    sums[1] += static_cast<double>(l.tokens);
+    loss.add(l.loss_sum);
+    tokens += l.tokens;
   }
-  if (world) world->all_reduce(sums, 2, CommType::F64, ReduceOp::Sum).wait();
+  int64_t sums[ExactSum::kValues + 1];
+  std::copy_n(loss.data(), ExactSum::kValues, sums);
+  sums[ExactSum::kValues] = tokens;
+  if (world) world->all_reduce(sums, ExactSum::kValues + 1, CommType::I64, ReduceOp::Sum).wait();
+  std::copy_n(sums, ExactSum::kValues, loss.data());
+  tokens = sums[ExactSum::kValues];
   // A mean over no token is undefined, not 0 (JSON writes NaN as null).
-  return sums[1] > 0 ? sums[0] / sums[1] : std::nan("");
+  return tokens > 0 ? loss.value() / static_cast<double>(tokens) : std::nan("");
 }
 
 std::string describe_eval(double loss, const std::vector<data::Example>& examples) {
