@@ -53,13 +53,13 @@ fi
 
 if ! skip ncu; then
   # Where the backward's time goes, kernel by kernel: the first launches of each Hopper kernel in
-  # the perf test (T 512 first), with their duration and how busy the tensor cores were.
-  echo "== ncu: the wgmma kernels' durations and tensor-core activity"
+  # the perf test (T 512 first), with their duration, SM and memory throughput and registers.
+  echo "== ncu: the wgmma kernels' durations and throughput"
   NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
   if [ -z "$NCU" ]; then echo "no ncu here"; else
     FSDPQ_GPU_PERF=1 timeout 240 "$NCU" --kernel-name regex:'sm90a|prepare' --launch-skip 8 --launch-count 8 \
-      --metrics gpu__time_duration.sum,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread \
+      --section SpeedOfLight --section LaunchStats \
       "$T" --gtest_filter='GpuOpsAttentionCudnn.Perf' > $OUT/wgmma_ncu.txt 2>&1
-    echo "rc=$?"; grep -E "attention_|prepare_kernel|gpu__time_duration|gmma_cycles|registers_per_thread" $OUT/wgmma_ncu.txt | head -48
+    echo "rc=$?"; grep -E "attention_|prepare_kernel|Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per Thread" $OUT/wgmma_ncu.txt | head -60
   fi
 fi
