@@ -75,7 +75,10 @@ struct Smem {
   static constexpr int kFixedB = kFixedBytes;
   static constexpr int kRingA = 2 * kFixedBytes;
   static constexpr int kRingB = kRingA + kStages * kStepBytes;
-  static constexpr int kBarriers = kRingB + kStages * kStepBytes;
+  // Kernel 2's per-step column statistics (lse · log2 e, drow) of each consumer, double-buffered.
+  static constexpr int kStats = kRingB + kStages * kStepBytes;
+  static constexpr int kStatsBytes = 2 * 2 * kStepRows * static_cast<int>(sizeof(float));  // per consumer
+  static constexpr int kBarriers = kStats + kConsumers * kStatsBytes;
   static constexpr int kConsumerRows = 64 * kSwizzleRowBytes;  // consumer c's rows of a fixed tile: c times this
 };
 
@@ -220,6 +223,8 @@ __device__ void consume_dkdv(uint8_t* smem, Barriers& bar, const Params& p, cons
   const int key = t.k0 + 64 * consumer + row;  // this thread's keys: key and key + 8
   const uint8_t* k_rows = smem + S::kFixedA + consumer * S::kConsumerRows;
   const uint8_t* v_rows = smem + S::kFixedB + consumer * S::kConsumerRows;
+  float* const stats = reinterpret_cast<float*>(smem + S::kStats + consumer * S::kStatsBytes);
+  const int thread = static_cast<int>(threadIdx.x) % 128;
   auto q_tile = [&](int stage) { return smem + S::kRingA + stage * S::kStepBytes; };
   auto do_tile = [&](int stage) { return smem + S::kRingB + stage * S::kStepBytes; };
   const float c = p.scale * kLog2e;
@@ -248,17 +253,18 @@ __device__ void consume_dkdv(uint8_t* smem, Barriers& bar, const Params& p, cons
     fence_operand(pt);
     fence_operand(dst);
     if (i > 0) mbarrier_arrive(&bar.empty[stage_of(i - 1)]);
-    // This thread's query columns' lse (scaled to log2); past T, +inf. Read only now: before the
-    // wait, step i - 1's operands still hold their registers.
-    const int64_t row_base = (static_cast<int64_t>(t.b) * p.H + head) * p.T;
-    float lse2[16];
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int query = q0 + column_of(j, e, t4);
-        lse2[2 * j + e] = query < p.T ? __ldg(p.lse + row_base + query) * kLog2e : INFINITY;
-      }
+    // The step's 64 query columns' lse (scaled to log2; past T, +inf) and drow (past T, 0), staged
+    // in shared memory by the warpgroup's first 64 threads: read from there where used, they take
+    // no registers across the products (kept in registers they made ptxas spill at D 128).
+    const float* lse2 = stats + (i & 1) * 2 * kStepRows;
+    const float* drow = lse2 + kStepRows;
+    if (thread < kStepRows) {
+      const int64_t row_base = (static_cast<int64_t>(t.b) * p.H + head) * p.T;
+      const int query = q0 + thread;
+      stats[(i & 1) * 2 * kStepRows + thread] = query < p.T ? __ldg(p.lse + row_base + query) * kLog2e : INFINITY;
+      stats[(i & 1) * 2 * kStepRows + kStepRows + thread] = query < p.T ? __ldg(p.drow + row_base + query) : 0.0f;
+    }
+    warpgroup_sync(1 + consumer);
     const bool diagonal = q0 < t.k0 + kBlockRows;  // some key of the tile lies after some query
 #pragma unroll
     for (int j = 0; j < 8; ++j)
@@ -266,27 +272,19 @@ __device__ void consume_dkdv(uint8_t* smem, Barriers& bar, const Params& p, cons
       for (int e = 0; e < 4; ++e) {
         const int query = q0 + column_of(j, e, t4);
         const bool masked = diagonal && key + 8 * (e >> 1) > query;
-        st[4 * j + e] = masked ? 0.0f : exp2f(fmaf(st[4 * j + e], c, -lse2[2 * j + (e & 1)]));
+        st[4 * j + e] = masked ? 0.0f : exp2f(fmaf(st[4 * j + e], c, -lse2[column_of(j, e, t4)]));
       }
     to_a_operand<T>(st, pt);
     fence_operand(pt);
     wgmma_fence();
     issue_gradient<T, D>(dv, pt, do_tile(s));
     wgmma_commit();
-    float drow[16];
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int query = q0 + column_of(j, e, t4);
-        drow[2 * j + e] = query < p.T ? __ldg(p.drow + row_base + query) : 0.0f;
-      }
     wgmma_wait<1>();  // dP_iᵀ (committed before dV_i)
     fence_operand(dpt);
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) dpt[4 * j + e] = st[4 * j + e] * (dpt[4 * j + e] - drow[2 * j + (e & 1)]);
+      for (int e = 0; e < 4; ++e) dpt[4 * j + e] = st[4 * j + e] * (dpt[4 * j + e] - drow[column_of(j, e, t4)]);
     to_a_operand<T>(dpt, dst);
     fence_operand(dst);
     wgmma_fence();
