@@ -202,7 +202,7 @@ TEST_P(Equivalence, SameLossesAndWeightsAtOneTwoAndFourRanks) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(TrainTypes, Equivalence, ::testing::Values("lora", "qlora", "full", "lora:fp32", "hqq_lora"),
+INSTANTIATE_TEST_SUITE_P(TrainTypes, Equivalence, ::testing::Values("lora", "qlora", "full", "lora:fp32", "hqq_lora", "bnb_dora"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string name = info.param;
                            std::replace(name.begin(), name.end(), ':', '_');
@@ -350,6 +350,31 @@ TEST_F(Checkpoints, HqqLoraResumesBitIdenticallyAtAnyWorldSize) {
     ASSERT_EQ(got.size(), 8u);
     for (const auto& [step, loss] : want) EXPECT_EQ(got.at(step), loss) << "step " << step << " resumed on " << resume_ranks;
     EXPECT_EQ(max_relative_difference(saved_weights(dir_ / out), saved_weights(dir_ / "ck_hqq_ref")), 0.0);
+  }
+}
+
+// hqq_dora (2-bit, dropout on: DoRA's dropout path runs the base weight over the dropped input)
+// resumes like hqq_lora: the magnitude vectors are sharded, checkpointed and restored with the
+// adapters, and the masks are regenerated from the same keys after the resume.
+TEST_F(Checkpoints, HqqDoraWithDropoutResumesBitIdenticallyAtAnyWorldSize) {
+  const std::string dora = " --train_type hqq_dora --n_bits 2 --lora_dropout 0.1";
+  auto r = mpirun(2, run_args(2, "ck_dora_ref", dora));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (int resume_ranks : {2, 1}) {
+    const std::string out = "ck_dora_kill_np" + std::to_string(resume_ranks);
+    r = mpirun(2, run_args(2, out, dora), "FSDPQ_INJECT_FAULT=1:after_step_5:kill");
+    ASSERT_NE(r.exit_code, 0) << r.output;
+    EXPECT_EQ(test::read_file(dir_ / out / "checkpoints" / "latest"), "step-00000004.h5\n");
+    r = mpirun(resume_ranks, run_args(resume_ranks, out, dora + " --resume auto"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto want = losses_by_step(dir_ / "ck_dora_ref"), got = losses_by_step(dir_ / out);
+    ASSERT_EQ(got.size(), 8u);
+    for (const auto& [step, loss] : want) EXPECT_EQ(got.at(step), loss) << "step " << step << " resumed on " << resume_ranks;
+    const Weights saved = saved_weights(dir_ / out);
+    EXPECT_EQ(max_relative_difference(saved, saved_weights(dir_ / "ck_dora_ref")), 0.0);
+    size_t magnitudes = 0;
+    for (const auto& [name, values] : saved) magnitudes += name.find("lora_magnitude_vector") != std::string::npos;
+    EXPECT_GT(magnitudes, 0u) << "the saved adapter holds the DoRA magnitudes";
   }
 }
 

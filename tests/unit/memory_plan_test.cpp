@@ -66,7 +66,7 @@ TEST(MemoryPlan, LayerActivationsByHand) {
 
   // The same as LayerActivations itself allocates.
   LayerActivations a;
-  a.allocate(layer_dims(test::tiny_llama(300), 2, 8), DType::BF16, {4, 0, 4, 0, 0, 0, 0});
+  a.allocate(layer_dims(test::tiny_llama(300), 2, 8), DType::BF16, {4, 0, 4, 0, 0, 0, 0}, false);
   EXPECT_EQ(a.nbytes(), host);
 }
 
