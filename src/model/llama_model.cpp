@@ -381,9 +381,9 @@ struct LlamaModel::Impl {
         fail("adapter tensor '{}' is {}; LoRA weights must be F32, BF16 or F16", name, dtype_name(tensor.dtype()));
       const Shape& want = it->second->master.shape();
       if (tensor.shape() != want)
-        fail("adapter tensor '{}' has shape {} but this model needs {} (lora_rank {}; lora_A is [r, in], lora_B [out, r], "
-             "lora_magnitude_vector [out])",
-             name, tensor.shape().to_string(), want.to_string(), options.lora_rank);
+        fail("adapter tensor '{}' has shape {} but this model needs {} (lora_rank {}; lora_A is [r, in], lora_B [out, r]{})",
+             name, tensor.shape().to_string(), want.to_string(), options.lora_rank,
+             options.use_dora ? ", lora_magnitude_vector [out]" : "");
     }
     if (seen.size() != expected.size()) {
       std::vector<std::string> missing;
