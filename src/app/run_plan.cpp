@@ -126,7 +126,7 @@ RunPlan prepare_run(const World& world, const ResolvedConfig& resolved, DataUse 
   plan.footprint = model_footprint(plan.model.config, c.quantized_base(), c.hqq_base() ? static_cast<int>(c.n_bits) : 0,
                                    !c.is_lora(),
                                    c.is_lora() ? c.lora_rank : 0,
-                                   c.is_lora() ? c.lora_target_modules : std::vector<std::string>{});
+                                   c.is_lora() ? c.lora_target_modules : std::vector<std::string>{}, c.dora());
   return plan;
 }
 

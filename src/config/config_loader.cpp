@@ -155,6 +155,8 @@ void parse_choices(TrainConfig& c) {
   c.choice.train_type = c.train_type == "full"                                 ? TrainType::Full
                         : c.train_type == "lora" || c.train_type == "custom_lora" ? TrainType::Lora
                         : c.train_type == "hqq_lora"                              ? TrainType::HqqLora
+                        : c.train_type == "bnb_dora"                              ? TrainType::BnbDora
+                        : c.train_type == "hqq_dora"                              ? TrainType::HqqDora
                                                                                   : TrainType::Qlora;
   c.choice.precision = parse_precision(c.precision);
   c.choice.optimizer = parse_optimizer(c.optimizer);
@@ -196,10 +198,10 @@ void validate_combinations(ResolvedConfig& r) {
   // Quantisation width: hqq packs 1, 2, 3, 4 or 8 bits; the other train types are 4-bit or none
   // (fsdp_qlora refuses n_bits != 4 for them too).
   if (c.hqq_base() && !hqq_supported_bits(static_cast<int>(c.n_bits)))
-    fail("{}: hqq_lora quantises to 1, 2, 3, 4 or 8 bits", r.cite("n_bits"));
+    fail("{}: {} quantises to 1, 2, 3, 4 or 8 bits", r.cite("n_bits"), c.train_type);
   if (!c.hqq_base() && c.n_bits != 4)
     contradiction("n_bits", "train_type", fmt::format("only the hqq train types take another width than 4; {} "
-                                                      "does not (use train_type hqq_lora, or leave n_bits at 4)",
+                                                      "does not (use train_type hqq_lora or hqq_dora, or leave n_bits at 4)",
                                                       c.train_type));
 
   // Data.

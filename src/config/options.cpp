@@ -26,15 +26,14 @@ std::vector<OptionSpec> build_specs() {
       {"train_type", "model", OptionType::Enum, &T::train_type, "qlora",
        "What trains. full: every weight (fp32 masters). lora: LoRA adapters over a frozen bf16 base. "
        "qlora: LoRA over a frozen NF4 base (bitsandbytes layout). hqq_lora: LoRA over a frozen HQQ "
-       "base of n_bits bits (hqq's layout, docs/hqq.md). custom_lora / custom_qlora are fsdp_qlora's "
-       "names for lora / qlora.",
-       {"full", "lora", "qlora", "custom_lora", "custom_qlora", "hqq_lora"}, -kNoMax, kNoMax,
-       {{"hqq_dora", "DoRA is not implemented in fsdpq yet; use hqq_lora, qlora or lora"},
-        {"bnb_dora", "DoRA is not implemented in fsdpq yet; use qlora or lora"},
-        {"bnb_llama_pro", "Llama-Pro block expansion is not implemented in fsdpq"},
+       "base of n_bits bits (hqq's layout, docs/hqq.md). bnb_dora / hqq_dora: DoRA (PEFT's "
+       "use_dora: LoRA plus a trainable magnitude per output row, docs/dora.md) over an NF4 / HQQ "
+       "base. custom_lora / custom_qlora are fsdp_qlora's names for lora / qlora.",
+       {"full", "lora", "qlora", "custom_lora", "custom_qlora", "hqq_lora", "bnb_dora", "hqq_dora"}, -kNoMax, kNoMax,
+       {{"bnb_llama_pro", "Llama-Pro block expansion is not implemented in fsdpq"},
         {"hqq_llama_pro", "Llama-Pro block expansion is not implemented in fsdpq"}}},
       {"n_bits", "model", OptionType::Int, &T::n_bits, "4",
-       "Bits per base weight under train_type hqq_lora: 1, 2, 3, 4 or 8 (hqq's widths; groups of 64 "
+       "Bits per base weight under train_type hqq_lora and hqq_dora: 1, 2, 3, 4 or 8 (hqq's widths; groups of 64 "
        "values, a zero point and a scale each). Other train types take only 4, as fsdp_qlora.",
        {}, 1, 8},
       {"precision", "model", OptionType::Enum, &T::precision, "bf16",

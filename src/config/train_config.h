@@ -12,9 +12,10 @@
 
 namespace fsdpq {
 
-// What trains: every weight, or LoRA adapters over a frozen base in bf16, NF4 or HQQ
-// (fsdp_qlora's custom_lora / custom_qlora are lora / qlora).
-enum class TrainType { Full, Lora, Qlora, HqqLora };
+// What trains: every weight, or LoRA adapters over a frozen base in bf16, NF4 or HQQ, or DoRA
+// adapters over NF4 (bnb_dora) or HQQ (hqq_dora) (fsdp_qlora's custom_lora / custom_qlora are
+// lora / qlora).
+enum class TrainType { Full, Lora, Qlora, HqqLora, BnbDora, HqqDora };
 
 // The choice settings, parsed once when the config is resolved (config_loader.cpp): code reads
 // these; the strings in TrainConfig keep the user's spelling for logs, headers and checkpoints.
@@ -32,7 +33,7 @@ struct TrainConfig {
   std::string tokenizer_path;
   std::string train_type;
   std::string precision;
-  int64_t n_bits = 4;  // HQQ's width (hqq_lora)
+  int64_t n_bits = 4;  // HQQ's width (hqq_lora, hqq_dora)
   double loss_scale_init = 0;             // fp16_autocast only
   int64_t loss_scale_growth_interval = 0;  // fp16_autocast only
   // [lora]
@@ -93,8 +94,11 @@ struct TrainConfig {
   TrainChoices choice;  // the strings above, parsed
 
   bool is_lora() const { return choice.train_type != TrainType::Full; }
-  bool quantized_base() const { return choice.train_type == TrainType::Qlora || hqq_base(); }
-  bool hqq_base() const { return choice.train_type == TrainType::HqqLora; }
+  bool quantized_base() const {
+    return choice.train_type == TrainType::Qlora || choice.train_type == TrainType::BnbDora || hqq_base();
+  }
+  bool hqq_base() const { return choice.train_type == TrainType::HqqLora || choice.train_type == TrainType::HqqDora; }
+  bool dora() const { return choice.train_type == TrainType::BnbDora || choice.train_type == TrainType::HqqDora; }
   bool sharded() const { return choice.sharding != ShardingStrategy::Ddp; }
   bool hybrid() const { return is_hybrid(choice.sharding); }
 };

@@ -12,7 +12,7 @@ uint64_t nf4_tensor_bytes(int64_t numel, bool double_quant) {
 }
 
 ModelFootprint model_footprint(const LlamaConfig& config, bool quantized, int hqq_bits, bool trainable_base,
-                               int64_t lora_rank, const std::vector<std::string>& lora_targets) {
+                               int64_t lora_rank, const std::vector<std::string>& lora_targets, bool dora) {
   ModelFootprint f;
   f.params = count_params(config);
   int64_t linear_params = 0;
@@ -27,7 +27,7 @@ ModelFootprint model_footprint(const LlamaConfig& config, bool quantized, int hq
   }
   for (const auto& module : lora_targets) {
     auto [out, in] = linear_shape(config, module);
-    f.lora_params += lora_rank * (in + out) * config.num_hidden_layers;
+    f.lora_params += (lora_rank * (in + out) + (dora ? out : 0)) * config.num_hidden_layers;
   }
   if (quantized) {
     f.quantized_params = linear_params;

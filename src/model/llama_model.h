@@ -27,6 +27,7 @@ struct ModelOptions {
   double lora_alpha = 16;
   double lora_dropout = 0.1;
   std::vector<std::string> lora_targets;  // q_proj ... down_proj; empty: no adapters
+  bool use_dora = false;  // DoRA (bnb_dora, hqq_dora): each adapter also trains a magnitude vector (ops/dora.h)
   Precision precision = Precision::BF16;
   bool gradient_checkpointing = true;
   // With gradient_checkpointing: layers i with i % checkpoint_every == 0 are recomputed in backward;

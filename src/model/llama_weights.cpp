@@ -10,6 +10,7 @@
 #include "backend/cuda_backend.h"
 #include "model/init_model.h"
 #include "model/unit_build.h"
+#include "ops/dora.h"
 #include "ops/elementwise.h"
 #include "ops/lora.h"
 #include "optim/lora_init.h"
@@ -118,6 +119,8 @@ void validate_options(const LlamaConfig& config, const ModelOptions& o) {
       fail("lora_dropout must be in [0, 1), got {}", o.lora_dropout);
     if (!std::isfinite(o.lora_alpha)) fail("lora_alpha must be a finite number, got {}", o.lora_alpha);
   }
+  if (o.use_dora && (o.train_base || o.lora_targets.empty()))
+    fail("DoRA decomposes LoRA adapters: it needs lora_target_modules and a frozen base (not train_type full)");
   (void)config;
 }
 
@@ -238,6 +241,18 @@ void LlamaWeights::place_on(Device device) {
   }
 }
 
+std::vector<TrainableTensor*> LoraAdapter::tensors() {
+  std::vector<TrainableTensor*> out = {&A, &B};
+  if (magnitude) out.push_back(magnitude.get());
+  return out;
+}
+
+std::vector<const TrainableTensor*> LoraAdapter::tensors() const {
+  std::vector<const TrainableTensor*> out = {&A, &B};
+  if (magnitude) out.push_back(magnitude.get());
+  return out;
+}
+
 std::vector<TrainableTensor*> LlamaWeights::trainables() {
   std::vector<TrainableTensor*> out;
   auto add = [&](BaseWeight& w) {
@@ -252,10 +267,8 @@ std::vector<TrainableTensor*> LlamaWeights::trainables() {
   }
   add(final_norm);
   if (!tied_head) add(lm_head);
-  for (LoraAdapter* adapter : adapters()) {
-    out.push_back(&adapter->A);
-    out.push_back(&adapter->B);
-  }
+  for (LoraAdapter* adapter : adapters())
+    for (TrainableTensor* t : adapter->tensors()) out.push_back(t);
   return out;
 }
 
@@ -283,10 +296,8 @@ ParamUnit LlamaWeights::unit(int index) {
   add(layer.post_norm);
   for (int m = kGateProj; m <= kDownProj; ++m) add(layer.linear[m]);
   for (auto& adapter : layer.lora)
-    if (adapter) {
-      u.trainable.push_back(&adapter->A);
-      u.trainable.push_back(&adapter->B);
-    }
+    if (adapter)
+      for (TrainableTensor* t : adapter->tensors()) u.trainable.push_back(t);
   return u;
 }
 
@@ -368,6 +379,11 @@ void add_skeleton_adapters(LayerWeights& layer, const LlamaConfig& config, const
     adapter->A.shape = Shape{options.lora_rank, in};
     adapter->B.name = adapter->prefix + ".lora_B.weight";
     adapter->B.shape = Shape{out, options.lora_rank};
+    if (options.use_dora) {
+      adapter->magnitude = std::make_unique<TrainableTensor>();
+      adapter->magnitude->name = adapter->prefix + ".lora_magnitude_vector";
+      adapter->magnitude->shape = Shape{out};
+    }
     layer.lora[m] = std::move(adapter);
   }
 }
@@ -383,9 +399,11 @@ class SourceUnitReader final : public UnitReader {
     base_[&w] = spec_index;
     if (w.trainable) base_trainable_[w.trainable.get()] = spec_index;
   }
-  void add_adapter(const LoraAdapter& a) {
+  // `base`: the frozen weight the adapter adds to (DoRA's magnitude starts from its row norms).
+  void add_adapter(const LoraAdapter& a, const BaseWeight& base) {
     adapter_a_[&a.A] = &a;
     adapter_b_.insert(&a.B);
+    if (a.magnitude) magnitude_base_[a.magnitude.get()] = &base;
   }
 
   DType frozen_dtype(const BaseWeight& w) const override { return load_dtype(activation_, options_, w.name); }
@@ -423,6 +441,11 @@ class SourceUnitReader final : public UnitReader {
       std::copy(b.begin(), b.end(), out);
       return;
     }
+    if (auto it = magnitude_base_.find(&t); it != magnitude_base_.end()) {
+      const std::vector<float> m = initial_magnitude(*it->second);
+      std::copy_n(m.begin() + first, count, out);
+      return;
+    }
     throw std::logic_error("UnitReader: '" + t.name + "' is not a tensor of this model");
   }
 
@@ -433,6 +456,25 @@ class SourceUnitReader final : public UnitReader {
                                          name, shape.numel()));
   }
 
+  // DoRA's m = ‖W‖ per row, W as the forward computes with it: stored in its format (quantised
+  // here from the whole tensor, so every rank gets the bytes the sharded build makes), made
+  // dense in the activation dtype, and normed by the forward's own dora_weight_norm with B = 0 —
+  // so at step 0 m equals the forward's norm and DoRA starts as the base model, as in PEFT.
+  std::vector<float> initial_magnitude(const BaseWeight& w) const {
+    const int64_t out = w.shape[0], in = w.shape[1];
+    const DType dtype = frozen_dtype(w);
+    Tensor values = Tensor::empty(w.shape, dtype);
+    read_frozen(w, 0, w.shape.numel(), values.view().data);
+    const FrozenStorage stored = FrozenStorage::encode(w.frozen.format(), w.shape, values.view().data, dtype);
+    values = Tensor();
+    Tensor scratch;
+    const TensorView dense = stored.dense(scratch, activation_);
+    Tensor norm = Tensor::empty(Shape{out}, DType::F32);
+    dora_weight_norm(norm, dense, Tensor::zeros(Shape{1, in}, DType::F32), Tensor::zeros(Shape{out, 1}, DType::F32),
+                     0.0f);
+    return std::vector<float>(norm.data<float>(), norm.data<float>() + out);
+  }
+
   const ModelOptions& options_;
   DType activation_;
   const WeightSource& source_;
@@ -441,6 +483,7 @@ class SourceUnitReader final : public UnitReader {
   std::map<const TrainableTensor*, size_t> base_trainable_;
   std::map<const TrainableTensor*, const LoraAdapter*> adapter_a_;
   std::set<const TrainableTensor*> adapter_b_;
+  std::map<const TrainableTensor*, const BaseWeight*> magnitude_base_;
 };
 
 }  // namespace
@@ -477,7 +520,9 @@ LlamaWeights build_llama_weights_by_unit(const LlamaConfig& config, const ModelO
   }
   for (int64_t i = 0; i < config.num_hidden_layers && !options.train_base; ++i)
     add_skeleton_adapters(w.layers[static_cast<size_t>(i)], config, options, i);
-  for (LoraAdapter* adapter : w.adapters()) reader.add_adapter(*adapter);
+  for (LayerWeights& layer : w.layers)
+    for (int m = 0; m < kLinearModules; ++m)
+      if (layer.lora[m]) reader.add_adapter(*layer.lora[m], layer.linear[m]);
 
   // The order build_llama_weights hands units over in: the layers, then the root.
   for (int unit = 1; unit <= static_cast<int>(config.num_hidden_layers); ++unit) {

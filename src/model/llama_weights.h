@@ -66,10 +66,16 @@ struct BaseWeight {
   TensorView grad_view() const { return trainable ? trainable->grad.view() : TensorView{}; }
 };
 
-// PEFT LoRA on one linear: A [r, in] (kaiming-uniform), B [out, r] (zero).
+// PEFT LoRA on one linear: A [r, in] (kaiming-uniform), B [out, r] (zero); under DoRA also the
+// magnitude m [out], initialised to the rows' norms of the (dequantised) base weight (ops/dora.h).
 struct LoraAdapter {
   std::string prefix;  // "base_model.model.model.layers.0.self_attn.q_proj"
   TrainableTensor A, B;
+  std::unique_ptr<TrainableTensor> magnitude;  // DoRA's "….lora_magnitude_vector"; null for LoRA
+
+  // A, B and (DoRA) the magnitude, in PEFT's order.
+  std::vector<TrainableTensor*> tensors();
+  std::vector<const TrainableTensor*> tensors() const;
 };
 
 struct LayerWeights {
@@ -99,7 +105,7 @@ struct LlamaWeights {
 
   const BaseWeight& head() const { return tied_head ? embedding : lm_head; }
   // Every trainable tensor in a fixed order: HF order for full fine-tuning, then per layer and
-  // module (HF order) each adapter's A then B.
+  // module (HF order) each adapter's A, B (and DoRA's magnitude).
   std::vector<TrainableTensor*> trainables();
   std::vector<LoraAdapter*> adapters();
   // The units in order (root first, then the layers); pointers into this object.

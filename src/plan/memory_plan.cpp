@@ -13,6 +13,7 @@
 #include "fsdp/frozen_layout.h"
 #include "model/footprint.h"
 #include "model/llama_lm_head.h"
+#include "ops/dora.h"
 #include "quant/frozen_format.h"
 
 namespace fsdpq {
@@ -93,6 +94,7 @@ UnitShape layer_unit_shape(const PlanInput& p) {
     if (l.rank > 0) {
       u.trainable.push_back(l.rank * l.in);   // lora_A [r, in]
       u.trainable.push_back(l.out * l.rank);  // lora_B [out, r]
+      if (p.dora) u.trainable.push_back(l.out);  // lora_magnitude_vector [out]
     }
   return u;
 }
@@ -137,6 +139,35 @@ UnitBytes unit_bytes(const PlanInput& p, const UnitShape& u, int shard_size, boo
 
 int64_t state_buffers(OptimizerKind kind) { return static_cast<int64_t>(optimizer_state_names(kind).size()); }
 
+// What a DoRA linear's ops allocate for themselves (src/ops/dora.cpp, and the LoRA op it calls
+// as a group of one), the largest over the adapted modules. Forward: the weight norm's fp32 block
+// of rows (at most kDoraNormChunkBytes) and then g, the dropped input copy (dropout: DoRA's and
+// LoRA's own). Backward: g and dy ⊙ g, then with dropout (g − 1) ⊙ dy and the fp32 gradient at the
+// dropped input, or LoRA's d(xa) (fp32, rounded on the GPU) beside its dropped copy or dx_dropped.
+struct DoraTemporaries {
+  int64_t forward = 0, backward = 0;
+};
+
+DoraTemporaries dora_temporaries(const PlanInput& p, const std::vector<Linear>& lin, int64_t N) {
+  const bool gpu = p.on_gpu, dropout = p.lora_dropout > 0;
+  const int64_t a = static_cast<int64_t>(dtype_size(p.activation));
+  const int64_t g = static_cast<int64_t>(dtype_size(activation_grad_dtype(p.activation)));
+  auto R = [&](int64_t bytes) { return rounded(gpu, bytes); };
+  DoraTemporaries t;
+  for (const Linear& l : lin) {
+    if (l.rank == 0) continue;
+    const int64_t norm_block = R(dora_norm_chunk_rows(l.out, l.in) * l.in * kF32), scale = R(l.out * kF32);
+    const int64_t dropped = dropout ? R(N * l.in * a) : 0;
+    t.forward = std::max({t.forward, norm_block, scale + 2 * dropped});
+    const int64_t dy_g = R(N * l.out * g);
+    const int64_t base_dropped = dropout ? R(N * l.out * g) + R(N * l.in * kF32) : 0;
+    const int64_t dxa = R(N * l.rank * kF32) + (gpu && p.activation != DType::F32 ? R(N * l.rank * a) : 0);
+    const int64_t lora = dxa + (dropout ? std::max(R(N * l.in * a), R(N * l.in * kF32)) : 0);
+    t.backward = std::max(t.backward, scale + dy_g + std::max(base_dropped, lora));
+  }
+  return t;
+}
+
 }  // namespace
 
 PlanInput plan_input_from(const TrainConfig& c, const LlamaConfig& model, int world_size) {
@@ -148,6 +179,7 @@ PlanInput plan_input_from(const TrainConfig& c, const LlamaConfig& model, int wo
   p.lora_rank = c.lora_rank;
   if (c.is_lora()) p.lora_targets = c.lora_target_modules;
   p.lora_dropout = c.lora_dropout;
+  p.dora = c.dora();
   p.activation = activation_dtype(c.choice.precision);
   p.optimizer = c.choice.optimizer;
   p.context_length = c.context_length;
@@ -186,13 +218,21 @@ ActivationBytes activation_bytes(const PlanInput& p) {
   layer.add(N * C * a, 2);         // x2, n2
   layer.add(N * kF32);             // rstd2
   layer.add(N * I * a, 3);         // gate, up, h
-  // xa: one [N, Σr] per group of modules that share an input (model/llama_layer.h).
-  for (int g = 0; g < kLinearGroups; ++g) {
+  // xa: one [N, Σr] per group of modules that share an input (model/llama_layer.h); under DoRA
+  // one [N, r] per module instead, beside its output before the magnitude scales it z [N, out]
+  // and its weight norm (fp32 [out]).
+  for (int g = 0; g < kLinearGroups && !p.dora; ++g) {
     const std::span<const int> group = group_modules(g);  // indices into linear_module_names()
     int64_t rank = 0;
     for (int m : group) rank += lin[static_cast<size_t>(m)].rank;
     if (rank > 0) layer.add(N * rank * a);
   }
+  for (const Linear& l : lin)
+    if (p.dora && l.rank > 0) {
+      layer.add(N * l.rank * a);
+      layer.add(N * l.out * a);
+      layer.add(l.out * kF32);
+    }
   x.layer = layer.sum;
   // Checkpointing keeps the activations of the layers it does not recompute (every
   // checkpoint_every-th is), plus one buffer the recomputed layers share.
@@ -253,6 +293,10 @@ ActivationBytes activation_bytes(const PlanInput& p) {
     const int64_t input_phase = dropout ? std::max(adapters * R(N * in * a), R(N * in * kF32))
                                         : stacked + (adapters > 1 ? R(rank * in * kF32) : 0);
     backward_temp = std::max(backward_temp, dxa + std::max(dy_cast, dxa_cast + input_phase));
+  }
+  if (p.dora) {
+    const DoraTemporaries t = dora_temporaries(p, lin, N);
+    forward_temp = t.forward, backward_temp = t.backward;
   }
   x.op_temporary = std::max(forward_temp, backward_temp);
 

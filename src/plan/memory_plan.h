@@ -44,6 +44,7 @@ struct PlanInput {
   int64_t lora_rank = 64;
   std::vector<std::string> lora_targets;  // q_proj ... down_proj
   double lora_dropout = 0.1;
+  bool dora = false;  // DoRA adapters (bnb_dora, hqq_dora): magnitudes, their saved tensors and norm scratch
   DType activation = DType::BF16;  // activation_dtype(precision)
   OptimizerKind optimizer = OptimizerKind::adamw;
   int64_t context_length = 512;  // tokens per sequence (batches padded to it: the worst case)

@@ -48,11 +48,12 @@ std::string save_trained_model(LlamaModel& model, const ResolvedConfig& resolved
   adapter.lora_alpha = c.lora_alpha;
   adapter.lora_dropout = c.lora_dropout;
   adapter.target_modules = c.lora_target_modules;
+  adapter.use_dora = c.dora();
   adapter.base_model_name_or_path = plan.model.is_preset() ? plan.model.name : fs::absolute(plan.model.directory).string();
   DType dtype = c.choice.precision == Precision::FP32 ? DType::F32 : DType::BF16;
   save_peft_adapter(c.output_dir, adapter, model.adapter_tensors(), dtype);
-  return fmt::format("LoRA adapters (PEFT layout: adapter_model.safetensors + adapter_config.json) to {}",
-                     c.output_dir);
+  return fmt::format("{} adapters (PEFT layout: adapter_model.safetensors + adapter_config.json) to {}",
+                     c.dora() ? "DoRA" : "LoRA", c.output_dir);
 }
 
 }  // namespace fsdpq

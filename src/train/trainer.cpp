@@ -60,6 +60,7 @@ ModelOptions model_options_from(const TrainConfig& c) {
   o.lora_alpha = c.lora_alpha;
   o.lora_dropout = c.lora_dropout;
   if (c.is_lora()) o.lora_targets = c.lora_target_modules;
+  o.use_dora = c.dora();
   o.precision = c.choice.precision;
   o.gradient_checkpointing = c.use_gradient_checkpointing;
   o.checkpoint_every = c.checkpoint_every;

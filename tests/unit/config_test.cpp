@@ -205,16 +205,19 @@ INSTANTIATE_TEST_SUITE_P(
         BadConfigCase{"UnknownEnum", "dataset = dummy\nsharding_strategy = fullshard\n", {},
                       "cfg.ini:2: sharding_strategy = \"fullshard\": expected one of full_shard, shard_grad_op, ddp, "
                       "hybrid_full_shard, hybrid_shard_grad_op (did you mean full_shard?)"},
-        BadConfigCase{"NotImplementedEnum", "dataset = dummy\ntrain_type = bnb_dora\n", {},
-                      "cfg.ini:2: train_type = \"bnb_dora\": not supported: DoRA is not implemented in fsdpq yet; use "
-                      "qlora or lora (supported: full, lora, qlora, custom_lora, custom_qlora, hqq_lora)"},
+        BadConfigCase{"NotImplementedEnum", "dataset = dummy\ntrain_type = bnb_llama_pro\n", {},
+                      "cfg.ini:2: train_type = \"bnb_llama_pro\": not supported: Llama-Pro block expansion is not "
+                      "implemented in fsdpq (supported: full, lora, qlora, custom_lora, custom_qlora, hqq_lora, "
+                      "bnb_dora, hqq_dora)"},
+        BadConfigCase{"HqqDoraWidthHqqCannotPack", "dataset = dummy\ntrain_type = hqq_dora\nn_bits = 5\n", {},
+                      "n_bits = 5 (cfg.ini:3): hqq_dora quantises to 1, 2, 3, 4 or 8 bits"},
         BadConfigCase{"HqqWidthHqqCannotPack", "dataset = dummy\ntrain_type = hqq_lora\nn_bits = 5\n", {},
                       "n_bits = 5 (cfg.ini:3): hqq_lora quantises to 1, 2, 3, 4 or 8 bits"},
         BadConfigCase{"HqqWidthAboveEight", "dataset = dummy\ntrain_type = hqq_lora\n", {{"n_bits", "16"}},
                       "command line: --n_bits 16: must be at most 8"},
         BadConfigCase{"WidthWithoutHqq", "dataset = dummy\nn_bits = 2\n", {},
                       "n_bits = 2 (cfg.ini:2) contradicts train_type = qlora (default): only the hqq train types take "
-                      "another width than 4; qlora does not (use train_type hqq_lora, or leave n_bits at 4)"},
+                      "another width than 4; qlora does not (use train_type hqq_lora or hqq_dora, or leave n_bits at 4)"},
         BadConfigCase{"BadListItem", "dataset = dummy\nlora_target_modules = q_proj, v_prj\n", {},
                       "cfg.ini:2: lora_target_modules = \"q_proj, v_prj\": 'v_prj' is not one of all, default, q_proj, "
                       "k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (did you mean v_proj?)"},

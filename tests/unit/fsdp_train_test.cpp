@@ -192,8 +192,9 @@ TEST_P(Equivalence, SameLossesAndWeightsAtOneTwoAndFourRanks) {
         EXPECT_NEAR(frozen, model_frozen / ranks, 0.01 * model_frozen / ranks + 64 * 3);
         EXPECT_NEAR(trainable, model_trainable / ranks, 0.01 * model_trainable / ranks + 64 * 3);
         // Each rank read about its share of the model file (tests/mpi/shard_load_tests.h checks it
-        // closely). Not under HQQ, whose zero points and scales re-read their groups (docs/hqq.md).
-        if (type.rfind("hqq", 0) == 0) continue;
+        // closely). Not under HQQ, whose zero points and scales re-read their groups (docs/hqq.md),
+        // nor DoRA, where the rank holding a magnitude vector reads its whole weight (docs/dora.md).
+        if (type.rfind("hqq", 0) == 0 || type.find("dora") != std::string::npos) continue;
         const double file_bytes = static_cast<double>(fs::file_size(dir_ / "demo/model/model.safetensors"));
         const auto& read = header.at("load_read_bytes_per_rank");
         ASSERT_EQ(read.size(), static_cast<size_t>(ranks));
@@ -202,7 +203,7 @@ TEST_P(Equivalence, SameLossesAndWeightsAtOneTwoAndFourRanks) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(TrainTypes, Equivalence, ::testing::Values("lora", "qlora", "full", "lora:fp32", "hqq_lora"),
+INSTANTIATE_TEST_SUITE_P(TrainTypes, Equivalence, ::testing::Values("lora", "qlora", "full", "lora:fp32", "hqq_lora", "bnb_dora"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string name = info.param;
                            std::replace(name.begin(), name.end(), ':', '_');
@@ -350,6 +351,36 @@ TEST_F(Checkpoints, HqqLoraResumesBitIdenticallyAtAnyWorldSize) {
     ASSERT_EQ(got.size(), 8u);
     for (const auto& [step, loss] : want) EXPECT_EQ(got.at(step), loss) << "step " << step << " resumed on " << resume_ranks;
     EXPECT_EQ(max_relative_difference(saved_weights(dir_ / out), saved_weights(dir_ / "ck_hqq_ref")), 0.0);
+  }
+}
+
+// hqq_dora (2-bit) resumes like hqq_lora: the magnitude vectors are sharded, checkpointed and
+// restored with the adapters. Without dropout on the same or another world size; with dropout
+// (DoRA's path that runs the base weight over the dropped input, its masks regenerated from the
+// same keys after the resume) on the same one, as the masks are drawn per rank.
+TEST_F(Checkpoints, HqqDoraResumesBitIdentically) {
+  for (const std::string dropout : {"0", "0.1"}) {
+    SCOPED_TRACE("lora_dropout " + dropout);
+    const std::string dora = " --train_type hqq_dora --n_bits 2 --lora_dropout " + dropout;
+    const std::string ref = "ck_dora_ref_" + dropout;
+    auto r = mpirun(2, run_args(2, ref, dora));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    for (int resume_ranks : dropout == "0" ? std::vector<int>{2, 1} : std::vector<int>{2}) {
+      const std::string out = "ck_dora_kill_" + dropout + "_np" + std::to_string(resume_ranks);
+      r = mpirun(2, run_args(2, out, dora), "FSDPQ_INJECT_FAULT=1:after_step_5:kill");
+      ASSERT_NE(r.exit_code, 0) << r.output;
+      EXPECT_EQ(test::read_file(dir_ / out / "checkpoints" / "latest"), "step-00000004.h5\n");
+      r = mpirun(resume_ranks, run_args(resume_ranks, out, dora + " --resume auto"));
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      const auto want = losses_by_step(dir_ / ref), got = losses_by_step(dir_ / out);
+      ASSERT_EQ(got.size(), 8u);
+      for (const auto& [step, loss] : want) EXPECT_EQ(got.at(step), loss) << "step " << step << " resumed on " << resume_ranks;
+      const Weights saved = saved_weights(dir_ / out);
+      EXPECT_EQ(max_relative_difference(saved, saved_weights(dir_ / ref)), 0.0);
+      size_t magnitudes = 0;
+      for (const auto& [name, values] : saved) magnitudes += name.find("lora_magnitude_vector") != std::string::npos;
+      EXPECT_GT(magnitudes, 0u) << "the saved adapter holds the DoRA magnitudes";
+    }
   }
 }
 

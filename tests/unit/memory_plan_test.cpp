@@ -66,7 +66,7 @@ TEST(MemoryPlan, LayerActivationsByHand) {
 
   // The same as LayerActivations itself allocates.
   LayerActivations a;
-  a.allocate(layer_dims(test::tiny_llama(300), 2, 8), DType::BF16, {4, 0, 4, 0, 0, 0, 0});
+  a.allocate(layer_dims(test::tiny_llama(300), 2, 8), DType::BF16, {4, 0, 4, 0, 0, 0, 0}, false);
   EXPECT_EQ(a.nbytes(), host);
 }
 
@@ -279,7 +279,28 @@ struct PassCase {
   Precision precision;
   int64_t B, T;
   int64_t checkpoint_every = 1;
+  bool dora = false;
 };
+
+// DoRA adds per adapted linear a magnitude [out] with its fp32 master, gradient and AdamW state,
+// and per layer the saved z [N, out], xa [N, r] per module and the weight norms.
+TEST(MemoryPlan, DoraCountsMagnitudesTheirStateAndSavedTensors) {
+  PlanInput p = llama2_7b(true);
+  p.on_gpu = false;  // host bytes are not rounded: exact differences
+  p.setting.cpu_offload = true;  // the fp32 master, gradient and optimizer state on the host
+  const MemoryPrediction lora = predict_memory(p);
+  const ActivationBytes lora_activations = activation_bytes(p);
+  p.dora = true;
+  const MemoryPrediction dora = predict_memory(p);
+  const ActivationBytes dora_activations = activation_bytes(p);
+  // q, k, v, down: 4096 rows; gate, up: 11008; 32 layers.
+  const int64_t magnitudes = 32 * (4 * 4096 + 2 * 11008);
+  EXPECT_GE(dora.host_per_rank - lora.host_per_rank, 4 * 4 * magnitudes);
+  // N = 4 · 512 tokens: z of each adapted module (bf16) replaces nothing; xa per module replaces the groups'.
+  const int64_t N = 4 * 512;
+  EXPECT_EQ(dora_activations.layer - lora_activations.layer, N * (4 * 4096 + 2 * 11008) * 2 + (4 * 4096 + 2 * 11008) * 4);
+  EXPECT_GT(dora_activations.peak, lora_activations.peak);
+}
 
 TEST(MemoryPlan, ActivationBytesEqualWhatACpuPassAllocates) {
   const PassCase cases[] = {
@@ -290,6 +311,9 @@ TEST(MemoryPlan, ActivationBytesEqualWhatACpuPassAllocates) {
       {"full bf16 ckpt", false, true, true, 0.0, Precision::BF16, 2, 16},
       {"qlora bf16 ckpt every 2nd layer", true, false, true, 0.1, Precision::BF16, 2, 24, 2},
       {"lora fp32 ckpt every 3rd layer", false, false, true, 0.0, Precision::FP32, 2, 20, 3},
+      {"bnb_dora bf16 ckpt no dropout", true, false, true, 0.0, Precision::BF16, 2, 24, 1, true},
+      {"bnb_dora bf16 no ckpt dropout", true, false, false, 0.1, Precision::BF16, 3, 16, 1, true},
+      {"dora fp32 ckpt dropout", false, false, true, 0.1, Precision::FP32, 2, 20, 1, true},
   };
   for (const PassCase& c : cases) {
     SCOPED_TRACE(c.name);
@@ -297,6 +321,7 @@ TEST(MemoryPlan, ActivationBytesEqualWhatACpuPassAllocates) {
     ModelOptions o = c.train_base ? test::full_options(c.precision) : test::lora_options(c.precision, c.quantize, c.dropout);
     o.gradient_checkpointing = c.checkpointing;
     o.checkpoint_every = c.checkpoint_every;
+    o.use_dora = c.dora;
     LlamaModel model = LlamaModel::random(config, 1, o);
     const data::Batch batch = test::random_batch(c.B, c.T, config.vocab_size, 7);
 
@@ -307,6 +332,7 @@ TEST(MemoryPlan, ActivationBytesEqualWhatACpuPassAllocates) {
     p.lora_rank = o.lora_rank;
     p.lora_targets = o.lora_targets;
     p.lora_dropout = c.dropout;
+    p.dora = c.dora;
     p.activation = activation_dtype(c.precision);
     p.context_length = c.T;
     p.on_gpu = false;
