@@ -119,6 +119,14 @@ std::string assign_value(const OptionSpec& spec, const std::string& value, Train
   return "unhandled option type";
 }
 
+// fsdp_qlora keys that fsdpq does another way: what to set instead ("" for any other key).
+std::string instead_of_fsdp_qlora_key(const std::string& key) {
+  if (key == "llama_pro_path")
+    return "fsdpq expands the model while loading (docs/llama_pro.md): set model_name to the original model and "
+           "llama_pro_num_new_blocks to M - L for block_expansion.py's folder blk_exp-L-M";
+  return "";
+}
+
 struct Resolver {
   ResolvedConfig out;
   std::vector<std::string> errors;
@@ -137,6 +145,10 @@ struct Resolver {
   }
 
   void unknown_key(const std::string& key, const std::string& where, const std::string& dashes) {
+    if (const std::string instead = instead_of_fsdp_qlora_key(key); !instead.empty()) {
+      errors.push_back(fmt::format("{}: '{}{}' is not a setting of fsdpq: {}", where, dashes, key, instead));
+      return;
+    }
     std::string guess = closest_match(key, option_names());
     errors.push_back(fmt::format("{}: '{}{}' is not a known setting{}", where, dashes, key,
                                  guess.empty() ? " (fsdpq --help lists them)"

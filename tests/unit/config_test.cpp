@@ -240,6 +240,10 @@ INSTANTIATE_TEST_SUITE_P(
                       {},
                       "llama_pro_num_new_blocks = 4 (cfg.ini:3) contradicts train_type = qlora (cfg.ini:2): only "
                       "bnb_llama_pro and hqq_llama_pro add blocks; qlora does not"},
+        BadConfigCase{"FsdpQloraLlamaProPath", "dataset = dummy\nllama_pro_path = /models/x_blk_exp-32-40\n", {},
+                      "cfg.ini:2: 'llama_pro_path' is not a setting of fsdpq: fsdpq expands the model while loading "
+                      "(docs/llama_pro.md): set model_name to the original model and llama_pro_num_new_blocks to M - L "
+                      "for block_expansion.py's folder blk_exp-L-M"},
         BadConfigCase{"HqqLlamaProWidthHqqCannotPack",
                       "dataset = dummy\ntrain_type = hqq_llama_pro\nllama_pro_num_new_blocks = 1\nn_bits = 6\n", {},
                       "n_bits = 6 (cfg.ini:4): hqq_llama_pro quantises to 1, 2, 3, 4 or 8 bits"},
