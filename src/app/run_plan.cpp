@@ -161,9 +161,13 @@ std::string format_dry_run(const ResolvedConfig& resolved, const RunPlan& plan, 
                      : fmt::format("no GPU ({}): CPU backend", gpu.name));
   line("");
   line("-- model");
+  const std::string layers =
+      plan.trained_model.num_hidden_layers == m.num_hidden_layers
+          ? std::to_string(m.num_hidden_layers)
+          : fmt::format("{} ({} with Llama-Pro's new blocks)", m.num_hidden_layers, plan.trained_model.num_hidden_layers);
   line(fmt::format("{} ({}): {}, hidden {}, intermediate {}, layers {}, heads {} (kv {}), head_dim {}, vocab {}",
                    plan.model.name, plan.model.is_preset() ? "random-initialised preset" : "HF directory",
-                   m.model_type, m.hidden_size, m.intermediate_size, m.num_hidden_layers, m.num_attention_heads,
+                   m.model_type, m.hidden_size, m.intermediate_size, layers, m.num_attention_heads,
                    m.num_key_value_heads, m.head_dim, m.vocab_size));
   line(fmt::format("rope_theta {:g}{}, rms_norm_eps {:g}, tied embeddings {}", m.rope_theta,
                    m.rope_scaling.type.empty() ? "" : fmt::format(" ({} scaling x{:g})", m.rope_scaling.type,

@@ -137,6 +137,9 @@ TEST_F(TrainLlamaPro, SavesTheExpandedModelWithTheBasesOwnLayersAndItEvaluates) 
   r = fsdpq("eval --model_name savemodel" + eval);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_LT(trained, eval_loss_of(r.output));
+  // And generate continues a prompt with it: all 4 layers' KV cache, the tokenizer copied along.
+  r = fsdpq("generate --model saved --train_type lora --prompt '###Question:\n' --max_new_tokens 8 --temperature 0");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
 TEST_F(TrainLlamaPro, ANewBlockCountThatDoesNotDivideTheLayersIsRefusedBeforeLoading) {
