@@ -108,7 +108,7 @@ void validate_options(const LlamaConfig& config, const ModelOptions& o) {
          "quantize_base must be off when train_base is on");
   if (o.llama_pro_new_blocks > 0 && (o.train_base || !o.lora_targets.empty()))
     fail("Llama-Pro trains only its new blocks: neither full fine-tuning nor LoRA adapters go with "
-         "llama_pro_new_blocks = {}", o.llama_pro_new_blocks);
+         "llama_pro_num_new_blocks = {} (use a LoRA train type for adapters)", o.llama_pro_new_blocks);
   const std::vector<std::string>& known = linear_module_names();
   for (const std::string& target : o.lora_targets) {
     if (std::find(known.begin(), known.end(), target) != known.end()) continue;

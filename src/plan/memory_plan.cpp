@@ -144,10 +144,9 @@ int64_t state_buffers(OptimizerKind kind) { return static_cast<int64_t>(optimize
 
 PlanInput plan_input_from(const TrainConfig& c, const LlamaConfig& model, int world_size) {
   PlanInput p;
-  p.model = model;
+  p.model = BlockExpansion(model.num_hidden_layers, c.llama_pro() ? c.llama_pro_num_new_blocks : 0).expanded(model);
   p.quantized = c.quantized_base();
   p.hqq_bits = c.hqq_base() ? static_cast<int>(c.n_bits) : 0;
-  p.model = BlockExpansion(model.num_hidden_layers, c.llama_pro() ? c.llama_pro_num_new_blocks : 0).expanded(model);
   p.train_base = c.full_finetune();
   p.new_blocks = c.llama_pro() ? c.llama_pro_num_new_blocks : 0;
   p.lora_rank = c.lora_rank;
