@@ -22,10 +22,12 @@ struct ModelFootprint {
 
 // `quantized`: base linear weights in NF4 (blocksize 64, double-quantised absmax, as fsdp_qlora),
 // or in HQQ of `hqq_bits` bits when that is not 0; `lora_rank` 0 and empty targets for full
-// fine-tuning.
-// `dora`: each adapter also trains a magnitude vector of its linear's output width.
+// fine-tuning. `new_blocks`: of config's layers, this many are Llama-Pro's new blocks (bf16, every
+// weight trainable) and only they train. `dora`: each adapter also trains a magnitude vector of its
+// linear's output width.
 ModelFootprint model_footprint(const LlamaConfig& config, bool quantized, int hqq_bits, bool trainable_base,
-                               int64_t lora_rank, const std::vector<std::string>& lora_targets, bool dora = false);
+                               int64_t new_blocks, int64_t lora_rank, const std::vector<std::string>& lora_targets,
+                               bool dora = false);
 
 // Bytes of one NF4 tensor of `numel` weights with bitsandbytes' blocksize 64 and, when
 // double_quant, its absmax quantised to 8 bits in blocks of 256 (+ one fp32 scale per block and the offset).

@@ -12,6 +12,7 @@
 #include "backend/cuda_backend.h"
 #include "backend/section_times.h"
 #include "kernels/splitmix64.h"
+#include "model/block_expansion.h"
 #include "model/llama_cached_attention.h"
 #include "model/llama_layer.h"
 #include "model/llama_lm_head.h"
@@ -125,8 +126,12 @@ struct LlamaModel::Impl {
   // activation_offload: each layer input's host copy, kept (pinned on a GPU) from pass to pass.
   std::vector<std::unique_ptr<HostStaging>> offloaded_inputs;
 
-  Impl(const LlamaConfig& c, const ModelOptions& o, LlamaWeights w)
-      : config(c), options(o), weights(std::move(w)), act(weights.activation) {}
+  // `checkpoint`: the config of the weights read, before any Llama-Pro expansion.
+  Impl(const LlamaConfig& checkpoint, const ModelOptions& o, LlamaWeights w)
+      : config(BlockExpansion(checkpoint.num_hidden_layers, o.llama_pro_new_blocks).expanded(checkpoint)),
+        options(o),
+        weights(std::move(w)),
+        act(weights.activation) {}
 
   void place_on(Device target) {
     weights.place_on(target);

@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "backend/cuda_backend.h"
+#include "model/block_expansion.h"
 #include "model/init_model.h"
 #include "model/unit_build.h"
 #include "ops/dora.h"
@@ -106,6 +107,9 @@ void validate_options(const LlamaConfig& config, const ModelOptions& o) {
   if (o.train_base && o.quantize_base)
     fail("full fine-tuning (train_type full) trains every base weight and cannot train NF4-quantised ones: "
          "quantize_base must be off when train_base is on");
+  if (o.llama_pro_new_blocks > 0 && (o.train_base || !o.lora_targets.empty()))
+    fail("Llama-Pro trains only its new blocks: neither full fine-tuning nor LoRA adapters go with "
+         "llama_pro_num_new_blocks = {} (use a LoRA train type for adapters)", o.llama_pro_new_blocks);
   const std::vector<std::string>& known = linear_module_names();
   for (const std::string& target : o.lora_targets) {
     if (std::find(known.begin(), known.end(), target) != known.end()) continue;
@@ -132,8 +136,8 @@ bool is_linear(const std::string& name) {
 // dtype before quantising or training it — except under fp16_autocast, where it loads fp32
 // (torch_dtype float32) and only the frozen dense weights are kept in half, the dtype autocast
 // would cast them to for every matmul.
-DType load_dtype(DType activation, const ModelOptions& options, const std::string& name) {
-  const bool load_fp32 = activation == DType::F16 && (options.train_base || (options.quantize_base && is_linear(name)));
+DType load_dtype(DType activation, const ModelOptions& options, const std::string& name, bool trainable) {
+  const bool load_fp32 = activation == DType::F16 && (trainable || (options.quantize_base && is_linear(name)));
   return load_fp32 ? DType::F32 : activation;
 }
 
@@ -141,7 +145,7 @@ DType load_dtype(DType activation, const ModelOptions& options, const std::strin
 // dense in the dtype its values are loaded in.
 const FrozenFormat& frozen_format(DType activation, const ModelOptions& options, const std::string& name) {
   if (options.quantize_base && is_linear(name)) return quantized_linear_format(options.hqq_bits, activation);
-  return dense_format(load_dtype(activation, options, name));
+  return dense_format(load_dtype(activation, options, name, /*trainable=*/false));
 }
 
 // A frozen weight's storage; a weight its format cannot store (an HQQ width whose packing needs
@@ -171,6 +175,18 @@ std::map<std::string, BaseWeight*> weight_slots(LlamaWeights& w, const LlamaConf
       slots[fmt::format("{}{}.{}.weight", prefix, linear_module_group(m), linear_module_name(m))] = &layer.linear[m];
   }
   return slots;
+}
+
+// Every base weight of the given decoder layers.
+std::set<const BaseWeight*> weights_of_layers(LlamaWeights& w, const std::vector<int64_t>& layers) {
+  std::set<const BaseWeight*> out;
+  for (int64_t i : layers) {
+    LayerWeights& layer = w.layers.at(static_cast<size_t>(i));
+    out.insert(&layer.input_norm);
+    out.insert(&layer.post_norm);
+    for (BaseWeight& linear : layer.linear) out.insert(&linear);
+  }
+  return out;
 }
 
 LlamaWeights empty_weights(const LlamaConfig& config, const ModelOptions& options) {
@@ -406,7 +422,9 @@ class SourceUnitReader final : public UnitReader {
     if (a.magnitude) magnitude_base_[a.magnitude.get()] = &base;
   }
 
-  DType frozen_dtype(const BaseWeight& w) const override { return load_dtype(activation_, options_, w.name); }
+  DType frozen_dtype(const BaseWeight& w) const override {
+    return load_dtype(activation_, options_, w.name, /*trainable=*/false);
+  }
 
   void read_frozen(const BaseWeight& w, int64_t first, int64_t count, void* out) const override {
     check_range(w.name, w.shape, first, count);
@@ -418,7 +436,7 @@ class SourceUnitReader final : public UnitReader {
     check_range(t.name, t.shape, first, count);
     if (auto it = base_trainable_.find(&t); it != base_trainable_.end()) {
       // Loaded in the load dtype, then made fp32 exactly.
-      const DType dtype = load_dtype(activation_, options_, t.name);
+      const DType dtype = load_dtype(activation_, options_, t.name, /*trainable=*/true);
       if (dtype == DType::F32) {
         source_(specs_[it->second], it->second, first, TensorView{out, DType::F32, Shape{count}});
         return;
@@ -497,11 +515,15 @@ LlamaWeights build_llama_weights(const LlamaConfig& config, const ModelOptions& 
   });
 }
 
-LlamaWeights build_llama_weights_by_unit(const LlamaConfig& config, const ModelOptions& options,
-                                         const WeightSource& source, const UnitLoader& load_unit) {
-  validate_options(config, options);
+LlamaWeights build_llama_weights_by_unit(const LlamaConfig& checkpoint, const ModelOptions& options,
+                                         const WeightSource& checkpoint_source, const UnitLoader& load_unit) {
+  validate_options(checkpoint, options);
+  const BlockExpansion expansion(checkpoint.num_hidden_layers, options.llama_pro_new_blocks);
+  const LlamaConfig config = expansion.expanded(checkpoint);
+  const WeightSource source = expanded_weight_source(expansion, checkpoint, checkpoint_source);
   LlamaWeights w = empty_weights(config, options);
   const std::map<std::string, BaseWeight*> slots = weight_slots(w, config);
+  const std::set<const BaseWeight*> new_block_weights = weights_of_layers(w, expansion.new_layers());
   const std::vector<TensorSpec> specs = hf_tensor_specs(config);
   SourceUnitReader reader(config, options, w.activation, source);
   for (size_t index = 0; index < specs.size(); ++index) {
@@ -509,7 +531,7 @@ LlamaWeights build_llama_weights_by_unit(const LlamaConfig& config, const ModelO
     BaseWeight& slot = *slots.at(spec.name);
     slot.name = spec.name;
     slot.shape = shape_of(spec.shape);
-    if (options.train_base) {
+    if (options.train_base || new_block_weights.count(&slot)) {
       slot.trainable = std::make_unique<TrainableTensor>();
       slot.trainable->name = spec.name;
       slot.trainable->shape = slot.shape;
