@@ -48,6 +48,7 @@ GpuAttentionKernels& gpu_attention_choice() {
     if (v == "simt") return GpuAttentionKernels::Simt;
     if (v == "cudnn") return GpuAttentionKernels::Cudnn;
     if (v == "cudnn-nondeterministic") return GpuAttentionKernels::CudnnNondeterministic;
+    if (v == "wgmma") return GpuAttentionKernels::Wgmma;
     return GpuAttentionKernels::Auto;  // unset or "auto" (runtime/environment.cpp refuses other values)
   }();
   return choice;

@@ -19,13 +19,17 @@ void attention_backward(TensorView dq, TensorView dk, TensorView dv, const Tenso
 // Which GPU kernels run attention. TensorCores takes kernels/attention_mma.cu wherever it applies
 // (q, k, v all BF16 or all F16, head dim 64 or 128, 16-byte aligned) and the fp32 SIMT kernels
 // (kernels/attention.cu) elsewhere; Simt takes the SIMT kernels everywhere. Cudnn asks cuDNN's
-// fused flash attention first (ops/attention_cudnn.h) and runs TensorCores' choice where cuDNN
+// fused flash attention first (ops/attention_cudnn.h) and runs fsdpq's own choice where cuDNN
 // declines; its backward is deterministic, CudnnNondeterministic's is cuDNN's faster one whose bits
 // vary from run to run. Auto, the default, is Cudnn that says why it declines as information, not
-// as a warning: the fastest deterministic kernels this machine has (cuDNN is optional). The
-// environment's FSDPQ_ATTENTION (auto, mma, simt, cudnn, cudnn-nondeterministic) sets the choice
-// at start-up; tests set it with set_gpu_attention_kernels.
-enum class GpuAttentionKernels { Auto, TensorCores, Simt, Cudnn, CudnnNondeterministic };
+// as a warning: the fastest deterministic kernels this machine has (cuDNN is optional). Wgmma runs
+// both passes on fsdpq's Hopper (sm_90a) kernels (kernels/attention_sm90a.cuh,
+// ops/cuda/attention_wgmma.h) where they apply and TensorCores' choice elsewhere; the cuDNN routes
+// (Auto among them) also take the Hopper kernels for what cuDNN declines — on Hopper that is the
+// deterministic backward (docs/cuda.md).
+// The environment's FSDPQ_ATTENTION (auto, mma, simt, cudnn, cudnn-nondeterministic, wgmma) sets
+// the choice at start-up; tests set it with set_gpu_attention_kernels.
+enum class GpuAttentionKernels { Auto, TensorCores, Simt, Cudnn, CudnnNondeterministic, Wgmma };
 GpuAttentionKernels gpu_attention_kernels();
 void set_gpu_attention_kernels(GpuAttentionKernels kernels);
 

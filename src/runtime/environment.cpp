@@ -12,7 +12,7 @@ const std::vector<EnvironmentKnob>& environment_knobs() {
   static const std::vector<EnvironmentKnob> knobs = {
       {"FSDPQ_SHARE_GPUS", {"0", "1"}, "let several ranks share a GPU"},
       {"FSDPQ_COLLECTIVES", {"nccl", "mpi"}, "the transport of the collectives over GPU memory"},
-      {"FSDPQ_ATTENTION", {"auto", "mma", "simt", "cudnn", "cudnn-nondeterministic"}, "the GPU attention kernels"},
+      {"FSDPQ_ATTENTION", {"auto", "mma", "simt", "cudnn", "cudnn-nondeterministic", "wgmma"}, "the GPU attention kernels"},
       {"FSDPQ_SECTION_TIMES", {"0", "1"}, "log the compute stream's time per section of the pass"},
   };
   return knobs;

@@ -3,7 +3,7 @@
 // (FSDPQ_INJECT_FAULT, the tests' fault injection, checks its own value.)
 //   FSDPQ_SHARE_GPUS     0 | 1          let ranks share GPUs (runtime/gpu.h)
 //   FSDPQ_COLLECTIVES    nccl | mpi     the GPU-memory collectives' transport (fsdp/device_collectives.h)
-//   FSDPQ_ATTENTION      auto | mma | simt | cudnn | cudnn-nondeterministic
+//   FSDPQ_ATTENTION      auto | mma | simt | cudnn | cudnn-nondeterministic | wgmma
 //                                       the GPU attention kernels (ops/attention.h)
 //   FSDPQ_SECTION_TIMES  0 | 1          per-section timing of the pass (backend/section_times.h)
 #pragma once

@@ -11,7 +11,9 @@
 #include "backend/cuda_backend.h"
 #include "gpu/attention_test_support.h"
 #include "kernels/attention_mma.cuh"
+#include "kernels/attention_sm90a.cuh"
 #include "ops/attention_cudnn.h"
+#include "ops/cuda/attention_wgmma.h"
 
 namespace fsdpq {
 namespace {
@@ -74,7 +76,7 @@ TEST(GpuOpsAttentionCudnn, CudnnRouteBackwardIsDeterministic) {
   const std::vector<std::vector<double>>& runs = two.gradients;
   const bool on_cudnn = two.on_cudnn == 2;
   std::printf("deterministic backward of %s ran on %s\n", kModelCase.name().c_str(),
-              on_cudnn ? "cuDNN" : "the mma kernels (cuDNN declined)");
+              on_cudnn ? "cuDNN" : "fsdpq's kernels (cuDNN declined)");
   EXPECT_EQ(differing(runs[0], runs[1]), 0);
 }
 
@@ -197,8 +199,27 @@ std::vector<double> backward_with(GpuAttentionKernels kernels, test::GpuAttentio
   return gradients_of(g);
 }
 
-// Where cuDNN declines, the op runs exactly what it runs without the cuDNN route, and says why
-// once: operand types cuDNN does not take (F16 q, k, v with an F32 out), and a shape it refuses
+// The Hopper backward (the default's on Hopper, where cuDNN's deterministic one is declined)
+// writes every gradient once in a fixed order: two runs give the same bits, GQA included.
+TEST(GpuOpsAttentionWgmma, BackwardRepeatsBitForBit) {
+  test::use_gpu();
+  if (const std::string& why = cuda::attention_sm90a_unavailable(); !why.empty()) GTEST_SKIP() << why;
+  for (const AttentionCase& c : {kModelCase, AttentionCase{2, 1000, 32, 8, 64, DType::F16, DType::F16, DType::F16}}) {
+    const test::AttentionInputs in(c, 5);
+    test::GpuAttention g(c, in);
+    forward_with(GpuAttentionKernels::Wgmma, g);
+    std::vector<std::vector<double>> runs;
+    for (int run = 0; run < 2; ++run) {
+      const cuda_ops::WgmmaAttentionCounts before = cuda_ops::wgmma_attention_counts();
+      runs.push_back(backward_with(GpuAttentionKernels::Wgmma, g));
+      EXPECT_EQ(cuda_ops::wgmma_attention_counts().backward_ran - before.backward_ran, 1) << c.name();
+    }
+    EXPECT_EQ(differing(runs[0], runs[1]), 0) << c.name();
+  }
+}
+
+// Where cuDNN declines, the op runs exactly what it runs without cuDNN (the wgmma route: the Hopper
+// kernels where they fit, else the mma ones), and says why once: operand types cuDNN does not take (F16 q, k, v with an F32 out), and a shape it refuses
 // (the backward of T = 1).
 TEST(GpuOpsAttentionCudnn, FallsBackWhereCudnnDeclinesAndSaysSoOnce) {
   test::use_gpu();
@@ -208,7 +229,7 @@ TEST(GpuOpsAttentionCudnn, FallsBackWhereCudnnDeclinesAndSaysSoOnce) {
     const test::AttentionInputs in(c, 8);
     test::GpuAttention g(c, in);
     g.out = Tensor::empty(c.q_shape(), DType::F32, Device::CUDA);  // F32 out: not for cuDNN
-    const std::vector<double> own = forward_with(GpuAttentionKernels::TensorCores, g);
+    const std::vector<double> own = forward_with(GpuAttentionKernels::Wgmma, g);
     const CudnnAttentionCounts before = cudnn_attention_counts();
     testing::internal::CaptureStderr();
     const std::vector<double> first = forward_with(GpuAttentionKernels::Cudnn, g);
@@ -229,7 +250,7 @@ TEST(GpuOpsAttentionCudnn, FallsBackWhereCudnnDeclinesAndSaysSoOnce) {
     const test::AttentionInputs in(c, 9);
     test::GpuAttention g(c, in);
     forward_with(GpuAttentionKernels::TensorCores, g);
-    const std::vector<double> own = backward_with(GpuAttentionKernels::TensorCores, g);
+    const std::vector<double> own = backward_with(GpuAttentionKernels::Wgmma, g);
     const CudnnAttentionCounts before = cudnn_attention_counts();
     const std::vector<double> fallback = backward_with(GpuAttentionKernels::CudnnNondeterministic, g);
     const CudnnAttentionCounts after = cudnn_attention_counts();
@@ -239,7 +260,8 @@ TEST(GpuOpsAttentionCudnn, FallsBackWhereCudnnDeclinesAndSaysSoOnce) {
   }
 }
 
-// Without cuDNN the route declines with the loader's reason and the op runs its own kernels. Only
+// Without cuDNN the route declines with the loader's reason and the op runs its own kernels (the
+// wgmma route's choice). Only
 // meaningful in a process that cannot find cuDNN (scripts/device_attention.sh runs one).
 TEST(GpuOpsAttentionCudnn, FallsBackWithoutCudnn) {
   test::use_gpu();
@@ -248,7 +270,7 @@ TEST(GpuOpsAttentionCudnn, FallsBackWithoutCudnn) {
   const AttentionCase c{1, 64, 8, 2, 128, DType::BF16, DType::F32, DType::F32};
   const test::AttentionInputs in(c, 10);
   test::GpuAttention g(c, in);
-  const std::vector<double> own = forward_with(GpuAttentionKernels::TensorCores, g);
+  const std::vector<double> own = forward_with(GpuAttentionKernels::Wgmma, g);
   const CudnnAttentionCounts before = cudnn_attention_counts();
   testing::internal::CaptureStderr();
   const std::vector<double> fallback = forward_with(GpuAttentionKernels::Cudnn, g);
@@ -259,8 +281,8 @@ TEST(GpuOpsAttentionCudnn, FallsBackWithoutCudnn) {
   std::printf("without cuDNN: %s", log.c_str());
 }
 
-// Perf mode: TFLOP/s of each route at B·T = 16k, H 32, D 128, causal, T 512, 2048, 8192 (and GQA
-// 32/8 at T 2048), everything BF16 as PyTorch's SDPA runs it (bench/attention_torch.py prints its
+// Perf mode: TFLOP/s of each route (mma, the Hopper wgmma kernels, cuDNN) at B·T = 16k, H 32, D 128,
+// causal, T 512, 2048, 8192 (and GQA 32/8 at T 2048), everything BF16 as PyTorch's SDPA runs it (bench/attention_torch.py prints its
 // backends in the same format), plus the op with the model's F32 dout and gradients. FLOPs as
 // FlashAttention counts them: forward 4·B·H·T²·D / 2 (causal), backward 2.5× that.
 void perf_case(int64_t T, int64_t KV) {
@@ -280,10 +302,25 @@ void perf_case(int64_t T, int64_t KV) {
   test::report_perf("attention mma fwd " + shape, 0, fwd, [&] {
     cuda::attention_mma_forward(out, bf, lse, q, bf, k, bf, v, bf, c.B, c.T, c.H, c.KV, c.D, cuda::stream());
   });
+  if (const std::string& why = cuda::attention_sm90a_unavailable(); !why.empty())
+    std::printf("PERF attention wgmma fwd %s: declined: %s\n", shape.c_str(), why.c_str());
+  else
+    test::report_perf("attention wgmma fwd " + shape, 0, fwd, [&] {
+      cuda::attention_sm90a_forward(out, lse, q, k, v, bf, c.B, c.T, c.H, c.KV, c.D, cuda::stream());
+    });
   test::report_perf("attention mma bwd " + shape, 0, 2.5 * fwd, [&] {
     cuda::attention_mma_backward(dq, bf, dk, bf, dv, bf, dout, bf, q, bf, k, bf, v, bf, out, bf, lse,
                                  workspace.data<float>(), c.B, c.T, c.H, c.KV, c.D, cuda::stream());
   });
+  if (cuda::attention_sm90a_unavailable().empty()) {
+    Tensor wgmma_workspace = Tensor::empty(
+        Shape{cuda::attention_sm90a_backward_workspace_bytes(bf, bf, c.B, c.T, c.H, c.D) / 4 + 1}, DType::F32,
+        Device::CUDA);
+    test::report_perf("attention wgmma bwd " + shape, 0, 2.5 * fwd, [&] {
+      cuda::attention_sm90a_backward(dq, bf, dk, bf, dv, bf, dout, bf, q, k, v, bf, out, bf, lse,
+                                     wgmma_workspace.data<float>(), c.B, c.T, c.H, c.KV, c.D, cuda::stream());
+    });
+  }
   if (const std::string why = cudnn::why_not_sdpa_forward(s); !why.empty()) {
     std::printf("PERF attention cudnn fwd %s: declined: %s\n", shape.c_str(), why.c_str());
     return;
@@ -310,6 +347,7 @@ void perf_op_model_types(int64_t T) {
   const std::string shape = "T" + std::to_string(T) + " B" + std::to_string(c.B) + " H32 KV32 D128 bf16";
   using Named = std::pair<const char*, GpuAttentionKernels>;
   for (const auto& [name, kernels] : {Named{"mma", GpuAttentionKernels::TensorCores},
+                                      Named{"wgmma", GpuAttentionKernels::Wgmma},
                                       Named{"cudnn-nondeterministic", GpuAttentionKernels::CudnnNondeterministic}}) {
     const test::UseAttentionKernels use(kernels);
     g.forward();

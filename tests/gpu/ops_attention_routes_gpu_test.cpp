@@ -7,17 +7,19 @@
 //   cudnn                   cuDNN's forward; the deterministic backward (cuDNN's where the memory
 //                           rule allows it, else mma: on Hopper always mma, docs/cuda.md)
 //   cudnn-nondeterministic  cuDNN's forward and non-deterministic backward
+//   wgmma                   the Hopper forward (kernels/attention_sm90a.cu), mma's backward
 // BF16 cases pass what the model passes (q, k, v, out BF16; dout and gradients F32: the cuDNN
 // route converts them), F16 cases keep every operand F16 (no conversion). The backward starts from
 // the CPU's out and lse, so it is compared alone. Beyond T = 1 the cuDNN routes must really run on
 // cuDNN (the forward, and cudnn-nondeterministic's backward): a silent fallback fails the test; at
-// T = 1 cuDNN may decline (it refuses the backward of s_q = s_kv = 1). Each (case, route) prints one
-// ROUTE line with its errors and where each pass ran.
+// T = 1 cuDNN may decline (it refuses the backward of s_q = s_kv = 1). On a Hopper GPU the wgmma
+// route must run every forward on its kernel (elsewhere it falls back, and says so in its ROUTE
+// line). Each (case, route) prints one ROUTE line with its errors and where each pass ran.
 //
 // Tolerances (normalized L2 error, tests/gpu/op_parity.h):
 //  - lse 1e-5 everywhere: every route computes it in fp32 from scores that are exact products of
 //    16-bit values; only the summation order (and exp2 against exp) differ, ~1e-6.
-//  - out 1e-2 (BF16) / 2e-3 (F16): the tensor-core routes (mma, cuDNN) round P to the 16-bit type
+//  - out 1e-2 (BF16) / 2e-3 (F16): the tensor-core routes (mma, cuDNN, wgmma) round P to the 16-bit type
 //    before P V (≤ 2^-9 / 2^-12 per weight, random signs), then out is rounded once on store
 //    (2^-9 / 2^-12 relative); the SIMT route only the latter.
 //  - dq, dk, dv: SIMT does fp32 math and rounds once on store: 1e-4 into F32 (dS = P (dP - rowsum)
@@ -29,12 +31,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "gpu/attention_test_support.h"
+#include "kernels/attention_sm90a.cuh"
 #include "ops/attention_cudnn.h"
+#include "ops/cuda/attention_wgmma.h"
 
 namespace fsdpq {
 namespace {
@@ -48,12 +53,14 @@ struct Route {
   bool cudnn() const {
     return kernels == GpuAttentionKernels::Cudnn || kernels == GpuAttentionKernels::CudnnNondeterministic;
   }
+  bool wgmma() const { return kernels == GpuAttentionKernels::Wgmma; }
 };
 
 const Route kRoutes[] = {{"simt", GpuAttentionKernels::Simt},
                          {"mma", GpuAttentionKernels::TensorCores},
                          {"cudnn", GpuAttentionKernels::Cudnn},
-                         {"cudnn-nondeterministic", GpuAttentionKernels::CudnnNondeterministic}};
+                         {"cudnn-nondeterministic", GpuAttentionKernels::CudnnNondeterministic},
+                         {"wgmma", GpuAttentionKernels::Wgmma}};
 
 double out_tolerance(DType t) { return t == DType::BF16 ? 1e-2 : 2e-3; }
 
@@ -79,6 +86,19 @@ double compared_absolutely(const TensorView& gpu, const TensorView& cpu, double 
   const double err = test::max_abs_diff(test::values_of(gpu), test::values_of(cpu));
   EXPECT_LE(err, tolerance) << what << ": max abs diff " << err;
   return err;
+}
+
+// Where the wgmma route's forward ran ("wgmma" or "fallback", from its counters); on Hopper it must
+// be the wgmma kernel.
+std::string wgmma_ran_on(const AttentionCase& c, bool backward, const cuda_ops::WgmmaAttentionCounts& before) {
+  const cuda_ops::WgmmaAttentionCounts after = cuda_ops::wgmma_attention_counts();
+  const int64_t ran = backward ? after.backward_ran - before.backward_ran : after.forward_ran - before.forward_ran;
+  const int64_t declined = backward ? after.backward_declined - before.backward_declined
+                                    : after.forward_declined - before.forward_declined;
+  const std::string what = c.name() + (backward ? " wgmma backward" : " wgmma forward");
+  EXPECT_EQ(ran + declined, 1) << what << ": did not ask it once";
+  if (cuda::attention_sm90a_unavailable().empty()) EXPECT_EQ(ran, 1) << what << ": the kernel declined";
+  return ran == 1 ? "wgmma" : "fallback";
 }
 
 // Where one pass of a route ran: the route's own kernels, or for a cuDNN route "cudnn" or
@@ -109,15 +129,18 @@ void check_route(const AttentionCase& c, const test::AttentionInputs& in, const 
   const std::string what = c.name() + " " + route.name;
   test::GpuAttention g(c, in);
   const CudnnAttentionCounts before = cudnn_attention_counts();
+  const cuda_ops::WgmmaAttentionCounts wgmma_before = cuda_ops::wgmma_attention_counts();
   g.forward();
-  const std::string forward = ran_on(route, c, false, before);
+  const std::string forward = route.wgmma() ? wgmma_ran_on(c, false, wgmma_before) : ran_on(route, c, false, before);
   const double out_err = compared(g.out, ref.out, out_tolerance(c.in), what + " out");
   const double lse_err = compared(g.lse, ref.lse, 1e-5, what + " lse");
 
   const Tensor ref_out = test::on_gpu(ref.out), ref_lse = test::on_gpu(ref.lse);
   const CudnnAttentionCounts before_backward = cudnn_attention_counts();
+  const cuda_ops::WgmmaAttentionCounts wgmma_before_backward = cuda_ops::wgmma_attention_counts();
   g.backward(ref_out, ref_lse);
-  const std::string backward = ran_on(route, c, true, before_backward);
+  const std::string backward =
+      route.wgmma() ? wgmma_ran_on(c, true, wgmma_before_backward) : ran_on(route, c, true, before_backward);
   const double tol = grad_tolerance(route, c.grad);
   const double dq_err = c.T == 1 ? compared_absolutely(g.dq, ref.dq, 1e-5, what + " dq")
                                  : compared(g.dq, ref.dq, tol, what + " dq");
@@ -127,6 +150,14 @@ void check_route(const AttentionCase& c, const test::AttentionInputs& in, const 
   std::printf("ROUTE %s %s: out %.2e lse %.2e dq %.2e dk %.2e dv %.2e (forward on %s, backward on %s)%s\n",
               route.name, c.name().c_str(), out_err, lse_err, dq_err, dk_err, dv_err, forward.c_str(),
               backward.c_str(), c.T == 1 ? " [T1: dq, dk absolute]" : "");
+}
+
+// FSDPQ_TEST_ROUTES="wgmma mma" narrows a device run to those routes; unset, all of them run.
+bool chosen(const Route& route) {
+  const char* only = std::getenv("FSDPQ_TEST_ROUTES");
+  if (only == nullptr || *only == '\0') return true;
+  const std::string list = std::string(" ") + only + " ";
+  return list.find(std::string(" ") + route.name + " ") != std::string::npos;
 }
 
 // Every route of one storage type and head dim, over the sequence lengths and head counts.
@@ -141,6 +172,7 @@ void check_all_routes(DType in, int64_t D, uint32_t seed) {
       const test::AttentionInputs inputs(c, seed += 10);
       const test::AttentionReference reference(c, inputs);
       for (const Route& route : kRoutes) {
+        if (!chosen(route)) continue;
         if (route.cudnn() && !no_cudnn.empty()) {
           std::printf("ROUTE %s %s: skipped, no cuDNN (%s)\n", route.name, c.name().c_str(), no_cudnn.c_str());
           continue;

@@ -34,7 +34,7 @@ TEST(Environment, AnythingElseNamesTheVariable) {
             "stream's time per section of the pass); unset it for the default");
   EXPECT_EQ(test::error_of([] { check({{"FSDPQ_ATTENTION", "flash"}}); }),
             "environment: FSDPQ_ATTENTION = 'flash' is not a value it takes (expected auto or mma or simt or "
-            "cudnn or cudnn-nondeterministic; the GPU attention kernels); unset it for the default");
+            "cudnn or cudnn-nondeterministic or wgmma; the GPU attention kernels); unset it for the default");
   EXPECT_NE(test::error_of([] { check({{"FSDPQ_SHARE_GPUS", "true"}}); }).find("FSDPQ_SHARE_GPUS = 'true'"),
             std::string::npos);
   EXPECT_NE(test::error_of([] { check({{"FSDPQ_COLLECTIVES", "gloo"}}); }).find("expected nccl or mpi"),

@@ -1,12 +1,14 @@
 // Causal attention on the GPU: cuDNN's fused attention where it is chosen and accepts the pass
-// (ops/attention_cudnn.h), the tensor-core kernels (kernels/attention_mma.cuh) where they are chosen
-// and fit, else the SIMT ones (kernels/attention.cuh). ops/attention.cpp checks the arguments and
-// holds the CPU reference.
+// (ops/attention_cudnn.h), then the Hopper wgmma kernels where they are chosen (every route but
+// mma and simt) and fit (ops/cuda/attention_wgmma.h), the tensor-core kernels (kernels/attention_mma.cuh) where they are
+// chosen and fit, else the SIMT ones (kernels/attention.cuh). ops/attention.cpp checks the
+// arguments and holds the CPU reference.
 #include "kernels/attention.cuh"
 #include "kernels/attention_mma.cuh"
 #include "ops/attention.h"
 #include "ops/attention_cudnn.h"
 #include "ops/checks.h"
+#include "ops/cuda/attention_wgmma.h"
 #include "ops/cuda/kernel_args.h"
 #include "ops/cuda_ops.h"
 
@@ -41,6 +43,7 @@ void attention_forward(TensorView out, TensorView lse, const TensorView& q, cons
   constexpr const char* op = "attention_forward";
   const Dims d = dims_of(op, q, k);
   if (cudnn_attention_chosen() && cudnn_attention_forward(out, lse, q, k, v)) return;
+  if (wgmma_attention_chosen() && wgmma_attention_forward(out, lse, q, k, v)) return;
   if (use_mma_attention(op, d, q, k, v, out, nullptr)) {
     cuda::attention_mma_forward(out.data, ktype(op, out), lse.as<float>(), q.data, ktype(op, q), k.data, ktype(op, k),
                                 v.data, ktype(op, v), d.B, d.T, d.H, d.KV, d.D, cuda::stream());
@@ -55,6 +58,7 @@ void attention_backward(TensorView dq, TensorView dk, TensorView dv, const Tenso
   constexpr const char* op = "attention_backward";
   const Dims d = dims_of(op, q, k);
   if (cudnn_attention_chosen() && cudnn_attention_backward(dq, dk, dv, dout, q, k, v, out, lse)) return;
+  if (wgmma_attention_chosen() && wgmma_attention_backward(dq, dk, dv, dout, q, k, v, out, lse)) return;
   // rowsum(dout * out) per query row, the one temporary (B * H * T floats).
   Tensor drow = Tensor::empty(Shape{d.B, d.H, d.T}, DType::F32, Device::CUDA);
   if (use_mma_attention(op, d, q, k, v, out, dout.data)) {

@@ -1,0 +1,546 @@
+// The Hopper attention backward (kernels/attention_sm90a.cuh): deterministic, no float atomics.
+// Three launches, as the mma backward (kernels/attention_mma.cu) splits the work:
+//  1. prepare: drow = rowsum(round(dout) * out) per query row, and dout rounded to the operands'
+//     16-bit type where it is stored in another (the copy engine moves 16-bit tiles).
+//  2. dk, dv: one block per (128-key tile, kv head, b). It loops over the group's query heads in
+//     order and, per head, the 64-query tiles from the key tile's first key on, accumulating
+//     dV += Pᵀ dO and dK += dSᵀ Q in registers, and stores each once.
+//  3. dq: one block per (128-query tile, head, b), looping over the 64-key tiles up to the
+//     diagonal in order: dQ += dS K in registers, stored once.
+// Kernels 2 and 3 both recompute the scores and dP (7 tile products per tile pair instead of 5),
+// the price of writing every gradient exactly once in a fixed order. Both are warp specialised as
+// the forward is: warpgroup 0 produces (one thread issues the bulk tensor copies into a two-stage
+// ring), warpgroups 1 and 2 consume, 64 rows each (keys in kernel 2, queries in kernel 3).
+// The products, with m64 rows per consumer:
+//   kernel 2: Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (shared-memory operands, K-major, n64), then
+//             dV += Pᵀ dO and dK += dSᵀ Q (Pᵀ, dSᵀ from registers; dO, Q read MN-major, nD);
+//   kernel 3: S = Q Kᵀ and dP = dO Vᵀ (n64), then dQ += dS K (dS in registers, K MN-major, nD).
+// P = exp(scale S − lse) and dS = P (dP − drow) in fp32, rounded to 16 bits only as operands, as
+// the mma kernels do; the scale of dK and dQ is applied once at the end.
+// Rows past T load as zeros: their lse reads as +inf (P = 0) and their drow as 0, so they add
+// nothing; keys past T give garbage rows of dK, dV that are never stored.
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "kernels/attention_sm90a.cuh"
+#include "kernels/hopper/mbarrier.cuh"
+#include "kernels/hopper/tensor_map.cuh"
+#include "kernels/hopper/tma.cuh"
+#include "kernels/hopper/warpgroup.cuh"
+#include "kernels/hopper/wgmma.cuh"
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "attention_backward_sm90a.cu needs sm_90a (wgmma, setmaxnreg): CMakeLists.txt builds *_sm90a.cu for it alone"
+#endif
+
+namespace fsdpq::cuda {
+namespace {
+
+using namespace hopper;
+
+constexpr int kConsumers = 2;                     // warpgroups multiplying, 64 rows each
+constexpr int kThreads = 128 * (1 + kConsumers);  // plus the producer warpgroup
+constexpr int kBlockRows = 64 * kConsumers;       // keys per block (kernel 2), queries per block (kernel 3)
+constexpr int kStepRows = 64;                     // queries per step (kernel 2), keys per step (kernel 3)
+constexpr int kStages = 2;
+constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
+constexpr float kLog2e = 1.4426950408889634f;
+static_assert(kBlockRows % kStepRows == 0, "a block's rows are whole steps (the causal mask's tiles)");
+
+struct Params {
+  int T, H, KV;
+  float scale;       // 1 / sqrt(D)
+  const float* lse;  // [B, H, T], natural log
+  const float* drow;  // [B, H, T]
+  void* grad_a;      // dk (kernel 2) or dq (kernel 3)
+  KType grad_a_type;
+  void* grad_b;  // dv (kernel 2)
+  KType grad_b_type;
+};
+
+// Shared memory of either kernel, from a 1024-byte aligned base: two fixed tiles of kBlockRows
+// rows (K and V in kernel 2, Q and dO in kernel 3) and two rings of kStepRows-row tiles (Q and dO,
+// or K and V). A tile is D / 64 column blocks of rows x 128 bytes (kernels/hopper/wgmma.cuh).
+template <int D>
+struct Smem {
+  static constexpr int kColumnBlocks = D / kBoxColumns;
+  static constexpr int kFixedColumnBlock = kBlockRows * kSwizzleRowBytes;
+  static constexpr int kStepColumnBlock = kStepRows * kSwizzleRowBytes;
+  static constexpr int kFixedBytes = kFixedColumnBlock * kColumnBlocks;
+  static constexpr int kStepBytes = kStepColumnBlock * kColumnBlocks;
+  static constexpr int kFixedA = 0;
+  static constexpr int kFixedB = kFixedBytes;
+  static constexpr int kRingA = 2 * kFixedBytes;
+  static constexpr int kRingB = kRingA + kStages * kStepBytes;
+  static constexpr int kBarriers = kRingB + kStages * kStepBytes;
+  static constexpr int kConsumerRows = 64 * kSwizzleRowBytes;  // consumer c's rows of a fixed tile: c times this
+};
+
+struct Barriers {
+  uint64_t fixed_full;
+  uint64_t full[kStages];   // both ring tiles of the stage have landed
+  uint64_t empty[kStages];  // every consumer thread is done with the stage
+};
+
+template <int D>
+constexpr size_t smem_bytes() {
+  return Smem<D>::kBarriers + sizeof(Barriers) + 1024;
+}
+
+__device__ __forceinline__ int stage_of(int i) { return i % kStages; }
+__device__ __forceinline__ uint32_t parity_of(int i) { return static_cast<uint32_t>(i / kStages) & 1u; }
+
+// The producer: the two fixed tiles (rows r0.. of `fixed_head` in both maps), then for each step
+// the two ring tiles at the step's rows and head, as `step_at(i, &rows, &head)` says.
+template <int D, class StepAt>
+__device__ void produce(const CUtensorMap& fixed_a, const CUtensorMap& fixed_b, int r0, int fixed_head,
+                        const CUtensorMap& ring_a, const CUtensorMap& ring_b, int steps, StepAt step_at, int b,
+                        uint8_t* smem, Barriers& bar) {
+  using S = Smem<D>;
+  mbarrier_arrive_expect_tx(&bar.fixed_full, 2 * S::kFixedBytes);
+  for (int c = 0; c < kConsumers; ++c)
+    for (int cb = 0; cb < S::kColumnBlocks; ++cb) {
+      const int at = cb * S::kFixedColumnBlock + c * S::kConsumerRows;
+      tma_load_4d(smem + S::kFixedA + at, fixed_a, &bar.fixed_full, cb * kBoxColumns, r0 + 64 * c, fixed_head, b);
+      tma_load_4d(smem + S::kFixedB + at, fixed_b, &bar.fixed_full, cb * kBoxColumns, r0 + 64 * c, fixed_head, b);
+    }
+  for (int i = 0; i < steps; ++i) {
+    const int s = stage_of(i);
+    int rows = 0, head = 0;
+    step_at(i, &rows, &head);
+    mbarrier_wait(&bar.empty[s], parity_of(i) ^ 1u);
+    mbarrier_arrive_expect_tx(&bar.full[s], 2 * S::kStepBytes);
+    for (int cb = 0; cb < S::kColumnBlocks; ++cb) {
+      const int at = s * S::kStepBytes + cb * S::kStepColumnBlock;
+      tma_load_4d(smem + S::kRingA + at, ring_a, &bar.full[s], cb * kBoxColumns, rows, head, b);
+      tma_load_4d(smem + S::kRingB + at, ring_b, &bar.full[s], cb * kBoxColumns, rows, head, b);
+    }
+  }
+}
+
+// ---- the consumers' products ----
+
+// acc = A Bᵀ over D, n64: A this consumer's 64 rows of a fixed tile, B a 64-row ring tile, both
+// K-major (issued, not waited for).
+template <class T, int D>
+__device__ __forceinline__ void issue_scores(float (&acc)[32], const uint8_t* a_rows, const uint8_t* b_tile) {
+  using S = Smem<D>;
+  const uint64_t a = opaque(descriptor_k_major(a_rows)), b = opaque(descriptor_k_major(b_tile));
+  wgmma_m64n64k16_ss<T, false>(acc, a, b);
+#pragma unroll
+  for (int kk = 1; kk < D / 16; ++kk)
+    wgmma_m64n64k16_ss<T, true>(acc, advanced(a, kk / 4 * S::kFixedColumnBlock + kk % 4 * 32),
+                                advanced(b, kk / 4 * S::kStepColumnBlock + kk % 4 * 32));
+}
+
+// acc += A B, nD: A (64 x 64) in registers, B a 64-row ring tile read MN-major (its 64 rows are
+// the product's K; issued, not waited for).
+template <class T, int D>
+__device__ __forceinline__ void issue_gradient(float (&acc)[D / 2], const uint32_t (&a)[16], const uint8_t* b_tile) {
+  const uint64_t b = opaque(descriptor_mn_major(b_tile, Smem<D>::kStepColumnBlock));
+#pragma unroll
+  for (int kk = 0; kk < kStepRows / 16; ++kk) {
+    const uint32_t a_k[4] = {a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3]};
+    wgmma_m64nk16_rs<T, D>(acc, a_k, advanced(b, kk * 16 * kSwizzleRowBytes));
+  }
+}
+
+// 64 accumulator columns (n64) as the A operand of the next product: k step kk is 8-column
+// chunks 2kk, 2kk + 1.
+template <class T>
+__device__ __forceinline__ void to_a_operand(const float (&x)[32], uint32_t (&a)[16]) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    a[4 * kk] = pack2<T>(x[8 * kk], x[8 * kk + 1]);
+    a[4 * kk + 1] = pack2<T>(x[8 * kk + 2], x[8 * kk + 3]);
+    a[4 * kk + 2] = pack2<T>(x[8 * kk + 4], x[8 * kk + 5]);
+    a[4 * kk + 3] = pack2<T>(x[8 * kk + 6], x[8 * kk + 7]);
+  }
+}
+
+// Register e of chunk j of an n64 accumulator: row (row0 + 8 (e / 2)), column 8j + 2t + e % 2.
+__device__ __forceinline__ int column_of(int j, int e, int t4) { return 8 * j + 2 * t4 + (e & 1); }
+
+// A consumer's rows of an m64 x nD accumulator, times `scale`, into rows of a [B, T, heads, D]
+// gradient of any KType: rows row0 and row0 + 8 of the thread's warp (positions before T only).
+template <int D>
+__device__ void store_rows(void* grad, KType type, const float (&acc)[D / 2], float scale, int position0, int T,
+                           int heads, int head, int b, int t4) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int position = position0 + 8 * i;
+    if (position >= T) continue;
+    const int64_t base = ((static_cast<int64_t>(b) * T + position) * heads + head) * D;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      const int64_t at = base + 8 * j + 2 * t4;
+      store_any(grad, type, at, acc[4 * j + 2 * i] * scale);
+      store_any(grad, type, at + 1, acc[4 * j + 2 * i + 1] * scale);
+    }
+  }
+}
+
+// ---- kernel 2: dk, dv ----
+
+// This block's work: key tile (keys k0..k0+127) of kv head kv_head of batch b; per query head of
+// the group, the query tiles first_tile..query_tiles-1 (64 rows each).
+struct KeyTile {
+  int k0, kv_head, b, group, first_tile, query_tiles;
+  __device__ int steps() const { return group * (query_tiles - first_tile); }
+  __device__ void step_at(int i, int* q0, int* head) const {
+    const int per_head = query_tiles - first_tile;
+    *head = kv_head * group + i / per_head;
+    *q0 = (first_tile + i % per_head) * kStepRows;
+  }
+};
+
+__device__ __forceinline__ KeyTile key_tile_of_block(const Params& p) {
+  KeyTile t;
+  t.k0 = static_cast<int>(blockIdx.x) * kBlockRows;  // tile 0 (the longest) first
+  t.kv_head = static_cast<int>(blockIdx.y);
+  t.b = static_cast<int>(blockIdx.z);
+  t.group = p.H / p.KV;
+  t.first_tile = t.k0 / kStepRows;
+  t.query_tiles = (p.T + kStepRows - 1) / kStepRows;
+  return t;
+}
+
+template <class T, int D>
+__device__ void consume_dkdv(uint8_t* smem, Barriers& bar, const Params& p, const KeyTile& t) {
+  using S = Smem<D>;
+  const int consumer = static_cast<int>(threadIdx.x) / 128 - 1;
+  const int t4 = static_cast<int>(threadIdx.x) % 4;
+  const int row = (static_cast<int>(threadIdx.x) % 128) / 32 * 16 + static_cast<int>(threadIdx.x) % 32 / 4;
+  const int key = t.k0 + 64 * consumer + row;  // this thread's keys: key and key + 8
+  const uint8_t* k_rows = smem + S::kFixedA + consumer * S::kConsumerRows;
+  const uint8_t* v_rows = smem + S::kFixedB + consumer * S::kConsumerRows;
+  const float c = p.scale * kLog2e;
+  float dk[D / 2] = {}, dv[D / 2] = {};
+  mbarrier_wait(&bar.fixed_full, 0);
+  const int steps = t.steps();
+  for (int i = 0; i < steps; ++i) {
+    int q0 = 0, head = 0;
+    t.step_at(i, &q0, &head);
+    const int s = stage_of(i);
+    const uint8_t* q_tile = smem + S::kRingA + s * S::kStepBytes;
+    const uint8_t* do_tile = smem + S::kRingB + s * S::kStepBytes;
+    mbarrier_wait(&bar.full[s], parity_of(i));
+    float st[32], dpt[32];
+    wgmma_fence();
+    issue_scores<T, D>(st, k_rows, q_tile);
+    wgmma_commit();
+    issue_scores<T, D>(dpt, v_rows, do_tile);
+    wgmma_commit();
+    // This thread's query columns: their lse (scaled to log2) and drow; past T, +inf and 0.
+    const int64_t row_base = (static_cast<int64_t>(t.b) * p.H + head) * p.T;
+    float lse2[16], drow[16];
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int query = q0 + column_of(j, e, t4);
+        lse2[2 * j + e] = query < p.T ? __ldg(p.lse + row_base + query) * kLog2e : INFINITY;
+        drow[2 * j + e] = query < p.T ? __ldg(p.drow + row_base + query) : 0.0f;
+      }
+    wgmma_wait<1>();
+    fence_operand(st);
+    const bool diagonal = q0 < t.k0 + kBlockRows;  // some key of the tile lies after some query
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int query = q0 + column_of(j, e, t4);
+        const bool masked = diagonal && key + 8 * (e >> 1) > query;
+        st[4 * j + e] = masked ? 0.0f : exp2f(fmaf(st[4 * j + e], c, -lse2[2 * j + (e & 1)]));
+      }
+    uint32_t pt[16];
+    to_a_operand<T>(st, pt);
+    fence_operand(pt);
+    wgmma_fence();
+    issue_gradient<T, D>(dv, pt, do_tile);
+    wgmma_commit();
+    wgmma_wait<1>();  // dPᵀ (committed before dV's products)
+    fence_operand(dpt);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dpt[4 * j + e] = st[4 * j + e] * (dpt[4 * j + e] - drow[2 * j + (e & 1)]);
+    uint32_t dst[16];
+    to_a_operand<T>(dpt, dst);
+    fence_operand(dst);
+    wgmma_fence();
+    issue_gradient<T, D>(dk, dst, q_tile);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operand(dk);
+    fence_operand(dv);
+    fence_operand(pt);
+    fence_operand(dst);
+    mbarrier_arrive(&bar.empty[s]);
+  }
+  store_rows<D>(p.grad_a, p.grad_a_type, dk, p.scale, key, p.T, p.KV, t.kv_head, t.b, t4);
+  store_rows<D>(p.grad_b, p.grad_b_type, dv, 1.0f, key, p.T, p.KV, t.kv_head, t.b, t4);
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_dkdv_sm90a_kernel(const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map,
+                                const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap do_map,
+                                const Params p) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  Barriers& bar = *reinterpret_cast<Barriers*>(smem + Smem<D>::kBarriers);
+  const KeyTile t = key_tile_of_block(p);
+  if (threadIdx.x == 0) {
+    mbarrier_init(&bar.fixed_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(&bar.full[s], 1);
+      mbarrier_init(&bar.empty[s], 128 * kConsumers);
+    }
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+  if (threadIdx.x < 128) {
+    release_registers<kProducerRegisters>();
+    if (threadIdx.x == 0)
+      produce<D>(k_map, v_map, t.k0, t.kv_head, q_map, do_map, t.steps(),
+                 [&](int i, int* rows, int* head) { t.step_at(i, rows, head); }, t.b, smem, bar);
+  } else {
+    claim_registers<kConsumerRegisters>();
+    consume_dkdv<T, D>(smem, bar, p, t);
+  }
+}
+
+// ---- kernel 3: dq ----
+
+// This block's work: query tile (rows q0..q0+127) of head h of batch b, key tiles 0..key_tiles-1.
+struct QueryTile {
+  int q0, h, kv_head, b, key_tiles;
+  __device__ int steps() const { return key_tiles; }
+  __device__ void step_at(int i, int* k0, int* head) const {
+    *k0 = i * kStepRows;
+    *head = kv_head;
+  }
+};
+
+__device__ __forceinline__ QueryTile query_tile_of_block(const Params& p) {
+  QueryTile t;
+  const int qt = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);  // long tiles first
+  t.q0 = qt * kBlockRows;
+  t.h = static_cast<int>(blockIdx.y);
+  t.kv_head = t.h / (p.H / p.KV);
+  t.b = static_cast<int>(blockIdx.z);
+  const int last_row = min(t.q0 + kBlockRows, p.T);  // keys up to the block's last row
+  t.key_tiles = (last_row + kStepRows - 1) / kStepRows;
+  return t;
+}
+
+template <class T, int D>
+__device__ void consume_dq(uint8_t* smem, Barriers& bar, const Params& p, const QueryTile& t) {
+  using S = Smem<D>;
+  const int consumer = static_cast<int>(threadIdx.x) / 128 - 1;
+  const int t4 = static_cast<int>(threadIdx.x) % 4;
+  const int row = (static_cast<int>(threadIdx.x) % 128) / 32 * 16 + static_cast<int>(threadIdx.x) % 32 / 4;
+  const int query = t.q0 + 64 * consumer + row;  // this thread's rows: query and query + 8
+  const uint8_t* q_rows = smem + S::kFixedA + consumer * S::kConsumerRows;
+  const uint8_t* do_rows = smem + S::kFixedB + consumer * S::kConsumerRows;
+  const float c = p.scale * kLog2e;
+  const int64_t row_base = (static_cast<int64_t>(t.b) * p.H + t.h) * p.T;
+  float lse2[2], drow[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = query + 8 * i;
+    lse2[i] = r < p.T ? p.lse[row_base + r] * kLog2e : INFINITY;
+    drow[i] = r < p.T ? p.drow[row_base + r] : 0.0f;
+  }
+  float dq[D / 2] = {};
+  mbarrier_wait(&bar.fixed_full, 0);
+  for (int i = 0; i < t.key_tiles; ++i) {
+    const int s = stage_of(i), k0 = i * kStepRows;
+    const uint8_t* k_tile = smem + S::kRingA + s * S::kStepBytes;
+    const uint8_t* v_tile = smem + S::kRingB + s * S::kStepBytes;
+    mbarrier_wait(&bar.full[s], parity_of(i));
+    float sc[32], dp[32];
+    wgmma_fence();
+    issue_scores<T, D>(sc, q_rows, k_tile);
+    wgmma_commit();
+    issue_scores<T, D>(dp, do_rows, v_tile);
+    wgmma_commit();
+    wgmma_wait<1>();
+    fence_operand(sc);
+    const bool diagonal = k0 + kStepRows > t.q0;  // some key of the tile lies after some row
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const bool masked = diagonal && k0 + column_of(j, e, t4) > query + 8 * (e >> 1);
+        sc[4 * j + e] = masked ? 0.0f : exp2f(fmaf(sc[4 * j + e], c, -lse2[e >> 1]));
+      }
+    wgmma_wait<0>();
+    fence_operand(dp);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dp[4 * j + e] = sc[4 * j + e] * (dp[4 * j + e] - drow[e >> 1]);
+    uint32_t ds[16];
+    to_a_operand<T>(dp, ds);
+    fence_operand(ds);
+    wgmma_fence();
+    issue_gradient<T, D>(dq, ds, k_tile);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operand(dq);
+    fence_operand(ds);
+    mbarrier_arrive(&bar.empty[s]);
+  }
+  store_rows<D>(p.grad_a, p.grad_a_type, dq, p.scale, query, p.T, p.H, t.h, t.b, t4);
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_dq_sm90a_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap do_map,
+                              const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map,
+                              const Params p) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  Barriers& bar = *reinterpret_cast<Barriers*>(smem + Smem<D>::kBarriers);
+  const QueryTile t = query_tile_of_block(p);
+  if (threadIdx.x == 0) {
+    mbarrier_init(&bar.fixed_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(&bar.full[s], 1);
+      mbarrier_init(&bar.empty[s], 128 * kConsumers);
+    }
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+  if (threadIdx.x < 128) {
+    release_registers<kProducerRegisters>();
+    if (threadIdx.x == 0)
+      produce<D>(q_map, do_map, t.q0, t.h, k_map, v_map, t.steps(),
+                 [&](int i, int* rows, int* head) { t.step_at(i, rows, head); }, t.b, smem, bar);
+  } else {
+    claim_registers<kConsumerRegisters>();
+    consume_dq<T, D>(smem, bar, p, t);
+  }
+}
+
+// ---- kernel 1: drow, and dout as a 16-bit tile source ----
+
+// A warp per query row [b, t, h]: drow[b, h, t] = Σ round_T(dout) · out over D (lanes in a fixed
+// order), and dout16 = round_T(dout) when dout16 is not null.
+template <class T>
+__global__ void __launch_bounds__(256)
+    prepare_kernel(float* drow, T* dout16, const void* dout, KType dout_type, const void* out, KType out_type,
+                   int64_t rows, int T_, int H, int D) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  for (int64_t r = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32; r < rows;
+       r += static_cast<int64_t>(gridDim.x) * (blockDim.x / 32)) {
+    float sum = 0.0f;
+    for (int col = lane; col < D; col += 32) {
+      const T rounded = from_float<T>(load_any(dout, dout_type, r * D + col));
+      if (dout16 != nullptr) dout16[r * D + col] = rounded;
+      sum += to_float(rounded) * load_any(out, out_type, r * D + col);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (lane == 0) {
+      const int64_t h = r % H, bt = r / H, t = bt % T_, b = bt / T_;
+      drow[(b * H + h) * T_ + t] = sum;
+    }
+  }
+}
+
+template <class Fn>
+void with_type_and_dim(KType type, int64_t D, Fn&& fn) {
+  auto with_dim = [&](auto tag) {
+    if (D == 64)
+      fn(tag, std::integral_constant<int, 64>{});
+    else if (D == 128)
+      fn(tag, std::integral_constant<int, 128>{});
+    else
+      throw std::logic_error("attention_sm90a_backward: head dim " + std::to_string(D) + " is not 64 or 128");
+  };
+  if (type == KType::BF16)
+    with_dim(__nv_bfloat16{});
+  else if (type == KType::F16)
+    with_dim(__half{});
+  else
+    throw std::logic_error("attention_sm90a_backward: operands are not BF16 or F16");
+}
+
+template <class Kernel>
+void allow_smem(Kernel kernel, size_t bytes, const char* what) {
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)) !=
+      cudaSuccess)
+    check_launch(what);
+}
+
+}  // namespace
+
+int64_t attention_sm90a_backward_workspace_bytes(KType type, KType dout_type, int64_t B, int64_t T, int64_t H,
+                                                 int64_t D) {
+  const int64_t drow = B * H * T * static_cast<int64_t>(sizeof(float));
+  const int64_t dout16 = dout_type == type ? 0 : B * T * H * D * 2;
+  return drow + (dout16 + 255) / 256 * 256;
+}
+
+void attention_sm90a_backward(void* dq, KType dq_type, void* dk, KType dk_type, void* dv, KType dv_type,
+                              const void* dout, KType dout_type, const void* q, const void* k, const void* v,
+                              KType type, const void* out, KType out_type, const float* lse, void* workspace,
+                              int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, cudaStream_t stream) {
+  if (!attention_sm90a_supported(type, type, type, type, D))
+    throw std::logic_error("cuda::attention_sm90a_backward: needs BF16 or F16 operands and head dim 64 or 128");
+  if (B < 0 || T < 0 || H <= 0 || KV <= 0 || H % KV != 0 || T > (1 << 30) || B > 65535 || H > 65535)
+    throw std::logic_error("cuda::attention_sm90a_backward: unsupported sizes (need H, KV > 0, H % KV == 0)");
+  for (const void* ptr : {dout, q, k, v, static_cast<const void*>(workspace)})
+    if (!attention_sm90a_aligned(ptr))
+      throw std::logic_error("cuda::attention_sm90a_backward: operands must be 16-byte aligned");
+  if (B == 0 || T == 0) return;
+  // The workspace: drow, then dout rounded to `type` when it is stored in another.
+  float* drow = static_cast<float*>(workspace);
+  const int64_t drow_bytes = (B * H * T * static_cast<int64_t>(sizeof(float)) + 255) / 256 * 256;
+  void* dout16 = dout_type == type ? nullptr : static_cast<uint8_t*>(workspace) + drow_bytes;
+  const void* do_tiles = dout16 != nullptr ? dout16 : dout;
+  const Params base{static_cast<int>(T), static_cast<int>(H), static_cast<int>(KV),
+                    1.0f / std::sqrt(static_cast<float>(D)), lse, drow, nullptr, KType::F32, nullptr, KType::F32};
+  with_type_and_dim(type, D, [&](auto tag, auto dim) {
+    using T16 = decltype(tag);
+    constexpr int HD = decltype(dim)::value;
+    const int64_t rows = B * T * H;
+    const int64_t blocks = std::min<int64_t>((rows * 32 + 255) / 256, 65535 * 8);
+    prepare_kernel<T16><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
+        drow, static_cast<T16*>(dout16), dout, dout_type, out, out_type, rows, static_cast<int>(T),
+        static_cast<int>(H), static_cast<int>(D));
+    check_launch("attention_sm90a_backward (rowsum dout*out)");
+    const CUtensorMap q_map = head_tensor_map(q, B, T, H, D, 64), do_map = head_tensor_map(do_tiles, B, T, H, D, 64);
+    const CUtensorMap k_map = head_tensor_map(k, B, T, KV, D, 64), v_map = head_tensor_map(v, B, T, KV, D, 64);
+    const size_t smem = smem_bytes<HD>();
+    const unsigned tiles = static_cast<unsigned>((T + kBlockRows - 1) / kBlockRows);
+
+    Params kv = base;
+    kv.grad_a = dk;
+    kv.grad_a_type = dk_type;
+    kv.grad_b = dv;
+    kv.grad_b_type = dv_type;
+    const auto dkdv = attention_dkdv_sm90a_kernel<T16, HD>;
+    allow_smem(dkdv, smem, "attention_sm90a_backward (dk, dv: shared memory attribute)");
+    dkdv<<<dim3(tiles, static_cast<unsigned>(KV), static_cast<unsigned>(B)), kThreads, smem, stream>>>(
+        k_map, v_map, q_map, do_map, kv);
+    check_launch("attention_sm90a_backward (dk, dv)");
+
+    Params qp = base;
+    qp.grad_a = dq;
+    qp.grad_a_type = dq_type;
+    const auto dqk = attention_dq_sm90a_kernel<T16, HD>;
+    allow_smem(dqk, smem, "attention_sm90a_backward (dq: shared memory attribute)");
+    dqk<<<dim3(tiles, static_cast<unsigned>(H), static_cast<unsigned>(B)), kThreads, smem, stream>>>(
+        q_map, do_map, k_map, v_map, qp);
+    check_launch("attention_sm90a_backward (dq)");
+  });
+}
+
+}  // namespace fsdpq::cuda

@@ -1,0 +1,148 @@
+// The tile products of hopper_wgmma_kernels.h: one block of one warpgroup; thread 0 brings both
+// operands in with bulk tensor copies onto one mbarrier, the warpgroup multiplies, and each
+// thread writes its accumulators straight from the fragment layout.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
+#include "hopper_wgmma_kernels.h"
+#include "kernels/hopper/mbarrier.cuh"
+#include "kernels/hopper/tensor_map.cuh"
+#include "kernels/hopper/tma.cuh"
+#include "kernels/hopper/wgmma.cuh"
+
+namespace fsdpq::test {
+namespace {
+
+using namespace cuda::hopper;
+
+constexpr int kM = 64, kN = 128, kK = 64;  // kK: the register-A product's K
+// Bytes of one 64-column block of a tile of 64 or 128 rows.
+constexpr int kBlock64 = 64 * 128, kBlock128 = 128 * 128;
+
+// The fp32 accumulators of a 64 x 128 product into c [64][128] (layout: kernels/hopper/wgmma.cuh).
+__device__ void store_accumulators(float* c, const float (&d)[64]) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, row = 16 * warp + lane / 4, col = 2 * (lane % 4);
+  for (int j = 0; j < 16; ++j) {
+    c[row * kN + 8 * j + col] = d[4 * j];
+    c[row * kN + 8 * j + col + 1] = d[4 * j + 1];
+    c[(row + 8) * kN + 8 * j + col] = d[4 * j + 2];
+    c[(row + 8) * kN + 8 * j + col + 1] = d[4 * j + 3];
+  }
+}
+
+__device__ uint8_t* aligned_1024(uint8_t* p) {
+  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(p) + 1023) & ~uintptr_t{1023});
+}
+
+template <class T>
+__global__ void __launch_bounds__(128) tile_ss_kernel(float* c, const __grid_constant__ CUtensorMap a_map,
+                                                      const __grid_constant__ CUtensorMap b_map) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* a = aligned_1024(smem_raw);
+  uint8_t* b = a + 2 * kBlock64;
+  __shared__ uint64_t full;
+  if (threadIdx.x == 0) {
+    mbarrier_init(&full, 1);
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    mbarrier_arrive_expect_tx(&full, 2 * kBlock64 + 2 * kBlock128);
+    for (int cb = 0; cb < 2; ++cb) {
+      tma_load_4d(a + cb * kBlock64, a_map, &full, cb * kBoxColumns, 0, 0, 0);
+      tma_load_4d(b + cb * kBlock128, b_map, &full, cb * kBoxColumns, 0, 0, 0);
+    }
+  }
+  mbarrier_wait(&full, 0);
+  float d[64];
+  const uint64_t a_desc = descriptor_k_major(a), b_desc = descriptor_k_major(b);
+  wgmma_fence();
+  wgmma_m64n128k16_ss<T, false>(d, a_desc, b_desc);
+#pragma unroll
+  for (int kk = 1; kk < 8; ++kk)  // as attention_sm90a.cu's issue_scores
+    wgmma_m64n128k16_ss<T, true>(d, advanced(a_desc, kk / 4 * kBlock64 + kk % 4 * 32),
+                                 advanced(b_desc, kk / 4 * kBlock128 + kk % 4 * 32));
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_operand(d);
+  store_accumulators(c, d);
+}
+
+template <class T>
+__global__ void __launch_bounds__(128) tile_rs_kernel(float* c, const T* a, const __grid_constant__ CUtensorMap b_map) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* b = aligned_1024(smem_raw);
+  __shared__ uint64_t full;
+  if (threadIdx.x == 0) {
+    mbarrier_init(&full, 1);
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    mbarrier_arrive_expect_tx(&full, 2 * kBlock64);
+    for (int cb = 0; cb < 2; ++cb) tma_load_4d(b + cb * kBlock64, b_map, &full, cb * kBoxColumns, 0, 0, 0);
+  }
+  // The A operand, k step kk: (row g, columns 16kk + 2t..), (g + 8, same), (g, + 8), (g + 8, + 8).
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, row = 16 * warp + lane / 4, col = 2 * (lane % 4);
+  auto pair = [&](int r, int k) { return *reinterpret_cast<const uint32_t*>(a + r * kK + k); };
+  uint32_t frag[4][4];
+  for (int kk = 0; kk < 4; ++kk) {
+    frag[kk][0] = pair(row, 16 * kk + col);
+    frag[kk][1] = pair(row + 8, 16 * kk + col);
+    frag[kk][2] = pair(row, 16 * kk + 8 + col);
+    frag[kk][3] = pair(row + 8, 16 * kk + 8 + col);
+  }
+  mbarrier_wait(&full, 0);
+  float d[64] = {};
+  const uint64_t b_desc = descriptor_mn_major(b, kBlock64);
+  fence_operand(d);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)  // as attention_sm90a.cu's issue_pv
+    wgmma_m64nk16_rs<T, kN>(d, frag[kk], advanced(b_desc, kk * 16 * kSwizzleRowBytes));
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_operand(d);
+  store_accumulators(c, d);
+}
+
+template <class Fn>
+void with_type(cuda::KType type, Fn&& fn) {
+  if (type == cuda::KType::BF16)
+    fn(__nv_bfloat16{});
+  else
+    fn(__half{});
+}
+
+template <class Kernel>
+size_t with_smem(Kernel kernel, size_t bytes) {
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  return bytes;
+}
+
+}  // namespace
+
+void wgmma_tile_ss(float* c, const void* a, const void* b, cuda::KType type, cudaStream_t stream) {
+  // Matrices as [1, rows, 1, 128] tensors: the attention kernel's maps, one head of one batch.
+  const CUtensorMap a_map = head_tensor_map(a, 1, kM, 1, 128, kM), b_map = head_tensor_map(b, 1, kN, 1, 128, kN);
+  with_type(type, [&](auto tag) {
+    using T = decltype(tag);
+    const size_t smem = with_smem(tile_ss_kernel<T>, 2 * kBlock64 + 2 * kBlock128 + 1024);
+    tile_ss_kernel<T><<<1, 128, smem, stream>>>(c, a_map, b_map);
+  });
+  cuda::check_launch("wgmma_tile_ss");
+}
+
+void wgmma_tile_rs(float* c, const void* a, const void* b, cuda::KType type, cudaStream_t stream) {
+  const CUtensorMap b_map = head_tensor_map(b, 1, 64, 1, kN, 64);
+  with_type(type, [&](auto tag) {
+    using T = decltype(tag);
+    const size_t smem = with_smem(tile_rs_kernel<T>, 2 * kBlock64 + 1024);
+    tile_rs_kernel<T><<<1, 128, smem, stream>>>(c, static_cast<const T*>(a), b_map);
+  });
+  cuda::check_launch("wgmma_tile_rs");
+}
+
+}  // namespace fsdpq::test
