@@ -2,7 +2,7 @@
 # One device call for issue #25's table: tokens/s, peak memory and the planner's prediction of the
 # train types side by side on preset:llama2-7b (random weights, dummy data, every slot a token):
 # qlora r 64, bnb_dora r 64, bnb_llama_pro with 8 new blocks, and hqq_lora when asked for (TYPES):
-# its base is quantised on the CPU at start-up, ~6 minutes for 7B on 16 cores today (HQQ's solver
+# its base is quantised on the CPU at start-up, ~4 minutes for 7B on 16 cores today (HQQ's solver
 # has no GPU path yet), so it is not in the default list. Prepare here:
 #   make build && ../shared/device/bundle-libs.sh build/fsdpq .device/lib
 # Run there with carry [".device/lib", "build/fsdpq"] (or scripts/device_pack.sh):
