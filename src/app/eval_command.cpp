@@ -44,9 +44,11 @@ int run_eval_command(const World& world, const std::vector<std::string>& args) {
     options.lora_rank = adapter.config.r;
     options.lora_alpha = adapter.config.lora_alpha;
     options.lora_targets = adapter.config.target_modules;
+    options.use_dora = adapter.config.use_dora;
     adapter_tensors = std::move(adapter.tensors);
   } else if (c.is_lora()) {
     options.lora_targets.clear();  // untrained adapters would change nothing: evaluate the base
+    options.use_dora = false;
   }
   LlamaModel model = build_model(plan, options);
   if (!adapter_tensors.empty()) model.load_adapter_tensors(adapter_tensors);

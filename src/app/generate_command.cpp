@@ -42,7 +42,8 @@ const std::vector<FlagSpec> kGenerateFlags = {
     {"temperature", "T", "softmax temperature; 0 = greedy decoding (default 0.7)"},
     {"top_p", "P", "nucleus sampling: keep the smallest set of tokens with probability >= P (default 0.9)"},
     {"seed", "S", "random seed of the sampling (default 0): the same seed gives the same text"},
-    {"train_type", "TYPE", "how the base is held, as in training: qlora (NF4, default) or lora (bf16)"},
+    {"train_type", "TYPE", "how the base is held, as in training: qlora or bnb_dora (NF4, default) or lora (bf16); "
+                           "a DoRA adapter (use_dora in its config) is applied as DoRA"},
     {"precision", "P", "bf16 (default) or fp32 activations"},
     {"tokenizer", "SPEC", "a tokenizer.model, a tokenizer.json, or builtin:bytes (default: the model directory's)"},
     {"init_seed", "N", "with --model preset:NAME: the init-model --seed whose weights to use (default 0)"},
@@ -89,12 +90,12 @@ GenerateOptions options_from_flags(const ParsedFlags& flags) {
   o.sampling.seed = unsigned_flag(flags, "seed");
   validate_sampling_options(o.sampling);
   const std::string train_type = flags.get("train_type", "qlora");
-  if (train_type == "qlora" || train_type == "custom_qlora")
+  if (train_type == "qlora" || train_type == "custom_qlora" || train_type == "bnb_dora")
     o.quantize_base = true;
   else if (train_type == "lora" || train_type == "custom_lora")
     o.quantize_base = false;
   else
-    fail("generate: --train_type {}: must be qlora (NF4 base) or lora (bf16 base)", train_type);
+    fail("generate: --train_type {}: must be qlora or bnb_dora (NF4 base) or lora (bf16 base)", train_type);
   const std::string precision = flags.get("precision", "bf16");
   if (precision == "bf16")
     o.precision = Precision::BF16;
@@ -189,6 +190,7 @@ void generate(const GenerateOptions& o) {
     model_options.lora_targets = adapter->config.target_modules;
     model_options.lora_rank = adapter->config.r;
     model_options.lora_alpha = adapter->config.lora_alpha;
+    model_options.use_dora = adapter->config.use_dora;  // a DoRA adapter makes its linears DoRA linears
   }
   LlamaModel model = source.is_preset() ? LlamaModel::random(config, o.init_seed, model_options)
                                         : LlamaModel::load(config, ModelWeights::open(source.directory), model_options);

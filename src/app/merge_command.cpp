@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -78,6 +79,7 @@ float load_element(const std::byte* data, DType dtype, size_t i) {
 struct AdaptedLinear {
   const Tensor* a = nullptr;  // [r, in]
   const Tensor* b = nullptr;  // [out, r]
+  const Tensor* magnitude = nullptr;  // DoRA's m [out]; null for LoRA
 };
 
 // Matches every adapter tensor with a weight of the model and checks the shapes; every layer must
@@ -91,6 +93,14 @@ std::map<std::string, AdaptedLinear> match_adapter(const LlamaConfig& config, co
       fail("merge: adapter tensor '{}' is for layer {}, but the model in '{}' has {} layers (was the adapter "
            "trained on another model?)", name, parsed.layer, model_dir.string(), config.num_hidden_layers);
     const auto [out_features, in_features] = linear_shape(config, parsed.module);
+    if (parsed.is_magnitude) {
+      if (tensor.shape() != Shape{out_features})
+        fail("merge: adapter tensor '{}' has shape {}, but '{}' of the model in '{}' has {} output rows, so the DoRA "
+             "magnitude needs [{}]: the adapter was trained on a model of another shape", name,
+             tensor.shape().to_string(), parsed.base_weight_name(), model_dir.string(), out_features, out_features);
+      adapted[parsed.base_weight_name()].magnitude = &tensor;
+      continue;
+    }
     const int64_t want0 = parsed.is_a ? adapter.config.r : out_features;
     const int64_t want1 = parsed.is_a ? in_features : adapter.config.r;
     if (tensor.shape()[0] != want0 || tensor.shape()[1] != want1)
@@ -113,6 +123,8 @@ std::map<std::string, AdaptedLinear> match_adapter(const LlamaConfig& config, co
 // W + scaling · B·A for one linear, as bf16: each row of B·A is summed in fp32 over k = 0..r-1 (the
 // order PEFT's fp32 matmul would use is unspecified; this one is fixed and thread-independent), then
 // added to W in fp32 and rounded once. A zero delta keeps W's bits (also -0.0).
+// DoRA folds its magnitude in as PEFT's merge does: W' = (m / ‖W + s·B·A‖_row) ⊙ (W + s·B·A), the
+// norm of the merged fp32 row (summed in double), the product rounded once.
 void merge_linear(const std::byte* w, DType w_dtype, const AdaptedLinear& lora, float scaling, uint16_t* out) {
   const int64_t rows = lora.b->shape()[0], r = lora.b->shape()[1], cols = lora.a->shape()[1];
   const float* a = lora.a->data<float>();
@@ -128,12 +140,19 @@ void merge_linear(const std::byte* w, DType w_dtype, const AdaptedLinear& lora, 
         const float* ak = a + k * cols;
         for (int64_t i = 0; i < cols; ++i) acc[static_cast<size_t>(i)] += bk * ak[i];
       }
+      double square_sum = 0.0;
       for (int64_t i = 0; i < cols; ++i) {
         const size_t index = static_cast<size_t>(o * cols + i);
         const float base = load_element(w, w_dtype, index);
         const float delta = scaling * acc[static_cast<size_t>(i)];
-        out[index] = float_to_bf16(delta == 0.0f ? base : base + delta);
+        float& merged = acc[static_cast<size_t>(i)];
+        merged = delta == 0.0f ? base : base + delta;
+        square_sum += static_cast<double>(merged) * merged;
       }
+      const float factor =
+          lora.magnitude ? lora.magnitude->data<float>()[o] / static_cast<float>(std::sqrt(square_sum)) : 1.0f;
+      for (int64_t i = 0; i < cols; ++i)
+        out[o * cols + i] = float_to_bf16(lora.magnitude ? factor * acc[static_cast<size_t>(i)] : acc[static_cast<size_t>(i)]);
     }
   }
 }

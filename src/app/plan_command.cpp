@@ -118,7 +118,9 @@ std::string format_plan(const TrainConfig& c, const PlanInput& input, const Plan
   std::string out;
   out += fmt::format("fsdpq plan: {} ({} layers, hidden {}, vocab {}), {}{}, {}, {}, context {}\n", c.model_name,
                      input.model.num_hidden_layers, input.model.hidden_size, input.model.vocab_size, c.train_type,
-                     c.is_lora() ? fmt::format(" r {} on {}", c.lora_rank, join(c.lora_target_modules, ",")) : "",
+                     c.is_lora()     ? fmt::format(" r {} on {}", c.lora_rank, join(c.lora_target_modules, ","))
+                     : c.llama_pro() ? fmt::format(" ({} of the layers new blocks)", input.new_blocks)
+                                     : "",
                      c.precision, c.optimizer, c.context_length);
   out += fmt::format("{} GPU{} of {} GiB, {} rank{} per node, host memory {}\n\n", input.world_size,
                      input.world_size == 1 ? "" : "s", flags.gpu_mem_gib, m.ranks_per_node,

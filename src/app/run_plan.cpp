@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "model/block_expansion.h"
 #include "runtime/agreed_errors.h"
 #include "runtime/fault_injection.h"
 #include "runtime/host_out_of_memory.h"
@@ -75,6 +76,10 @@ std::optional<std::vector<size_t>> train_examples_to_tokenize(const TrainConfig&
 
 }  // namespace
 
+LlamaConfig trained_model_config(const TrainConfig& c, const LlamaConfig& checkpoint) {
+  return BlockExpansion(checkpoint.num_hidden_layers, c.llama_pro() ? c.llama_pro_num_new_blocks : 0).expanded(checkpoint);
+}
+
 RunPlan prepare_run(const World& world, const ResolvedConfig& resolved, DataUse use) {
   const TrainConfig& c = resolved.config;
   RunPlan plan;
@@ -92,6 +97,10 @@ RunPlan prepare_run(const World& world, const ResolvedConfig& resolved, DataUse 
     if (c.context_length > plan.model.config.max_position_embeddings)
       fail("{}: longer than the model's max_position_embeddings ({})", resolved.cite("context_length"),
            plan.model.config.max_position_embeddings);
+    if (const std::string why = BlockExpansion::problem(plan.model.config.num_hidden_layers, c.llama_pro_num_new_blocks);
+        !why.empty())
+      fail("{}: {} (model {})", resolved.cite("llama_pro_num_new_blocks"), why, plan.model.name);
+    plan.trained_model = trained_model_config(c, plan.model.config);
   });
   watchdog_phase("reading and tokenizing the data");
   run_on_all_ranks(world, [&] {
@@ -123,10 +132,10 @@ RunPlan prepare_run(const World& world, const ResolvedConfig& resolved, DataUse 
   if (stats.eval_without_targets > 0)
     log::warn("{} of {} eval examples keep no answer token after truncation to {}: the eval loss leaves them out",
               stats.eval_without_targets, stats.eval_examples, resolved.cite("context_length"));
-  plan.footprint = model_footprint(plan.model.config, c.quantized_base(), c.hqq_base() ? static_cast<int>(c.n_bits) : 0,
-                                   !c.is_lora(),
+  plan.footprint = model_footprint(plan.trained_model, c.quantized_base(), c.hqq_base() ? static_cast<int>(c.n_bits) : 0,
+                                   c.full_finetune(), c.llama_pro() ? c.llama_pro_num_new_blocks : 0,
                                    c.is_lora() ? c.lora_rank : 0,
-                                   c.is_lora() ? c.lora_target_modules : std::vector<std::string>{});
+                                   c.is_lora() ? c.lora_target_modules : std::vector<std::string>{}, c.dora());
   return plan;
 }
 
@@ -152,9 +161,13 @@ std::string format_dry_run(const ResolvedConfig& resolved, const RunPlan& plan, 
                      : fmt::format("no GPU ({}): CPU backend", gpu.name));
   line("");
   line("-- model");
+  const std::string layers =
+      plan.trained_model.num_hidden_layers == m.num_hidden_layers
+          ? std::to_string(m.num_hidden_layers)
+          : fmt::format("{} ({} with Llama-Pro's new blocks)", m.num_hidden_layers, plan.trained_model.num_hidden_layers);
   line(fmt::format("{} ({}): {}, hidden {}, intermediate {}, layers {}, heads {} (kv {}), head_dim {}, vocab {}",
                    plan.model.name, plan.model.is_preset() ? "random-initialised preset" : "HF directory",
-                   m.model_type, m.hidden_size, m.intermediate_size, m.num_hidden_layers, m.num_attention_heads,
+                   m.model_type, m.hidden_size, m.intermediate_size, layers, m.num_attention_heads,
                    m.num_key_value_heads, m.head_dim, m.vocab_size));
   line(fmt::format("rope_theta {:g}{}, rms_norm_eps {:g}, tied embeddings {}", m.rope_theta,
                    m.rope_scaling.type.empty() ? "" : fmt::format(" ({} scaling x{:g})", m.rope_scaling.type,
@@ -173,6 +186,14 @@ std::string format_dry_run(const ResolvedConfig& resolved, const RunPlan& plan, 
     line(fmt::format("  LoRA r={} alpha={:g} dropout={:g} on {} ({:.3f}% of the base)", c.lora_rank, c.lora_alpha,
                      c.lora_dropout, join(c.lora_target_modules, ","),
                      100.0 * static_cast<double>(f.lora_params) / static_cast<double>(f.params.total)));
+  }
+  if (c.llama_pro()) {
+    const BlockExpansion expansion(m.num_hidden_layers, c.llama_pro_num_new_blocks);
+    std::vector<std::string> at;
+    for (int64_t layer : expansion.new_layers()) at.push_back(std::to_string(layer));
+    line(fmt::format("  Llama-Pro: {} new blocks at layers {} of {} (each a copy of the layer before it, o_proj and "
+                     "down_proj zero), the only weights that train",
+                     expansion.new_blocks(), join(at, ","), expansion.layers()));
   }
   line(fmt::format("base weights: {} in {} ({} params), {} in bf16 ({} params); trainable {} ({} fp32 masters)",
                    human_bytes(static_cast<double>(f.quantized_bytes)),

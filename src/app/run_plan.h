@@ -37,6 +37,7 @@ enum class DataUse { Training, Evaluation };
 
 struct RunPlan {
   ModelSource model;
+  LlamaConfig trained_model;  // model.config, with Llama-Pro's new blocks (model/block_expansion.h)
   std::unique_ptr<data::Tokenizer> tokenizer;
   data::TokenizedDataset dataset;
   ModelFootprint footprint;
@@ -44,6 +45,11 @@ struct RunPlan {
 };
 
 data::DataOptions data_options_from(const TrainConfig& config);
+
+// The model a run trains from a checkpoint of config `checkpoint`: the checkpoint's, or under
+// bnb_llama_pro / hqq_llama_pro its block expansion (fails naming llama_pro_num_new_blocks when
+// that does not divide the layer count).
+LlamaConfig trained_model_config(const TrainConfig& config, const LlamaConfig& checkpoint);
 
 // Collective: every rank prepares the same plan; any failure stops all ranks with one message.
 RunPlan prepare_run(const World& world, const ResolvedConfig& resolved, DataUse use = DataUse::Training);

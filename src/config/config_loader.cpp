@@ -119,6 +119,14 @@ std::string assign_value(const OptionSpec& spec, const std::string& value, Train
   return "unhandled option type";
 }
 
+// fsdp_qlora keys that fsdpq does another way: what to set instead ("" for any other key).
+std::string instead_of_fsdp_qlora_key(const std::string& key) {
+  if (key == "llama_pro_path")
+    return "fsdpq expands the model while loading (docs/llama_pro.md): set model_name to the original model and "
+           "llama_pro_num_new_blocks to M - L for block_expansion.py's folder blk_exp-L-M";
+  return "";
+}
+
 struct Resolver {
   ResolvedConfig out;
   std::vector<std::string> errors;
@@ -137,6 +145,10 @@ struct Resolver {
   }
 
   void unknown_key(const std::string& key, const std::string& where, const std::string& dashes) {
+    if (const std::string instead = instead_of_fsdp_qlora_key(key); !instead.empty()) {
+      errors.push_back(fmt::format("{}: '{}{}' is not a setting of fsdpq: {}", where, dashes, key, instead));
+      return;
+    }
     std::string guess = closest_match(key, option_names());
     errors.push_back(fmt::format("{}: '{}{}' is not a known setting{}", where, dashes, key,
                                  guess.empty() ? " (fsdpq --help lists them)"
@@ -155,6 +167,10 @@ void parse_choices(TrainConfig& c) {
   c.choice.train_type = c.train_type == "full"                                 ? TrainType::Full
                         : c.train_type == "lora" || c.train_type == "custom_lora" ? TrainType::Lora
                         : c.train_type == "hqq_lora"                              ? TrainType::HqqLora
+                        : c.train_type == "bnb_dora"                              ? TrainType::BnbDora
+                        : c.train_type == "hqq_dora"                              ? TrainType::HqqDora
+                        : c.train_type == "bnb_llama_pro"                         ? TrainType::BnbLlamaPro
+                        : c.train_type == "hqq_llama_pro"                         ? TrainType::HqqLlamaPro
                                                                                   : TrainType::Qlora;
   c.choice.precision = parse_precision(c.precision);
   c.choice.optimizer = parse_optimizer(c.optimizer);
@@ -196,11 +212,21 @@ void validate_combinations(ResolvedConfig& r) {
   // Quantisation width: hqq packs 1, 2, 3, 4 or 8 bits; the other train types are 4-bit or none
   // (fsdp_qlora refuses n_bits != 4 for them too).
   if (c.hqq_base() && !hqq_supported_bits(static_cast<int>(c.n_bits)))
-    fail("{}: hqq_lora quantises to 1, 2, 3, 4 or 8 bits", r.cite("n_bits"));
+    fail("{}: {} quantises to 1, 2, 3, 4 or 8 bits", r.cite("n_bits"), c.train_type);
   if (!c.hqq_base() && c.n_bits != 4)
     contradiction("n_bits", "train_type", fmt::format("only the hqq train types take another width than 4; {} "
-                                                      "does not (use train_type hqq_lora, or leave n_bits at 4)",
+                                                      "does not (use train_type hqq_lora or hqq_dora, or leave n_bits at 4)",
                                                       c.train_type));
+
+  // Llama-Pro: how many blocks it adds is the user's to say (whether the model's layer count takes
+  // it is checked once the model's config is read: model/block_expansion.h).
+  if (c.llama_pro() && c.llama_pro_num_new_blocks < 1)
+    fail("{}: train_type {} adds this many new decoder layers; set it to at least 1 (LLaMA-Pro-8B adds 8 to "
+         "Llama-2-7B's 32)",
+         r.cite("llama_pro_num_new_blocks"), c.train_type);
+  if (!c.llama_pro() && c.llama_pro_num_new_blocks != 0)
+    contradiction("llama_pro_num_new_blocks", "train_type",
+                  fmt::format("only bnb_llama_pro and hqq_llama_pro add blocks; {} does not", c.train_type));
 
   // Data.
   const bool generated = c.dataset == "dummy" || c.dataset == "synthetic";
@@ -244,7 +270,8 @@ void validate_combinations(ResolvedConfig& r) {
   // Settings that are accepted but would do nothing: say so rather than ignore them silently.
   if (!c.is_lora())
     for (const char* key : {"lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules"})
-      if (is_set(r, key)) r.warnings.push_back(fmt::format("{} has no effect with train_type = full", r.cite(key)));
+      if (is_set(r, key))
+        r.warnings.push_back(fmt::format("{} has no effect with train_type = {}", r.cite(key), c.train_type));
   if (c.no_sync && c.gradient_accumulation_steps == 1)
     r.warnings.push_back(fmt::format("{} has no effect with gradient_accumulation_steps = 1", r.cite("no_sync")));
   if (!c.apply_gradient_clipping && is_set(r, "grad_norm"))

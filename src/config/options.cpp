@@ -26,17 +26,26 @@ std::vector<OptionSpec> build_specs() {
       {"train_type", "model", OptionType::Enum, &T::train_type, "qlora",
        "What trains. full: every weight (fp32 masters). lora: LoRA adapters over a frozen bf16 base. "
        "qlora: LoRA over a frozen NF4 base (bitsandbytes layout). hqq_lora: LoRA over a frozen HQQ "
-       "base of n_bits bits (hqq's layout, docs/hqq.md). custom_lora / custom_qlora are fsdp_qlora's "
-       "names for lora / qlora.",
-       {"full", "lora", "qlora", "custom_lora", "custom_qlora", "hqq_lora"}, -kNoMax, kNoMax,
-       {{"hqq_dora", "DoRA is not implemented in fsdpq yet; use hqq_lora, qlora or lora"},
-        {"bnb_dora", "DoRA is not implemented in fsdpq yet; use qlora or lora"},
-        {"bnb_llama_pro", "Llama-Pro block expansion is not implemented in fsdpq"},
-        {"hqq_llama_pro", "Llama-Pro block expansion is not implemented in fsdpq"}}},
+       "base of n_bits bits (hqq's layout, docs/hqq.md). bnb_dora / hqq_dora: DoRA (PEFT's "
+       "use_dora: LoRA plus a trainable magnitude per output row, docs/dora.md) over an NF4 / HQQ "
+       "base. bnb_llama_pro / hqq_llama_pro: Llama-Pro block expansion, llama_pro_num_new_blocks new "
+       "decoder layers train (bf16, fp32 masters) over the frozen NF4 / HQQ model (docs/llama_pro.md). "
+       "custom_lora / custom_qlora are fsdp_qlora's names for lora / qlora.",
+       {"full", "lora", "qlora", "custom_lora", "custom_qlora", "hqq_lora", "bnb_dora", "hqq_dora", "bnb_llama_pro",
+        "hqq_llama_pro"},
+       -kNoMax, kNoMax},
       {"n_bits", "model", OptionType::Int, &T::n_bits, "4",
-       "Bits per base weight under train_type hqq_lora: 1, 2, 3, 4 or 8 (hqq's widths; groups of 64 "
-       "values, a zero point and a scale each). Other train types take only 4, as fsdp_qlora.",
+       "Bits per base weight under train_type hqq_lora, hqq_dora and hqq_llama_pro: 1, 2, 3, 4 or 8 (hqq's "
+       "widths; groups of 64 values, a zero point and a scale each). Other train types take only 4, as fsdp_qlora.",
        {}, 1, 8},
+      {"llama_pro_num_new_blocks", "model", OptionType::Int, &T::llama_pro_num_new_blocks, "0",
+       "bnb_llama_pro / hqq_llama_pro: decoder layers Llama-Pro adds (required there, unused elsewhere). "
+       "One new block goes after every floor(L / n) of the model's L layers (fsdp_qlora's block_expansion.py; "
+       "layers left over follow the last), a copy of the layer before it with o_proj and down_proj zero "
+       "(LLaMA-Pro-8B: 8 on Llama-2-7B's 32; fsdp_qlora's expansion_rate 0.1 on 32 layers: 3). fsdpq "
+       "expands while loading; fsdp_qlora's llama_pro_path folder made by block_expansion.py "
+       "(blk_exp-L-M) is n = M - L on the original model_name.",
+       {}, 0, 1048576},
       {"precision", "model", OptionType::Enum, &T::precision, "bf16",
        "Numerics. fp32: everything fp32. bf16: weights, activations and grads in bf16 with fp32 "
        "accumulation (trainable masters fp32). bf16_autocast / bf16_buffers_autocast: fp32 "

@@ -13,8 +13,10 @@
 namespace fsdpq {
 
 // What trains: every weight, or LoRA adapters over a frozen base in bf16, NF4 or HQQ
-// (fsdp_qlora's custom_lora / custom_qlora are lora / qlora).
-enum class TrainType { Full, Lora, Qlora, HqqLora };
+// (fsdp_qlora's custom_lora / custom_qlora are lora / qlora), or DoRA adapters over NF4 (bnb_dora)
+// or HQQ (hqq_dora), or Llama-Pro's new blocks over a frozen NF4 or HQQ base (bnb_llama_pro /
+// hqq_llama_pro).
+enum class TrainType { Full, Lora, Qlora, HqqLora, BnbDora, HqqDora, BnbLlamaPro, HqqLlamaPro };
 
 // The choice settings, parsed once when the config is resolved (config_loader.cpp): code reads
 // these; the strings in TrainConfig keep the user's spelling for logs, headers and checkpoints.
@@ -32,7 +34,8 @@ struct TrainConfig {
   std::string tokenizer_path;
   std::string train_type;
   std::string precision;
-  int64_t n_bits = 4;  // HQQ's width (hqq_lora)
+  int64_t n_bits = 4;  // HQQ's width (hqq_lora, hqq_dora, hqq_llama_pro)
+  int64_t llama_pro_num_new_blocks = 0;  // Llama-Pro's added decoder layers (the *_llama_pro train types)
   double loss_scale_init = 0;             // fp16_autocast only
   int64_t loss_scale_growth_interval = 0;  // fp16_autocast only
   // [lora]
@@ -92,9 +95,24 @@ struct TrainConfig {
 
   TrainChoices choice;  // the strings above, parsed
 
-  bool is_lora() const { return choice.train_type != TrainType::Full; }
-  bool quantized_base() const { return choice.train_type == TrainType::Qlora || hqq_base(); }
-  bool hqq_base() const { return choice.train_type == TrainType::HqqLora; }
+  // Adapters (LoRA or DoRA) over a frozen base.
+  bool is_lora() const {
+    const TrainType t = choice.train_type;
+    return t == TrainType::Lora || t == TrainType::Qlora || t == TrainType::HqqLora || dora();
+  }
+  bool full_finetune() const { return choice.train_type == TrainType::Full; }
+  bool llama_pro() const {
+    return choice.train_type == TrainType::BnbLlamaPro || choice.train_type == TrainType::HqqLlamaPro;
+  }
+  bool dora() const { return choice.train_type == TrainType::BnbDora || choice.train_type == TrainType::HqqDora; }
+  bool quantized_base() const {
+    const TrainType t = choice.train_type;
+    return t == TrainType::Qlora || t == TrainType::BnbDora || t == TrainType::BnbLlamaPro || hqq_base();
+  }
+  bool hqq_base() const {
+    const TrainType t = choice.train_type;
+    return t == TrainType::HqqLora || t == TrainType::HqqDora || t == TrainType::HqqLlamaPro;
+  }
   bool sharded() const { return choice.sharding != ShardingStrategy::Ddp; }
   bool hybrid() const { return is_hybrid(choice.sharding); }
 };

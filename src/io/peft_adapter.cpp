@@ -82,7 +82,13 @@ bool is_unset(const nlohmann::json& v) {
 std::string AdapterTensorName::base_weight_name() const {
   return fmt::format("model.layers.{}.{}.{}.weight", layer, parent_of(module), module);
 }
-std::string AdapterTensorName::peft_name() const { return adapter_tensor_name(layer, module, is_a); }
+std::string AdapterTensorName::peft_name() const {
+  return is_magnitude ? magnitude_tensor_name(layer, module) : adapter_tensor_name(layer, module, is_a);
+}
+
+std::string magnitude_tensor_name(int64_t layer, std::string_view module) {
+  return fmt::format("base_model.model.model.layers.{}.{}.{}.lora_magnitude_vector", layer, parent_of(module), module);
+}
 
 std::string adapter_tensor_name(int64_t layer, std::string_view module, bool is_a) {
   return fmt::format("base_model.model.model.layers.{}.{}.{}.lora_{}.weight", layer, parent_of(module), module,
@@ -92,13 +98,14 @@ std::string adapter_tensor_name(int64_t layer, std::string_view module, bool is_
 std::optional<AdapterTensorName> parse_adapter_tensor_name(std::string_view name) {
   // Canonical layer numbers only (no "01"), so that two spellings cannot name one tensor.
   static const std::regex pattern(
-      R"(base_model\.model\.model\.layers\.(0|[1-9][0-9]{0,8})\.(self_attn|mlp)\.([a-z_]+)\.lora_(A|B)(\.default)?\.weight)");
+      R"(base_model\.model\.model\.layers\.(0|[1-9][0-9]{0,8})\.(self_attn|mlp)\.([a-z_]+)\.lora_(?:(A|B)(\.default)?\.weight|(magnitude_vector)(\.default(\.weight)?)?))");
   std::match_results<std::string_view::const_iterator> m;
   if (!std::regex_match(name.begin(), name.end(), m, pattern)) return std::nullopt;
   AdapterTensorName out;
   out.layer = std::stoll(m[1].str());
   out.module = m[3].str();
-  out.is_a = m[4].str() == "A";
+  out.is_magnitude = m[6].matched;
+  out.is_a = !out.is_magnitude && m[4].str() == "A";
   if (!is_linear_module(out.module) || m[2].str() != parent_of(out.module)) return std::nullopt;
   return out;
 }
@@ -135,7 +142,7 @@ nlohmann::json adapter_config_json(const AdapterConfig& config) {
   j["revision"] = nullptr;
   j["target_modules"] = config.target_modules;
   j["task_type"] = "CAUSAL_LM";
-  j["use_dora"] = false;
+  j["use_dora"] = config.use_dora;
   j["use_rslora"] = false;
   return j;
 }
@@ -201,7 +208,11 @@ AdapterConfig parse_adapter_config(const nlohmann::json& j, const std::string& w
     const char* key;
     const char* what;
   };
-  for (const Unsupported& u : {Unsupported{"use_dora", "DoRA adapters"}, Unsupported{"use_rslora", "rank-stabilised LoRA (scaling alpha/sqrt(r))"},
+  if (const nlohmann::json* dora = field("use_dora"); dora && !dora->is_null()) {
+    if (!dora->is_boolean()) fail("{}: key 'use_dora' must be true or false, found {}", where, dora->dump());
+    c.use_dora = dora->get<bool>();
+  }
+  for (const Unsupported& u : {Unsupported{"use_rslora", "rank-stabilised LoRA (scaling alpha/sqrt(r))"},
                                Unsupported{"fan_in_fan_out", "fan_in_fan_out (transposed Conv1D weights)"},
                                Unsupported{"rank_pattern", "per-module ranks (rank_pattern)"},
                                Unsupported{"alpha_pattern", "per-module alphas (alpha_pattern)"},
@@ -263,10 +274,17 @@ void save_peft_adapter(const fs::path& dir, const AdapterConfig& config,
       fail("{}: tensor '{}' adapts {}, which target_modules ({}) does not list", where, name, parsed->module,
            join(config.target_modules, ", "));
     if (!names.insert(name).second) fail("{}: tensor '{}' is given twice", where, name);
+    if (parsed->is_magnitude && !config.use_dora)
+      fail("{}: tensor '{}' is a DoRA magnitude but the config's use_dora is false", where, name);
+    const int want_rank = parsed->is_magnitude ? 1 : 2;
     if (!tensor || !tensor->defined() || tensor->dtype() != DType::F32 || tensor->device() != Device::CPU ||
-        tensor->shape().rank != 2)
-      fail("{}: tensor '{}' must be a 2-D F32 tensor on the CPU, found {}", where, name,
+        tensor->shape().rank != want_rank)
+      fail("{}: tensor '{}' must be a {}-D F32 tensor on the CPU, found {}", where, name, want_rank,
            tensor && tensor->defined() ? tensor->view().describe() : "nothing");
+    if (parsed->is_magnitude) {
+      specs.push_back(TensorSpec{name, dtype, {tensor->shape()[0]}});
+      continue;
+    }
     const int64_t rank_dim = parsed->is_a ? tensor->shape()[0] : tensor->shape()[1];
     if (rank_dim != config.r)
       fail("{}: tensor '{}' has shape {}, which does not agree with r = {}", where, name, tensor->shape().to_string(),
@@ -275,8 +293,11 @@ void save_peft_adapter(const fs::path& dir, const AdapterConfig& config,
   }
   for (const std::string& name : names) {
     auto parsed = parse_adapter_tensor_name(name);
-    const std::string partner = adapter_tensor_name(parsed->layer, parsed->module, !parsed->is_a);
-    if (!names.count(partner)) fail("{}: tensor '{}' has no partner '{}'", where, name, partner);
+    std::vector<std::string> partners = {adapter_tensor_name(parsed->layer, parsed->module, true),
+                                         adapter_tensor_name(parsed->layer, parsed->module, false)};
+    if (config.use_dora) partners.push_back(magnitude_tensor_name(parsed->layer, parsed->module));
+    for (const std::string& partner : partners)
+      if (!names.count(partner)) fail("{}: tensor '{}' has no partner '{}'", where, name, partner);
   }
 
   std::error_code ec;
@@ -347,6 +368,16 @@ LoadedAdapter load_peft_adapter(const fs::path& dir) {
     if (t.dtype != DType::F32 && t.dtype != DType::BF16 && t.dtype != DType::F16)
       fail("{}: tensor '{}' is {}, expected F32, BF16 or F16", where, t.name, dtype_name(t.dtype));
     const std::string canonical = parsed->peft_name();
+    if (parsed->is_magnitude) {
+      if (!out.config.use_dora)
+        fail("{}: tensor '{}' is a DoRA magnitude vector but {} does not set \"use_dora\": true", where, t.name,
+             kAdapterConfigFile);
+      if (t.shape.size() != 1 || t.shape[0] == 0)
+        fail("{}: tensor '{}' has shape {}, expected a vector [out_features]", where, t.name, shape_string(t.shape));
+      if (!by_name.emplace(canonical, Entry{*parsed, &t}).second)
+        fail("{}: tensor '{}' appears twice (with and without the adapter name 'default')", where, canonical);
+      continue;
+    }
     if (t.shape.size() != 2)
       fail("{}: tensor '{}' has shape {}, expected a matrix {}", where, t.name, shape_string(t.shape),
            parsed->is_a ? "[r, in_features]" : "[out_features, r]");
@@ -359,18 +390,32 @@ LoadedAdapter load_peft_adapter(const fs::path& dir) {
   }
   if (by_name.empty()) fail("{}: the file holds no LoRA tensors", where);
   for (const auto& [name, entry] : by_name) {
-    const std::string partner = adapter_tensor_name(entry.name.layer, entry.name.module, !entry.name.is_a);
-    if (!by_name.count(partner)) fail("{}: tensor '{}' is there but its partner '{}' is missing", where, name, partner);
+    const int64_t layer = entry.name.layer;
+    const std::string& module = entry.name.module;
+    std::vector<std::string> partners = {adapter_tensor_name(layer, module, true), adapter_tensor_name(layer, module, false)};
+    if (out.config.use_dora) partners.push_back(magnitude_tensor_name(layer, module));
+    for (const std::string& partner : partners)
+      if (!by_name.count(partner))
+        fail("{}: tensor '{}' is there but its partner '{}' is missing{}", where, name, partner,
+             entry.name.is_magnitude || !out.config.use_dora ? "" : fmt::format(" ({} sets \"use_dora\": true)", kAdapterConfigFile));
+    // A magnitude holds one value per output row: lora_B's rows.
+    if (entry.name.is_magnitude) {
+      const int64_t rows = by_name.at(adapter_tensor_name(layer, module, false)).info->shape[0];
+      if (entry.info->shape[0] != rows)
+        fail("{}: tensor '{}' has {} values, but {} has {} output rows: a DoRA magnitude vector holds one value per "
+             "output row", where, entry.info->name, entry.info->shape[0], adapter_tensor_name(layer, module, false), rows);
+    }
   }
   std::vector<const Entry*> order;
   for (const auto& [name, entry] : by_name) order.push_back(&entry);
-  std::sort(order.begin(), order.end(), [](const Entry* a, const Entry* b) {
-    return std::tuple(a->name.layer, module_order(a->name.module), !a->name.is_a) <
-           std::tuple(b->name.layer, module_order(b->name.module), !b->name.is_a);
+  const auto part = [](const AdapterTensorName& n) { return n.is_magnitude ? 2 : n.is_a ? 0 : 1; };
+  std::sort(order.begin(), order.end(), [&](const Entry* a, const Entry* b) {
+    return std::tuple(a->name.layer, module_order(a->name.module), part(a->name)) <
+           std::tuple(b->name.layer, module_order(b->name.module), part(b->name));
   });
   for (const Entry* e : order) {
     const TensorInfo& info = *e->info;
-    Tensor t = Tensor::empty(Shape{info.shape[0], info.shape[1]}, DType::F32);
+    Tensor t = Tensor::empty(e->name.is_magnitude ? Shape{info.shape[0]} : Shape{info.shape[0], info.shape[1]}, DType::F32);
     float* dst = t.data<float>();
     const auto bytes = file.bytes(info);
     const size_t n = static_cast<size_t>(t.numel());

@@ -12,22 +12,25 @@ uint64_t nf4_tensor_bytes(int64_t numel, bool double_quant) {
 }
 
 ModelFootprint model_footprint(const LlamaConfig& config, bool quantized, int hqq_bits, bool trainable_base,
-                               int64_t lora_rank, const std::vector<std::string>& lora_targets) {
+                               int64_t new_blocks, int64_t lora_rank, const std::vector<std::string>& lora_targets,
+                               bool dora) {
   ModelFootprint f;
   f.params = count_params(config);
-  int64_t linear_params = 0;
+  const int64_t frozen_layers = config.num_hidden_layers - new_blocks;
+  int64_t linear_params = 0, layer_params = 2 * config.hidden_size;  // a layer's: its norms, then its linears
   uint64_t quantized_bytes = 0;
   for (const auto& module : linear_module_names()) {
     auto [out, in] = linear_shape(config, module);
-    linear_params += out * in * config.num_hidden_layers;
+    linear_params += out * in * frozen_layers;
+    layer_params += out * in;
     // HQQ keeps nothing beside its segments; its zero points and scales are 16-bit in any dtype.
     const uint64_t bytes = hqq_bits == 0 ? nf4_tensor_bytes(out * in, true)
                                          : stored_bytes(quantized_linear_format(hqq_bits, DType::BF16), out * in);
-    quantized_bytes += bytes * static_cast<uint64_t>(config.num_hidden_layers);
+    quantized_bytes += bytes * static_cast<uint64_t>(frozen_layers);
   }
   for (const auto& module : lora_targets) {
     auto [out, in] = linear_shape(config, module);
-    f.lora_params += lora_rank * (in + out) * config.num_hidden_layers;
+    f.lora_params += (lora_rank * (in + out) + (dora ? out : 0)) * config.num_hidden_layers;
   }
   if (quantized) {
     f.quantized_params = linear_params;
@@ -37,7 +40,7 @@ ModelFootprint model_footprint(const LlamaConfig& config, bool quantized, int hq
     f.bf16_base_params = f.params.total;
   }
   f.bf16_bytes = static_cast<uint64_t>(f.bf16_base_params) * 2;
-  f.trainable_params = trainable_base ? f.params.total : f.lora_params;
+  f.trainable_params = trainable_base ? f.params.total : f.lora_params + new_blocks * layer_params;
   f.trainable_fp32_bytes = static_cast<uint64_t>(f.trainable_params) * 4;
   return f;
 }

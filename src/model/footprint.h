@@ -13,7 +13,7 @@ struct ModelFootprint {
   ParamCounts params;
   int64_t quantized_params = 0;  // linear weights stored quantised (NF4 under qlora, HQQ under hqq_lora)
   int64_t bf16_base_params = 0;  // frozen or trainable weights kept in bf16
-  int64_t lora_params = 0;
+  int64_t lora_params = 0;       // LoRA A and B (and DoRA's magnitudes)
   int64_t trainable_params = 0;
   uint64_t quantized_bytes = 0;  // their bytes: NF4 codes + absmax, or HQQ codes + zero points + scales
   uint64_t bf16_bytes = 0;       // base weights kept in bf16
@@ -22,9 +22,12 @@ struct ModelFootprint {
 
 // `quantized`: base linear weights in NF4 (blocksize 64, double-quantised absmax, as fsdp_qlora),
 // or in HQQ of `hqq_bits` bits when that is not 0; `lora_rank` 0 and empty targets for full
-// fine-tuning.
+// fine-tuning. `new_blocks`: of config's layers, this many are Llama-Pro's new blocks (bf16, every
+// weight trainable) and only they train. `dora`: each adapter also trains a magnitude vector of its
+// linear's output width.
 ModelFootprint model_footprint(const LlamaConfig& config, bool quantized, int hqq_bits, bool trainable_base,
-                               int64_t lora_rank, const std::vector<std::string>& lora_targets);
+                               int64_t new_blocks, int64_t lora_rank, const std::vector<std::string>& lora_targets,
+                               bool dora = false);
 
 // Bytes of one NF4 tensor of `numel` weights with bitsandbytes' blocksize 64 and, when
 // double_quant, its absmax quantised to 8 bits in blocks of 256 (+ one fp32 scale per block and the offset).

@@ -2,6 +2,7 @@
 
 #include "backend/section_times.h"
 #include "ops/attention.h"
+#include "ops/dora.h"
 #include "ops/elementwise.h"
 #include "ops/matmul.h"
 #include "ops/rmsnorm.h"
@@ -25,24 +26,50 @@ struct GroupAdapters {
   std::vector<int> site_of;  // per module of the group: its index in sites, or -1
 };
 
+bool is_dora(const LayerCompute& w, int m) { return w.lora[m] != nullptr && w.lora[m]->magnitude != nullptr; }
+
 GroupAdapters group_adapters(int group, const LayerCompute& w) {
   GroupAdapters g;
   for (int m : group_modules(group)) {
-    const LoraAdapter* lora = w.lora[m];
+    const LoraAdapter* lora = is_dora(w, m) ? nullptr : w.lora[m];  // a DoRA linear runs on its own
     g.site_of.push_back(lora ? static_cast<int>(g.sites.size()) : -1);
     if (lora) g.sites.push_back(LoraSite{lora->A.compute_view(), lora->B.compute_view(), w.lora_params[m]});
   }
   return g;
 }
 
-// ys[j] = x·W_mᵀ (+ scaling · dropout(x)·Aᵀ·Bᵀ) for the group's j-th module m, keeping xa.
+DoraSite dora_site(const LayerCompute& w, int m) {
+  const LoraAdapter& adapter = *w.lora[m];
+  return DoraSite{w.weight[m], adapter.A.compute_view(), adapter.B.compute_view(), adapter.magnitude->compute_view(),
+                  w.lora_params[m]};
+}
+
+DoraSaved dora_saved(const LayerActivations& a, const LayerCompute& w, int m) {
+  const LayerActivations::Dora& kept = a.dora[m];
+  return DoraSaved{kept.xa, kept.z, w.dora_norm[m].data ? w.dora_norm[m] : kept.norm.view()};
+}
+
+// Module m's DoRA linear: its weight norm (unless given), then its output.
+void dora_linear_forward(TensorView y, const TensorView& x, int m, const LayerCompute& w, LayerActivations& a) {
+  ScopedSection section("dora");
+  const DoraSite site = dora_site(w, m);
+  if (!w.dora_norm[m].data)
+    dora_weight_norm(a.dora[m].norm, site.W, site.A, site.B, lora_scaling(site.params, site.A.shape[0]));
+  dora_forward(y, dora_saved(a, w, m), x, site);
+}
+
+// ys[j] = x·W_mᵀ (+ scaling · dropout(x)·Aᵀ·Bᵀ) for the group's j-th module m, keeping xa; a
+// DoRA module's ys[j] is its DoRA linear's output.
 void linear_group_forward(std::span<const TensorView> ys, const TensorView& x, int group, const LayerCompute& w,
                           LayerActivations& a) {
   const std::span<const int> modules = group_modules(group);
   {
     ScopedSection section("linear");
-    for (size_t j = 0; j < modules.size(); ++j) linear_forward(ys[j], x, w.weight[modules[j]]);
+    for (size_t j = 0; j < modules.size(); ++j)
+      if (!is_dora(w, modules[j])) linear_forward(ys[j], x, w.weight[modules[j]]);
   }
+  for (size_t j = 0; j < modules.size(); ++j)
+    if (is_dora(w, modules[j])) dora_linear_forward(ys[j], x, modules[j], w, a);
   const GroupAdapters g = group_adapters(group, w);
   if (g.sites.empty()) return;
   std::vector<TensorView> adapted;
@@ -69,6 +96,13 @@ void linear_group_backward(TensorView dx, bool accumulate, std::span<const Tenso
   Tensor dxa = g.sites.empty() ? Tensor() : Tensor::empty(a.xa[group].shape(), DType::F32, x.device);
   for (size_t j = 0; j < modules.size(); ++j) {
     const int m = modules[j];
+    if (is_dora(w, m)) {
+      ScopedSection section("dora bwd");
+      const LoraAdapter& adapter = *w.lora[m];
+      dora_backward(dx, accumulate || j > 0, adapter.A.grad.view(), adapter.B.grad.view(), adapter.magnitude->grad.view(),
+                    dys[j], x, dora_saved(a, w, m), dora_site(w, m));
+      continue;
+    }
     Tensor dy_storage;
     const TensorView dy = gemm_ready(dys[j], m, w, dy_storage);
     {
@@ -84,7 +118,7 @@ void linear_group_backward(TensorView dx, bool accumulate, std::span<const Tenso
   if (g.sites.empty()) return;
   std::vector<TensorView> dAs;
   for (int m : modules)
-    if (w.lora[m]) dAs.push_back(w.lora[m]->A.grad.view());
+    if (w.lora[m] && !is_dora(w, m)) dAs.push_back(w.lora[m]->A.grad.view());
   ScopedSection section("lora bwd");
   lora_backward_input(dx, dAs, dxa, x, a.xa[group], g.sites);
 }
@@ -115,8 +149,22 @@ LayerDims layer_dims(const LlamaConfig& config, int64_t batch, int64_t seq_len) 
   return d;
 }
 
+int64_t module_out(const LayerDims& d, int module) {
+  switch (module) {
+    case kQProj: return d.H * d.D;
+    case kKProj:
+    case kVProj: return d.KV * d.D;
+    case kOProj:
+    case kDownProj: return d.C;
+    case kGateProj:
+    case kUpProj: return d.I;
+    default: break;
+  }
+  throw std::logic_error("module_out: no linear module " + std::to_string(module));
+}
+
 void LayerActivations::allocate(const LayerDims& d, DType dtype, const std::array<int64_t, kLinearModules>& lora_ranks,
-                                Device device) {
+                                bool with_dora, Device device) {
   const int64_t N = d.N();
   n1 = Tensor::empty(Shape{N, d.C}, dtype, device);
   rstd1 = Tensor::empty(Shape{N}, DType::F32, device);
@@ -134,7 +182,13 @@ void LayerActivations::allocate(const LayerDims& d, DType dtype, const std::arra
   for (int group = 0; group < kLinearGroups; ++group) {
     int64_t rank = 0;
     for (int m : group_modules(group)) rank += lora_ranks[m];
-    xa[group] = rank > 0 ? Tensor::empty(Shape{N, rank}, dtype, device) : Tensor();
+    xa[group] = rank > 0 && !with_dora ? Tensor::empty(Shape{N, rank}, dtype, device) : Tensor();
+  }
+  for (int m = 0; m < kLinearModules; ++m) {
+    const bool kept = with_dora && lora_ranks[m] > 0;
+    dora[m].xa = kept ? Tensor::empty(Shape{N, lora_ranks[m]}, dtype, device) : Tensor();
+    dora[m].z = kept ? Tensor::empty(Shape{N, module_out(d, m)}, dtype, device) : Tensor();
+    dora[m].norm = kept ? Tensor::empty(Shape{module_out(d, m)}, DType::F32, device) : Tensor();
   }
 }
 
@@ -143,6 +197,9 @@ int64_t LayerActivations::nbytes() const {
   for (const Tensor* t : {&n1, &rstd1, &q, &k, &v, &att, &lse, &x2, &n2, &rstd2, &gate, &up, &h}) total += t->nbytes();
   for (const Tensor& t : xa)
     if (t.defined()) total += t.nbytes();  // an absent adapter's empty Tensor has rank 0, numel 1
+  for (const Dora& kept : dora)
+    for (const Tensor* t : {&kept.xa, &kept.z, &kept.norm})
+      if (t->defined()) total += t->nbytes();
   return static_cast<int64_t>(total);
 }
 

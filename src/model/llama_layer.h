@@ -31,13 +31,20 @@ enum LinearGroup : int { kQkvGroup, kOGroup, kGateUpGroup, kDownGroup };
 inline constexpr int kLinearGroups = 4;
 std::span<const int> group_modules(int group);
 
+// The output width of linear module m.
+int64_t module_out(const LayerDims& d, int module);
+
 // What a layer computes with: dense weights (NF4 already dequantised), adapters with their
 // dropout settings, and the fp32 gradients of trainable weights (empty views when frozen).
+// An adapter with a magnitude makes its linear a DoRA linear (ops/dora.h).
 struct LayerCompute {
   TensorView input_norm, post_norm;
   std::array<TensorView, kLinearModules> weight;
   std::array<const LoraAdapter*, kLinearModules> lora{};
   std::array<LoraParams, kLinearModules> lora_params{};
+  // DoRA's weight norms when the caller already has them (generation, where the weights do not
+  // change between tokens); empty: the forward computes them.
+  std::array<TensorView, kLinearModules> dora_norm{};
   TensorView d_input_norm, d_post_norm;
   std::array<TensorView, kLinearModules> d_weight;
 };
@@ -51,11 +58,17 @@ struct LayerActivations {
   Tensor x2;                 // residual after attention [N, C]
   Tensor n2, rstd2;          // post_attention_layernorm output [N, C], 1/rms [N]
   Tensor gate, up, h;        // [N, I] each; h = silu(gate) * up
-  // Per group, its adapters' dropout(x)·Aᵀ side by side [N, Σr] (empty where the group has none).
+  // Per group, its LoRA adapters' dropout(x)·Aᵀ side by side [N, Σr] (empty where the group has none).
   std::array<Tensor, kLinearGroups> xa;
+  // Per module with a DoRA adapter, what its backward reads (ops/dora.h's DoraSaved): xa [N, r],
+  // z [N, out] and the weight norm F32 [out]; empty elsewhere.
+  struct Dora {
+    Tensor xa, z, norm;
+  };
+  std::array<Dora, kLinearModules> dora;
 
-  // lora_ranks[m] = r of module m's adapter, 0 where there is none.
-  void allocate(const LayerDims& d, DType dtype, const std::array<int64_t, kLinearModules>& lora_ranks,
+  // lora_ranks[m] = r of module m's adapter, 0 where there is none; `dora`: the adapters are DoRA's.
+  void allocate(const LayerDims& d, DType dtype, const std::array<int64_t, kLinearModules>& lora_ranks, bool dora,
                 Device device = Device::CPU);
   int64_t nbytes() const;
 };

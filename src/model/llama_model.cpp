@@ -12,10 +12,12 @@
 #include "backend/cuda_backend.h"
 #include "backend/section_times.h"
 #include "kernels/splitmix64.h"
+#include "model/block_expansion.h"
 #include "model/llama_cached_attention.h"
 #include "model/llama_layer.h"
 #include "model/llama_lm_head.h"
 #include "model/llama_weights.h"
+#include "ops/dora.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/rmsnorm.h"
@@ -116,17 +118,25 @@ struct LlamaModel::Impl {
   DType act = DType::BF16;
   RopeTable rope;
   std::array<Tensor, kLinearModules> dequantized;  // one layer's NF4 weights made dense, reused
+  // Generation: each layer's DoRA weight norms, computed once (the weights do not change between
+  // tokens); cleared whenever the adapters change.
+  std::vector<std::array<Tensor, kLinearModules>> dora_norms;
   UnitHooks* hooks = nullptr;                      // sharding; null: weights always present
   Device device = Device::CPU;                     // where activations live and the ops run
   // activation_offload: each layer input's host copy, kept (pinned on a GPU) from pass to pass.
   std::vector<std::unique_ptr<HostStaging>> offloaded_inputs;
 
-  Impl(const LlamaConfig& c, const ModelOptions& o, LlamaWeights w)
-      : config(c), options(o), weights(std::move(w)), act(weights.activation) {}
+  // `checkpoint`: the config of the weights read, before any Llama-Pro expansion.
+  Impl(const LlamaConfig& checkpoint, const ModelOptions& o, LlamaWeights w)
+      : config(BlockExpansion(checkpoint.num_hidden_layers, o.llama_pro_new_blocks).expanded(checkpoint)),
+        options(o),
+        weights(std::move(w)),
+        act(weights.activation) {}
 
   void place_on(Device target) {
     weights.place_on(target);
     for (Tensor& t : dequantized) t = Tensor();
+    dora_norms.clear();
     device = target;
   }
 
@@ -176,6 +186,24 @@ struct LlamaModel::Impl {
     return c;
   }
 
+  std::array<TensorView, kLinearModules> cached_dora_norms(int64_t layer, const LayerCompute& w) {
+    std::array<TensorView, kLinearModules> views{};
+    if (!options.use_dora) return views;
+    dora_norms.resize(static_cast<size_t>(num_layers()));
+    std::array<Tensor, kLinearModules>& norms = dora_norms[static_cast<size_t>(layer)];
+    for (int m = 0; m < kLinearModules; ++m) {
+      const LoraAdapter* adapter = w.lora[m];
+      if (!adapter || !adapter->magnitude) continue;
+      if (!norms[m].defined()) {
+        norms[m] = Tensor::empty(Shape{w.weight[m].shape[0]}, DType::F32, device);
+        const TensorView A = adapter->A.compute_view();
+        dora_weight_norm(norms[m], w.weight[m], A, adapter->B.compute_view(), lora_scaling(w.lora_params[m], A.shape[0]));
+      }
+      views[m] = norms[m];
+    }
+    return views;
+  }
+
   // Forward (and for Train the backward) of one batch. Train keeps every layer's input and, without
   // checkpointing, every layer's activations; Evaluate and Logits keep only the current layer's.
   LossSum pass(const data::Batch& batch, PassKind kind, float grad_scale, uint64_t step_key, TensorView logits_out) {
@@ -201,7 +229,7 @@ struct LlamaModel::Impl {
 
     const ActivationSlots slots = activation_slots(L, train, options);
     std::vector<LayerActivations> activations(slots.count);
-    for (LayerActivations& a : activations) a.allocate(d, act, lora_ranks(), device);
+    for (LayerActivations& a : activations) a.allocate(d, act, lora_ranks(), options.use_dora, device);
     auto activations_of = [&](int64_t i) -> LayerActivations& { return activations[slots.of_layer[static_cast<size_t>(i)]]; };
     int64_t shared_slot_holds = -1;  // the recomputed layer whose activations the shared buffer holds
     // Activation offload: a layer's input goes to host memory once the layer's forward is done and
@@ -305,10 +333,11 @@ struct LlamaModel::Impl {
     std::array<Tensor, 2> stream = {Tensor::empty(Shape{n, d.C}, act, device), Tensor::empty(Shape{n, d.C}, act, device)};
     embedding_forward(stream[0], i32_view(tokens, n), dense_of(weights.embedding));
     LayerActivations a;
-    a.allocate(d, act, lora_ranks());
+    a.allocate(d, act, lora_ranks(), options.use_dora);
     for (int64_t i = 0; i < L; ++i) {
       const TensorView x = stream[static_cast<size_t>(i % 2)], out = stream[static_cast<size_t>((i + 1) % 2)];
-      const LayerCompute w = layer_compute(i, false, 0);
+      LayerCompute w = layer_compute(i, false, 0);
+      w.dora_norm = cached_dora_norms(i, w);
       attention_inputs_forward(a, x, w, d, rope, cache.length);
       Tensor& keys = cache.keys[static_cast<size_t>(i)];
       Tensor& values = cache.values[static_cast<size_t>(i)];
@@ -335,7 +364,7 @@ struct LlamaModel::Impl {
     std::map<std::string, TrainableTensor*> expected;
     std::vector<std::string> expected_names;
     for (LoraAdapter* adapter : weights.adapters())
-      for (TrainableTensor* t : {&adapter->A, &adapter->B}) {
+      for (TrainableTensor* t : adapter->tensors()) {
         expected[t->name] = t;
         expected_names.push_back(t->name);
       }
@@ -357,8 +386,9 @@ struct LlamaModel::Impl {
         fail("adapter tensor '{}' is {}; LoRA weights must be F32, BF16 or F16", name, dtype_name(tensor.dtype()));
       const Shape& want = it->second->master.shape();
       if (tensor.shape() != want)
-        fail("adapter tensor '{}' has shape {} but this model needs {} (lora_rank {}; lora_A is [r, in], lora_B [out, r])",
-             name, tensor.shape().to_string(), want.to_string(), options.lora_rank);
+        fail("adapter tensor '{}' has shape {} but this model needs {} (lora_rank {}; lora_A is [r, in], lora_B [out, r]{})",
+             name, tensor.shape().to_string(), want.to_string(), options.lora_rank,
+             options.use_dora ? ", lora_magnitude_vector [out]" : "");
     }
     if (seen.size() != expected.size()) {
       std::vector<std::string> missing;
@@ -376,6 +406,7 @@ struct LlamaModel::Impl {
 
   void masters_updated() {
     for (TrainableTensor* t : weights.trainables()) t->refresh_compute();
+    dora_norms.clear();
   }
 };
 
@@ -454,10 +485,8 @@ std::vector<std::pair<std::string, const Tensor*>> LlamaModel::adapter_tensors()
   std::vector<std::pair<std::string, const Tensor*>> out;
   for (const LayerWeights& layer : impl_->weights.layers)
     for (const auto& adapter : layer.lora)
-      if (adapter) {
-        out.emplace_back(adapter->A.name, &adapter->A.master);
-        out.emplace_back(adapter->B.name, &adapter->B.master);
-      }
+      if (adapter)
+        for (const TrainableTensor* t : std::as_const(*adapter).tensors()) out.emplace_back(t->name, &t->master);
   return out;
 }
 

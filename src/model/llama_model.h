@@ -23,10 +23,14 @@ struct ModelOptions {
   bool quantize_base = true;  // quantised base linears: NF4 (bitsandbytes layout, double-quantised absmax) or HQQ
   int hqq_bits = 0;           // HQQ base linears of this many bits (hqq_lora's n_bits); 0: NF4
   bool train_base = false;    // full fine-tuning: every weight trains (fp32 masters)
+  // Llama-Pro (model/block_expansion.h): decoder layers added to the checkpoint's, every weight of
+  // theirs trainable (fp32 masters), the only weights that train; 0: none.
+  int64_t llama_pro_new_blocks = 0;
   int64_t lora_rank = 64;
   double lora_alpha = 16;
   double lora_dropout = 0.1;
   std::vector<std::string> lora_targets;  // q_proj ... down_proj; empty: no adapters
+  bool use_dora = false;  // DoRA (bnb_dora, hqq_dora): each adapter also trains a magnitude vector (ops/dora.h)
   Precision precision = Precision::BF16;
   bool gradient_checkpointing = true;
   // With gradient_checkpointing: layers i with i % checkpoint_every == 0 are recomputed in backward;
@@ -86,7 +90,7 @@ using UnitLoader = std::function<void(int unit, ParamUnit& skeleton, const UnitR
 class LlamaModel {
  public:
   // Base weights from an HF directory (bf16/f16/f32 tensors; quantised to NF4 on load when
-  // options.quantize_base). Adapters start as PEFT initialises them (A kaiming-uniform, B zero).
+  // options.quantize_base), expanded by options.llama_pro_new_blocks (config() is the expanded one). Adapters start as PEFT initialises them (A kaiming-uniform, B zero).
   // With `on_unit_built`, each unit is handed over as soon as it is complete (a sharded loader
   // keeps its shard of it and frees the rest).
   static LlamaModel load(const LlamaConfig& config, const ModelWeights& weights, const ModelOptions& options,

@@ -8,8 +8,10 @@
 #include <stdexcept>
 
 #include "backend/cuda_backend.h"
+#include "model/block_expansion.h"
 #include "model/init_model.h"
 #include "model/unit_build.h"
+#include "ops/dora.h"
 #include "ops/elementwise.h"
 #include "ops/lora.h"
 #include "optim/lora_init.h"
@@ -105,6 +107,9 @@ void validate_options(const LlamaConfig& config, const ModelOptions& o) {
   if (o.train_base && o.quantize_base)
     fail("full fine-tuning (train_type full) trains every base weight and cannot train NF4-quantised ones: "
          "quantize_base must be off when train_base is on");
+  if (o.llama_pro_new_blocks > 0 && (o.train_base || !o.lora_targets.empty()))
+    fail("Llama-Pro trains only its new blocks: neither full fine-tuning nor LoRA adapters go with "
+         "llama_pro_num_new_blocks = {} (use a LoRA train type for adapters)", o.llama_pro_new_blocks);
   const std::vector<std::string>& known = linear_module_names();
   for (const std::string& target : o.lora_targets) {
     if (std::find(known.begin(), known.end(), target) != known.end()) continue;
@@ -118,6 +123,8 @@ void validate_options(const LlamaConfig& config, const ModelOptions& o) {
       fail("lora_dropout must be in [0, 1), got {}", o.lora_dropout);
     if (!std::isfinite(o.lora_alpha)) fail("lora_alpha must be a finite number, got {}", o.lora_alpha);
   }
+  if (o.use_dora && (o.train_base || o.lora_targets.empty()))
+    fail("DoRA decomposes LoRA adapters: it needs lora_target_modules and a frozen base (not train_type full)");
   (void)config;
 }
 
@@ -129,8 +136,8 @@ bool is_linear(const std::string& name) {
 // dtype before quantising or training it — except under fp16_autocast, where it loads fp32
 // (torch_dtype float32) and only the frozen dense weights are kept in half, the dtype autocast
 // would cast them to for every matmul.
-DType load_dtype(DType activation, const ModelOptions& options, const std::string& name) {
-  const bool load_fp32 = activation == DType::F16 && (options.train_base || (options.quantize_base && is_linear(name)));
+DType load_dtype(DType activation, const ModelOptions& options, const std::string& name, bool trainable) {
+  const bool load_fp32 = activation == DType::F16 && (trainable || (options.quantize_base && is_linear(name)));
   return load_fp32 ? DType::F32 : activation;
 }
 
@@ -138,7 +145,7 @@ DType load_dtype(DType activation, const ModelOptions& options, const std::strin
 // dense in the dtype its values are loaded in.
 const FrozenFormat& frozen_format(DType activation, const ModelOptions& options, const std::string& name) {
   if (options.quantize_base && is_linear(name)) return quantized_linear_format(options.hqq_bits, activation);
-  return dense_format(load_dtype(activation, options, name));
+  return dense_format(load_dtype(activation, options, name, /*trainable=*/false));
 }
 
 // A frozen weight's storage; a weight its format cannot store (an HQQ width whose packing needs
@@ -168,6 +175,18 @@ std::map<std::string, BaseWeight*> weight_slots(LlamaWeights& w, const LlamaConf
       slots[fmt::format("{}{}.{}.weight", prefix, linear_module_group(m), linear_module_name(m))] = &layer.linear[m];
   }
   return slots;
+}
+
+// Every base weight of the given decoder layers.
+std::set<const BaseWeight*> weights_of_layers(LlamaWeights& w, const std::vector<int64_t>& layers) {
+  std::set<const BaseWeight*> out;
+  for (int64_t i : layers) {
+    LayerWeights& layer = w.layers.at(static_cast<size_t>(i));
+    out.insert(&layer.input_norm);
+    out.insert(&layer.post_norm);
+    for (BaseWeight& linear : layer.linear) out.insert(&linear);
+  }
+  return out;
 }
 
 LlamaWeights empty_weights(const LlamaConfig& config, const ModelOptions& options) {
@@ -238,6 +257,18 @@ void LlamaWeights::place_on(Device device) {
   }
 }
 
+std::vector<TrainableTensor*> LoraAdapter::tensors() {
+  std::vector<TrainableTensor*> out = {&A, &B};
+  if (magnitude) out.push_back(magnitude.get());
+  return out;
+}
+
+std::vector<const TrainableTensor*> LoraAdapter::tensors() const {
+  std::vector<const TrainableTensor*> out = {&A, &B};
+  if (magnitude) out.push_back(magnitude.get());
+  return out;
+}
+
 std::vector<TrainableTensor*> LlamaWeights::trainables() {
   std::vector<TrainableTensor*> out;
   auto add = [&](BaseWeight& w) {
@@ -252,10 +283,8 @@ std::vector<TrainableTensor*> LlamaWeights::trainables() {
   }
   add(final_norm);
   if (!tied_head) add(lm_head);
-  for (LoraAdapter* adapter : adapters()) {
-    out.push_back(&adapter->A);
-    out.push_back(&adapter->B);
-  }
+  for (LoraAdapter* adapter : adapters())
+    for (TrainableTensor* t : adapter->tensors()) out.push_back(t);
   return out;
 }
 
@@ -283,10 +312,8 @@ ParamUnit LlamaWeights::unit(int index) {
   add(layer.post_norm);
   for (int m = kGateProj; m <= kDownProj; ++m) add(layer.linear[m]);
   for (auto& adapter : layer.lora)
-    if (adapter) {
-      u.trainable.push_back(&adapter->A);
-      u.trainable.push_back(&adapter->B);
-    }
+    if (adapter)
+      for (TrainableTensor* t : adapter->tensors()) u.trainable.push_back(t);
   return u;
 }
 
@@ -368,6 +395,11 @@ void add_skeleton_adapters(LayerWeights& layer, const LlamaConfig& config, const
     adapter->A.shape = Shape{options.lora_rank, in};
     adapter->B.name = adapter->prefix + ".lora_B.weight";
     adapter->B.shape = Shape{out, options.lora_rank};
+    if (options.use_dora) {
+      adapter->magnitude = std::make_unique<TrainableTensor>();
+      adapter->magnitude->name = adapter->prefix + ".lora_magnitude_vector";
+      adapter->magnitude->shape = Shape{out};
+    }
     layer.lora[m] = std::move(adapter);
   }
 }
@@ -383,12 +415,16 @@ class SourceUnitReader final : public UnitReader {
     base_[&w] = spec_index;
     if (w.trainable) base_trainable_[w.trainable.get()] = spec_index;
   }
-  void add_adapter(const LoraAdapter& a) {
+  // `base`: the frozen weight the adapter adds to (DoRA's magnitude starts from its row norms).
+  void add_adapter(const LoraAdapter& a, const BaseWeight& base) {
     adapter_a_[&a.A] = &a;
     adapter_b_.insert(&a.B);
+    if (a.magnitude) magnitude_base_[a.magnitude.get()] = &base;
   }
 
-  DType frozen_dtype(const BaseWeight& w) const override { return load_dtype(activation_, options_, w.name); }
+  DType frozen_dtype(const BaseWeight& w) const override {
+    return load_dtype(activation_, options_, w.name, /*trainable=*/false);
+  }
 
   void read_frozen(const BaseWeight& w, int64_t first, int64_t count, void* out) const override {
     check_range(w.name, w.shape, first, count);
@@ -400,7 +436,7 @@ class SourceUnitReader final : public UnitReader {
     check_range(t.name, t.shape, first, count);
     if (auto it = base_trainable_.find(&t); it != base_trainable_.end()) {
       // Loaded in the load dtype, then made fp32 exactly.
-      const DType dtype = load_dtype(activation_, options_, t.name);
+      const DType dtype = load_dtype(activation_, options_, t.name, /*trainable=*/true);
       if (dtype == DType::F32) {
         source_(specs_[it->second], it->second, first, TensorView{out, DType::F32, Shape{count}});
         return;
@@ -423,6 +459,11 @@ class SourceUnitReader final : public UnitReader {
       std::copy(b.begin(), b.end(), out);
       return;
     }
+    if (auto it = magnitude_base_.find(&t); it != magnitude_base_.end()) {
+      const std::vector<float> m = initial_magnitude(*it->second);
+      std::copy_n(m.begin() + first, count, out);
+      return;
+    }
     throw std::logic_error("UnitReader: '" + t.name + "' is not a tensor of this model");
   }
 
@@ -433,6 +474,25 @@ class SourceUnitReader final : public UnitReader {
                                          name, shape.numel()));
   }
 
+  // DoRA's m = ‖W‖ per row, W as the forward computes with it: stored in its format (quantised
+  // here from the whole tensor, so every rank gets the bytes the sharded build makes), made
+  // dense in the activation dtype, and normed by the forward's own dora_weight_norm with B = 0 —
+  // so at step 0 m equals the forward's norm and DoRA starts as the base model, as in PEFT.
+  std::vector<float> initial_magnitude(const BaseWeight& w) const {
+    const int64_t out = w.shape[0], in = w.shape[1];
+    const DType dtype = frozen_dtype(w);
+    Tensor values = Tensor::empty(w.shape, dtype);
+    read_frozen(w, 0, w.shape.numel(), values.view().data);
+    const FrozenStorage stored = FrozenStorage::encode(w.frozen.format(), w.shape, values.view().data, dtype);
+    values = Tensor();
+    Tensor scratch;
+    const TensorView dense = stored.dense(scratch, activation_);
+    Tensor norm = Tensor::empty(Shape{out}, DType::F32);
+    dora_weight_norm(norm, dense, Tensor::zeros(Shape{1, in}, DType::F32), Tensor::zeros(Shape{out, 1}, DType::F32),
+                     0.0f);
+    return std::vector<float>(norm.data<float>(), norm.data<float>() + out);
+  }
+
   const ModelOptions& options_;
   DType activation_;
   const WeightSource& source_;
@@ -441,6 +501,7 @@ class SourceUnitReader final : public UnitReader {
   std::map<const TrainableTensor*, size_t> base_trainable_;
   std::map<const TrainableTensor*, const LoraAdapter*> adapter_a_;
   std::set<const TrainableTensor*> adapter_b_;
+  std::map<const TrainableTensor*, const BaseWeight*> magnitude_base_;
 };
 
 }  // namespace
@@ -454,11 +515,15 @@ LlamaWeights build_llama_weights(const LlamaConfig& config, const ModelOptions& 
   });
 }
 
-LlamaWeights build_llama_weights_by_unit(const LlamaConfig& config, const ModelOptions& options,
-                                         const WeightSource& source, const UnitLoader& load_unit) {
-  validate_options(config, options);
+LlamaWeights build_llama_weights_by_unit(const LlamaConfig& checkpoint, const ModelOptions& options,
+                                         const WeightSource& checkpoint_source, const UnitLoader& load_unit) {
+  validate_options(checkpoint, options);
+  const BlockExpansion expansion(checkpoint.num_hidden_layers, options.llama_pro_new_blocks);
+  const LlamaConfig config = expansion.expanded(checkpoint);
+  const WeightSource source = expanded_weight_source(expansion, checkpoint, checkpoint_source);
   LlamaWeights w = empty_weights(config, options);
   const std::map<std::string, BaseWeight*> slots = weight_slots(w, config);
+  const std::set<const BaseWeight*> new_block_weights = weights_of_layers(w, expansion.new_layers());
   const std::vector<TensorSpec> specs = hf_tensor_specs(config);
   SourceUnitReader reader(config, options, w.activation, source);
   for (size_t index = 0; index < specs.size(); ++index) {
@@ -466,7 +531,7 @@ LlamaWeights build_llama_weights_by_unit(const LlamaConfig& config, const ModelO
     BaseWeight& slot = *slots.at(spec.name);
     slot.name = spec.name;
     slot.shape = shape_of(spec.shape);
-    if (options.train_base) {
+    if (options.train_base || new_block_weights.count(&slot)) {
       slot.trainable = std::make_unique<TrainableTensor>();
       slot.trainable->name = spec.name;
       slot.trainable->shape = slot.shape;
@@ -477,7 +542,9 @@ LlamaWeights build_llama_weights_by_unit(const LlamaConfig& config, const ModelO
   }
   for (int64_t i = 0; i < config.num_hidden_layers && !options.train_base; ++i)
     add_skeleton_adapters(w.layers[static_cast<size_t>(i)], config, options, i);
-  for (LoraAdapter* adapter : w.adapters()) reader.add_adapter(*adapter);
+  for (LayerWeights& layer : w.layers)
+    for (int m = 0; m < kLinearModules; ++m)
+      if (layer.lora[m]) reader.add_adapter(*layer.lora[m], layer.linear[m]);
 
   // The order build_llama_weights hands units over in: the layers, then the root.
   for (int unit = 1; unit <= static_cast<int>(config.num_hidden_layers); ++unit) {

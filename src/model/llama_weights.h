@@ -66,10 +66,16 @@ struct BaseWeight {
   TensorView grad_view() const { return trainable ? trainable->grad.view() : TensorView{}; }
 };
 
-// PEFT LoRA on one linear: A [r, in] (kaiming-uniform), B [out, r] (zero).
+// PEFT LoRA on one linear: A [r, in] (kaiming-uniform), B [out, r] (zero); under DoRA also the
+// magnitude m [out], initialised to the rows' norms of the (dequantised) base weight (ops/dora.h).
 struct LoraAdapter {
   std::string prefix;  // "base_model.model.model.layers.0.self_attn.q_proj"
   TrainableTensor A, B;
+  std::unique_ptr<TrainableTensor> magnitude;  // DoRA's "….lora_magnitude_vector"; null for LoRA
+
+  // A, B and (DoRA) the magnitude, in PEFT's order.
+  std::vector<TrainableTensor*> tensors();
+  std::vector<const TrainableTensor*> tensors() const;
 };
 
 struct LayerWeights {
@@ -99,7 +105,7 @@ struct LlamaWeights {
 
   const BaseWeight& head() const { return tied_head ? embedding : lm_head; }
   // Every trainable tensor in a fixed order: HF order for full fine-tuning, then per layer and
-  // module (HF order) each adapter's A then B.
+  // module (HF order) each adapter's A, B (and DoRA's magnitude).
   std::vector<TrainableTensor*> trainables();
   std::vector<LoraAdapter*> adapters();
   // The units in order (root first, then the layers); pointers into this object.
@@ -124,8 +130,8 @@ WeightSource random_weight_source(uint64_t seed, float stddev);
 // model need ever be whole in memory.
 using UnitBuilt = std::function<void(int unit, ParamUnit& contents)>;
 
-// Validates the options (fails with the option's name) and builds every weight and adapter
-// whole: build_llama_weights_by_unit with build_whole_unit (model/unit_build.h) as the loader.
+// Validates the options (fails with the option's name) and builds every weight and adapter of the
+// model of `config` (the checkpoint's) expanded by options.llama_pro_new_blocks, whole: build_llama_weights_by_unit with build_whole_unit (model/unit_build.h) as the loader.
 LlamaWeights build_llama_weights(const LlamaConfig& config, const ModelOptions& options, const WeightSource& source,
                                  const UnitBuilt& on_unit_built = {});
 
@@ -145,7 +151,9 @@ class UnitReader {
 
 // Builds the weights as skeletons — every name and shape, frozen weights with their storage
 // format but no bytes, trainables and adapters without tensors — and hands each unit to
-// `load_unit` (the layers in order, then the root), which fills what it keeps.
+// `load_unit` (the layers in order, then the root), which fills what it keeps. `config` and
+// `source` are the checkpoint's; with options.llama_pro_new_blocks the weights are those of the
+// expanded model (model/block_expansion.h), its new blocks trainable and every other weight frozen.
 LlamaWeights build_llama_weights_by_unit(const LlamaConfig& config, const ModelOptions& options,
                                          const WeightSource& source, const UnitLoader& load_unit);
 

@@ -56,6 +56,12 @@ void lora_dropout_apply(std::span<const TensorView> outs, const TensorView& x, s
 void lora_dropout_accumulate(TensorView dx, const TensorView& g, uint64_t mixed_key, uint32_t threshold,
                              float keep_scale);
 
+// dora.h's elementwise pieces (kernels/dora.cuh).
+void dora_row_norms(TensorView norm, const TensorView& P);
+void dora_magnitude_scale(TensorView g, const TensorView& magnitude, const TensorView& norm);
+void dora_scale_columns(TensorView out, const TensorView& in, const TensorView& g, float offset, bool accumulate);
+void dora_magnitude_backward(TensorView dm, const TensorView& dy, const TensorView& z, const TensorView& norm);
+
 // matmul.h's product on cuBLAS (src/ops/cuda/cublas_gemm.cpp has the operand rules).
 void gemm(const MatrixOutput& c, const MatrixOperand& a, const MatrixOperand& b, bool accumulate, float scale);
 

@@ -162,15 +162,15 @@ MatrixView columns_of(const TensorView& xa, const GroupDims& g, size_t i) {
 }
 
 // dx += mask / (1 - p) ⊙ g, with the mask of `params`' key.
-void accumulate_dropped(TensorView dx, const Tensor& g_storage, const LoraParams& params) {
+void accumulate_dropped(TensorView dx, const TensorView& g_view, const LoraParams& params) {
   constexpr const char* op = "lora_backward";
   const uint64_t mixed_key = mix64(params.dropout_key);
   const uint32_t threshold = drop_threshold(params.dropout);
   const float keep_scale = 1.0f / (1.0f - params.dropout);
-  const float* g = g_storage.data<float>();
+  const float* g = g_view.as<const float>();
   const int64_t n = dx.numel();
-  if (runs_on_cuda(op, {dx, g_storage.view()}))
-    if constexpr (kWithCuda) return cuda_ops::lora_dropout_accumulate(dx, g_storage, mixed_key, threshold, keep_scale);
+  if (runs_on_cuda(op, {dx, g_view}))
+    if constexpr (kWithCuda) return cuda_ops::lora_dropout_accumulate(dx, g_view, mixed_key, threshold, keep_scale);
   with_storage(dx.dtype, op, [&](auto tag) {
     using S = decltype(tag);
     S* out = dx.as<S>();
@@ -189,6 +189,27 @@ float lora_scaling(const LoraParams& params, int64_t rank) { return params.alpha
 bool lora_dropout_keeps(uint64_t key, uint64_t index, float probability) {
   return keeps_lane(keep_word(mix64(key), static_cast<int64_t>(index / 4)), static_cast<int>(index % 4),
                     drop_threshold(probability));
+}
+
+void lora_dropout_forward(TensorView out, const TensorView& x, const LoraParams& params) {
+  constexpr const char* op = "lora_dropout_forward";
+  check_float(op, "x", x);
+  check_that(out.dtype == x.dtype && out.shape == x.shape, "{}: out {} must be x's shape and dtype ({})", op,
+             out.describe(), x.describe());
+  runs_on_cuda(op, {out, x});
+  if (!dropout_active(params)) return copy_convert(out, x);
+  const LoraSite site{TensorView{}, TensorView{}, params};
+  apply_dropout(std::span(&out, 1), x, std::span(&site, 1));
+}
+
+void lora_dropout_backward(TensorView dx, const TensorView& g, const LoraParams& params) {
+  constexpr const char* op = "lora_dropout_backward";
+  check_float(op, "dx", dx);
+  check_f32(op, "g", g);
+  check_that(g.numel() == dx.numel(), "{}: g {} and dx {} differ in size", op, g.describe(), dx.describe());
+  runs_on_cuda(op, {dx, g});
+  if (!dropout_active(params)) return add_scaled(dx, g, 1.0f);
+  accumulate_dropped(dx, g, params);
 }
 
 void lora_forward_group(std::span<const TensorView> ys, TensorView xa, const TensorView& x,

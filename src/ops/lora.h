@@ -29,6 +29,13 @@ bool lora_dropout_keeps(uint64_t key, uint64_t index, float probability);
 // NaN fails it too.
 inline bool valid_lora_dropout(double probability) { return probability >= 0.0 && probability < 1.0; }
 
+// The adapter's dropout on its own, for a caller that needs the dropped input elsewhere (DoRA
+// runs the base weight over it, ops/dora.h): out = dropout(x) with params' mask (x's shape and
+// dtype; x itself when dropout is off), and its backward dx += keep / (1 - p) ⊙ g (g F32, dx's
+// shape; dx += g when dropout is off).
+void lora_dropout_forward(TensorView out, const TensorView& x, const LoraParams& params);
+void lora_dropout_backward(TensorView dx, const TensorView& g, const LoraParams& params);
+
 // x: [..., in] (rows M = x.numel() / in); A: [r, in]; B: [out, r]; y: [..., out] with M rows,
 // accumulated (y += adapter output). xa: [M, r] (F32, BF16 or F16), written with dropout(x) · Aᵀ and
 // kept for the backward. All of x, A, B, y: F32, BF16 or F16. Dropout 0 (or not training) reads x as is.

@@ -6,6 +6,7 @@
 
 #include "backend/caching_allocator.h"
 #include "config/train_config.h"
+#include "model/block_expansion.h"
 #include "model/llama_layer.h"
 #include "model/llama_model.h"
 #include "model/llama_weights.h"
@@ -13,6 +14,7 @@
 #include "fsdp/frozen_layout.h"
 #include "model/footprint.h"
 #include "model/llama_lm_head.h"
+#include "ops/dora.h"
 #include "quant/frozen_format.h"
 
 namespace fsdpq {
@@ -73,17 +75,19 @@ UnitShape root_unit(const PlanInput& p) {
   return u;
 }
 
-UnitShape layer_unit_shape(const PlanInput& p) {
+// A decoder layer's unit; `new_block`: one of Llama-Pro's, every weight trainable.
+UnitShape layer_unit_shape(const PlanInput& p, bool new_block = false) {
   UnitShape u;
   const int64_t C = p.model.hidden_size;
+  const bool trains = p.train_base || new_block;
   for (int k = 0; k < 2; ++k) {  // input / post-attention norms
-    if (p.train_base)
+    if (trains)
       u.trainable.push_back(C);
     else
       u.frozen.push_back({&dense_format(p.activation), C});
   }
   for (const Linear& l : linears(p)) {
-    if (p.train_base)
+    if (trains)
       u.trainable.push_back(l.out * l.in);
     else
       u.frozen.push_back(
@@ -93,6 +97,7 @@ UnitShape layer_unit_shape(const PlanInput& p) {
     if (l.rank > 0) {
       u.trainable.push_back(l.rank * l.in);   // lora_A [r, in]
       u.trainable.push_back(l.out * l.rank);  // lora_B [out, r]
+      if (p.dora) u.trainable.push_back(l.out);  // lora_magnitude_vector [out]
     }
   return u;
 }
@@ -137,17 +142,48 @@ UnitBytes unit_bytes(const PlanInput& p, const UnitShape& u, int shard_size, boo
 
 int64_t state_buffers(OptimizerKind kind) { return static_cast<int64_t>(optimizer_state_names(kind).size()); }
 
+// What a DoRA linear's ops allocate for themselves (src/ops/dora.cpp, and the LoRA op it calls
+// as a group of one), the largest over the adapted modules. Forward: the weight norm's fp32 block
+// of rows (at most kDoraNormChunkBytes) and then g, the dropped input copy (dropout: DoRA's and
+// LoRA's own). Backward: g and dy ⊙ g, then with dropout (g − 1) ⊙ dy and the fp32 gradient at the
+// dropped input, or LoRA's d(xa) (fp32, rounded on the GPU) beside its dropped copy or dx_dropped.
+struct DoraTemporaries {
+  int64_t forward = 0, backward = 0;
+};
+
+DoraTemporaries dora_temporaries(const PlanInput& p, const std::vector<Linear>& lin, int64_t N) {
+  const bool gpu = p.on_gpu, dropout = p.lora_dropout > 0;
+  const int64_t a = static_cast<int64_t>(dtype_size(p.activation));
+  const int64_t g = static_cast<int64_t>(dtype_size(activation_grad_dtype(p.activation)));
+  auto R = [&](int64_t bytes) { return rounded(gpu, bytes); };
+  DoraTemporaries t;
+  for (const Linear& l : lin) {
+    if (l.rank == 0) continue;
+    const int64_t norm_block = R(dora_norm_chunk_rows(l.out, l.in) * l.in * kF32), scale = R(l.out * kF32);
+    const int64_t dropped = dropout ? R(N * l.in * a) : 0;
+    t.forward = std::max({t.forward, norm_block, scale + 2 * dropped});
+    const int64_t dy_g = R(N * l.out * g);
+    const int64_t base_dropped = dropout ? R(N * l.out * g) + R(N * l.in * kF32) : 0;
+    const int64_t dxa = R(N * l.rank * kF32) + (gpu && p.activation != DType::F32 ? R(N * l.rank * a) : 0);
+    const int64_t lora = dxa + (dropout ? std::max(R(N * l.in * a), R(N * l.in * kF32)) : 0);
+    t.backward = std::max(t.backward, scale + dy_g + std::max(base_dropped, lora));
+  }
+  return t;
+}
+
 }  // namespace
 
 PlanInput plan_input_from(const TrainConfig& c, const LlamaConfig& model, int world_size) {
   PlanInput p;
-  p.model = model;
+  p.model = BlockExpansion(model.num_hidden_layers, c.llama_pro() ? c.llama_pro_num_new_blocks : 0).expanded(model);
   p.quantized = c.quantized_base();
   p.hqq_bits = c.hqq_base() ? static_cast<int>(c.n_bits) : 0;
-  p.train_base = !c.is_lora();
+  p.train_base = c.full_finetune();
+  p.new_blocks = c.llama_pro() ? c.llama_pro_num_new_blocks : 0;
   p.lora_rank = c.lora_rank;
   if (c.is_lora()) p.lora_targets = c.lora_target_modules;
   p.lora_dropout = c.lora_dropout;
+  p.dora = c.dora();
   p.activation = activation_dtype(c.choice.precision);
   p.optimizer = c.choice.optimizer;
   p.context_length = c.context_length;
@@ -186,13 +222,21 @@ ActivationBytes activation_bytes(const PlanInput& p) {
   layer.add(N * C * a, 2);         // x2, n2
   layer.add(N * kF32);             // rstd2
   layer.add(N * I * a, 3);         // gate, up, h
-  // xa: one [N, Σr] per group of modules that share an input (model/llama_layer.h).
-  for (int g = 0; g < kLinearGroups; ++g) {
+  // xa: one [N, Σr] per group of modules that share an input (model/llama_layer.h); under DoRA
+  // one [N, r] per module instead, beside its output before the magnitude scales it z [N, out]
+  // and its weight norm (fp32 [out]).
+  for (int g = 0; g < kLinearGroups && !p.dora; ++g) {
     const std::span<const int> group = group_modules(g);  // indices into linear_module_names()
     int64_t rank = 0;
     for (int m : group) rank += lin[static_cast<size_t>(m)].rank;
     if (rank > 0) layer.add(N * rank * a);
   }
+  for (const Linear& l : lin)
+    if (p.dora && l.rank > 0) {
+      layer.add(N * l.rank * a);
+      layer.add(N * l.out * a);
+      layer.add(l.out * kF32);
+    }
   x.layer = layer.sum;
   // Checkpointing keeps the activations of the layers it does not recompute (every
   // checkpoint_every-th is), plus one buffer the recomputed layers share.
@@ -254,6 +298,10 @@ ActivationBytes activation_bytes(const PlanInput& p) {
                                         : stacked + (adapters > 1 ? R(rank * in * kF32) : 0);
     backward_temp = std::max(backward_temp, dxa + std::max(dy_cast, dxa_cast + input_phase));
   }
+  if (p.dora) {
+    const DoraTemporaries t = dora_temporaries(p, lin, N);
+    forward_temp = t.forward, backward_temp = t.backward;
+  }
   x.op_temporary = std::max(forward_temp, backward_temp);
 
   // Gradients the engine allocates per unit at its backward (fp32, whole): the layer's, and the
@@ -261,6 +309,7 @@ ActivationBytes activation_bytes(const PlanInput& p) {
   int64_t layer_grads = 0, root_grads = 0;
   if (p.grads_per_unit) {
     layer_grads = unit_bytes(p, layer_unit_shape(p), 1, gpu).grads;
+    if (p.new_blocks > 0) layer_grads = std::max(layer_grads, unit_bytes(p, layer_unit_shape(p, true), 1, gpu).grads);
     root_grads = unit_bytes(p, root_unit(p), 1, gpu).grads;
   }
   x.unit_grads = layer_grads + root_grads;
@@ -276,11 +325,47 @@ ActivationBytes activation_bytes(const PlanInput& p) {
 
 namespace {
 
-// What one unit costs where it computes (`gpu`) and on the host, for the two kinds of unit.
+// What one unit costs where it computes (`gpu`) and on the host, for each kind of unit: the root,
+// a decoder layer, and a Llama-Pro new block (trainable; `new_blocks` of the layers are).
 struct UnitCosts {
-  UnitBytes root, layer;            // where the model computes
-  UnitBytes root_host, layer_host;  // their host-side counterparts
+  UnitBytes root, layer, new_block;                 // where the model computes
+  UnitBytes root_host, layer_host, new_block_host;  // their host-side counterparts
+  int64_t layers = 0, new_blocks = 0;               // decoder layers, of which new blocks
+
+  // Σ over the decoder layers of `f` of their bytes (where they compute, or on the host).
+  template <class F>
+  int64_t sum_layers(const F& f, bool host = false) const {
+    return (layers - new_blocks) * f(host ? layer_host : layer) + new_blocks * f(host ? new_block_host : new_block);
+  }
+  // The largest `f` of one decoder layer.
+  template <class F>
+  int64_t largest_layer(const F& f, bool host = false) const {
+    const int64_t frozen = layers > new_blocks ? f(host ? layer_host : layer) : 0;
+    return new_blocks > 0 ? std::max(frozen, f(host ? new_block_host : new_block)) : frozen;
+  }
 };
+
+UnitCosts unit_costs(const PlanInput& p, int shard_size, bool gpu) {
+  UnitCosts u;
+  u.root = unit_bytes(p, root_unit(p), shard_size, gpu);
+  u.layer = unit_bytes(p, layer_unit_shape(p), shard_size, gpu);
+  u.new_block = unit_bytes(p, layer_unit_shape(p, true), shard_size, gpu);
+  u.root_host = unit_bytes(p, root_unit(p), shard_size, false);
+  u.layer_host = unit_bytes(p, layer_unit_shape(p), shard_size, false);
+  u.new_block_host = unit_bytes(p, layer_unit_shape(p, true), shard_size, false);
+  u.layers = p.model.num_hidden_layers;
+  u.new_blocks = p.new_blocks;
+  return u;
+}
+
+// Fields of UnitBytes as functions, for UnitCosts' sums.
+int64_t frozen_bytes(const UnitBytes& b) { return static_cast<int64_t>(b.layout.frozen_bytes); }
+int64_t compute_bytes(const UnitBytes& b) { return b.compute; }
+int64_t quantized_bytes(const UnitBytes& b) { return b.nf4; }
+int64_t dense_bytes(const UnitBytes& b) { return b.dense; }
+int64_t frozen_on_device(const UnitBytes& b) { return b.nf4 + b.dense; }
+int64_t quantized_host_bytes(const UnitBytes& b) { return b.nf4_host; }
+int64_t trainable_numel(const UnitBytes& b) { return b.layout.trainable_numel; }
 
 // The rows of the prediction's table: where the compute happens (the GPU, or the host for the CPU
 // backend) and the host beside it.
@@ -314,20 +399,20 @@ WeightTotals offloaded_resident_weights(const PlanInput& p, const UnitCosts& u, 
                                         ItemList& items) {
   const int64_t L = p.model.num_hidden_layers;
   const int64_t layers_on_gpu = std::min<int64_t>(2, L);
-  const int64_t frozen_host = L * static_cast<int64_t>(u.layer_host.layout.frozen_bytes);
-  const int64_t compute = u.root.compute + L * u.layer.compute;
+  const int64_t frozen_host = u.sum_layers(frozen_bytes, true);
+  const int64_t compute = u.root.compute + u.sum_layers(compute_bytes);
   items.add("frozen dense weights (embedding, head, final norm)", u.root.dense + u.root.nf4, 0);
   items.add("frozen layer weights: " + std::to_string(layers_on_gpu) + " layers on the GPU, all in pinned host memory",
-            layers_on_gpu * (u.layer.nf4 + u.layer.dense), frozen_host);
+            layers_on_gpu * u.largest_layer(frozen_on_device), frozen_host);
   items.add(p.activation == DType::F32 ? "trainable fp32 weights (computed with)" : "trainable compute copies", compute, 0);
-  const int64_t staging = (u.root_host.layout.trainable_numel + L * u.layer_host.layout.trainable_numel) *
+  const int64_t staging = (u.root_host.layout.trainable_numel + u.sum_layers(trainable_numel, true)) *
                           (kF32 + static_cast<int64_t>(dtype_size(p.activation)));
   items.add("gradient / compute-copy staging (pinned)", 0, staging);
   WeightTotals t;
   t.persistent_compute = u.root.dense + u.root.nf4 + compute;
-  t.gathered_compute = layers_on_gpu * (u.layer.nf4 + u.layer.dense);
+  t.gathered_compute = layers_on_gpu * u.largest_layer(frozen_on_device);
   t.host_weights = frozen_host + staging;
-  t.load_peak = frozen_host + u.root_host.dense + u.root_host.compute + L * u.layer_host.compute + building +
+  t.load_peak = frozen_host + u.root_host.dense + u.root_host.compute + u.sum_layers(compute_bytes, true) + building +
                 host_state + staging;
   return t;
 }
@@ -336,19 +421,19 @@ WeightTotals offloaded_resident_weights(const PlanInput& p, const UnitCosts& u, 
 // (BaseWeight::place_on).
 WeightTotals resident_weights(const PlanInput& p, const UnitCosts& u, bool gpu, int64_t building, int64_t host_state,
                               ItemList& items) {
-  const int64_t L = p.model.num_hidden_layers;
-  const int64_t frozen_nf4 = L * u.layer.nf4, frozen_dense = u.root.dense + L * u.layer.dense;
-  const int64_t compute = u.root.compute + L * u.layer.compute;
-  items.add(p.hqq_bits ? "frozen HQQ weights" : "frozen NF4 weights", frozen_nf4, gpu ? L * u.layer_host.nf4_host : 0);
+  const int64_t frozen_nf4 = u.sum_layers(quantized_bytes), frozen_dense = u.root.dense + u.sum_layers(dense_bytes);
+  const int64_t compute = u.root.compute + u.sum_layers(compute_bytes);
+  const int64_t nf4_host = u.sum_layers(quantized_host_bytes, true);
+  items.add(p.hqq_bits ? "frozen HQQ weights" : "frozen NF4 weights", frozen_nf4, gpu ? nf4_host : 0);
   items.add("frozen dense weights (embedding, head, norms" + std::string(p.quantized ? ")" : ", linears)"),
             frozen_dense, 0);
   items.add(p.activation == DType::F32 ? "trainable fp32 weights (computed with)" : "trainable compute copies", compute, 0);
   WeightTotals t;
   t.persistent_compute = frozen_nf4 + frozen_dense + compute;
-  t.host_weights = gpu ? L * u.layer_host.nf4_host : 0;
+  t.host_weights = gpu ? nf4_host : 0;
   // Loading builds every unit on the host first, then places the model on the GPU.
-  const int64_t host_all = L * u.layer_host.nf4_host + u.root_host.dense + L * u.layer_host.dense +
-                           u.root_host.compute + L * u.layer_host.compute;
+  const int64_t host_all = nf4_host + u.root_host.dense + u.sum_layers(dense_bytes, true) + u.root_host.compute +
+                           u.sum_layers(compute_bytes, true);
   t.load_peak = host_all + building + host_state;
   return t;
 }
@@ -363,18 +448,19 @@ WeightTotals sharded_weights(const PlanInput& p, const UnitCosts& u, int S, bool
   const auto chunk = [&](const UnitBytes& b) {
     return static_cast<int64_t>(b.layout.frozen_shard_bytes + b.layout.shard_numel * dtype_size(p.activation));
   };
+  const auto gathered = [](const UnitBytes& b) { return b.nf4 + b.dense + b.compute; };
   WeightTotals t;
-  const int64_t shards = chunk(u.root_host) + L * chunk(u.layer_host);
+  const int64_t shards = chunk(u.root_host) + u.sum_layers(chunk, true);
   const bool keeps_gathered = !reshards_after_forward(p.setting.strategy);
   const int64_t layers_in_flight = keeps_gathered ? L : std::min<int64_t>(2, L);
-  const int64_t one_root = u.root.nf4 + u.root.dense + u.root.compute;
-  const int64_t one_layer = u.layer.nf4 + u.layer.dense + u.layer.compute;
-  t.gathered_compute = one_root + layers_in_flight * one_layer;
+  const int64_t one_root = gathered(u.root);
+  t.gathered_compute = one_root + (keeps_gathered ? u.sum_layers(gathered) : layers_in_flight * u.largest_layer(gathered));
   items.add("gathered units (root + " + std::to_string(layers_in_flight) + " layer" + (layers_in_flight == 1 ? "" : "s") +
                 ")",
             t.gathered_compute, 0);
   if (state_gpu) {
-    t.persistent_compute = rounded(true, chunk(u.root)) + L * rounded(true, chunk(u.layer));
+    t.persistent_compute =
+        rounded(true, chunk(u.root)) + u.sum_layers([&](const UnitBytes& b) { return rounded(true, chunk(b)); });
     items.add("this rank's shards of the weights", t.persistent_compute, 0);
   } else {
     t.host_weights = shards;
@@ -383,9 +469,12 @@ WeightTotals sharded_weights(const PlanInput& p, const UnitCosts& u, int S, bool
   // The collectives' buffers, where the model computes: the all-gather's output (one unit × S;
   // with offload also the host shard's copy in) and the reduce-scatter's packed gradients and
   // reduced shard; with offload the reduced shard's host copy.
-  const int64_t recv = chunk(u.layer_host) * S + (gpu && p.setting.cpu_offload ? chunk(u.layer_host) : 0);
-  const int64_t packed = u.layer_host.layout.shard_numel * S * kF32 + u.layer_host.layout.shard_numel * kF32;
-  const int64_t reduced_host = gpu && p.setting.cpu_offload ? u.layer_host.layout.shard_numel * kF32 : 0;
+  // (Sized for the largest layer: a Llama-Pro new block's when there are any.)
+  const int64_t largest_chunk = u.largest_layer(chunk, true);
+  const int64_t shard_numel = u.largest_layer([](const UnitBytes& b) { return b.layout.shard_numel; }, true);
+  const int64_t recv = largest_chunk * S + (gpu && p.setting.cpu_offload ? largest_chunk : 0);
+  const int64_t packed = shard_numel * S * kF32 + shard_numel * kF32;
+  const int64_t reduced_host = gpu && p.setting.cpu_offload ? shard_numel * kF32 : 0;
   items.add("gather / reduce buffers", recv + packed, reduced_host);
   if (gpu) {
     t.gathered_compute += recv + packed;
@@ -395,7 +484,8 @@ WeightTotals sharded_weights(const PlanInput& p, const UnitCosts& u, int S, bool
   }
   // The shard loader builds one unit's shard at a time (read in the load dtype); on the GPU
   // without offload each goes to the device as it is built.
-  t.load_peak = t.host_weights + host_state + static_cast<int64_t>(u.layer_host.layout.frozen_shard_bytes) * 2;
+  t.load_peak = t.host_weights + host_state +
+                u.largest_layer([](const UnitBytes& b) { return static_cast<int64_t>(b.layout.frozen_shard_bytes); }, true) * 2;
   return t;
 }
 
@@ -410,9 +500,10 @@ MemoryPrediction predict_memory(const PlanInput& p) {
   r.ranks_per_node = p.ranks_per_node > 0 ? std::min(p.ranks_per_node, p.world_size) : p.world_size;
   const bool gpu = p.on_gpu, resident = S == 1;
   const bool state_on_host = !gpu || p.setting.cpu_offload;
-  const int64_t L = p.model.num_hidden_layers, k = state_buffers(p.optimizer);
-  const UnitCosts u{unit_bytes(p, root_unit(p), S, gpu), unit_bytes(p, layer_unit_shape(p), S, gpu),
-                    unit_bytes(p, root_unit(p), S, false), unit_bytes(p, layer_unit_shape(p), S, false)};
+  const int64_t k = state_buffers(p.optimizer);
+  if (p.new_blocks < 0 || p.new_blocks >= p.model.num_hidden_layers)
+    throw std::logic_error("predict_memory: new_blocks must be fewer than the model's layers");
+  const UnitCosts u = unit_costs(p, S, gpu);
   r.activations = activation_bytes(p);
   const ActivationBytes& act = r.activations;
   ItemList items(gpu);
@@ -422,15 +513,18 @@ MemoryPrediction predict_memory(const PlanInput& p) {
     return rounded(on_gpu_now, b.layout.shard_numel * kF32) * buffers;
   };
   const bool state_gpu = gpu && !p.setting.cpu_offload;
-  const int64_t state_dev = state_gpu ? shard_state(u.root, true, 2 + k) + L * shard_state(u.layer, true, 2 + k) : 0;
+  auto all_units_state = [&](bool on_gpu_now, int64_t buffers) {
+    const auto one = [&](const UnitBytes& b) { return shard_state(b, on_gpu_now, buffers); };
+    return one(on_gpu_now ? u.root : u.root_host) + u.sum_layers(one, !on_gpu_now);
+  };
+  const int64_t state_dev = state_gpu ? all_units_state(true, 2 + k) : 0;
   // The engine always keeps a host copy of its master shard (staging for gathers and checkpoints).
-  const int64_t master_host = shard_state(u.root_host, false, 1) + L * shard_state(u.layer_host, false, 1);
-  const int64_t state_host =
-      state_on_host ? shard_state(u.root_host, false, 1 + k) + L * shard_state(u.layer_host, false, 1 + k) : 0;
+  const int64_t master_host = all_units_state(false, 1);
+  const int64_t state_host = state_on_host ? all_units_state(false, 1 + k) : 0;
 
   // A rank holding whole units builds each on the host (its gradients and compute copy included).
-  const int64_t building =
-      std::max(u.root_host.grads + u.root_host.compute, u.layer_host.grads + u.layer_host.compute);
+  const auto built = [](const UnitBytes& b) { return b.grads + b.compute; };
+  const int64_t building = std::max(built(u.root_host), u.largest_layer(built, true));
   const WeightTotals w =
       resident && gpu && p.setting.cpu_offload
           ? offloaded_resident_weights(p, u, building, master_host + state_host, items)

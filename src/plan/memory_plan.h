@@ -37,13 +37,15 @@ struct PlanSetting {
 };
 
 struct PlanInput {
-  LlamaConfig model;
+  LlamaConfig model;        // the model that trains (with Llama-Pro's new blocks)
   bool quantized = true;    // quantised base linears: NF4 (qlora) or HQQ (hqq_lora)
   int hqq_bits = 0;         // HQQ of this many bits (n_bits); 0: NF4
   bool train_base = false;  // full fine-tuning
+  int64_t new_blocks = 0;   // Llama-Pro: of model's layers, this many are new blocks (bf16, trainable)
   int64_t lora_rank = 64;
   std::vector<std::string> lora_targets;  // q_proj ... down_proj
   double lora_dropout = 0.1;
+  bool dora = false;  // DoRA adapters (bnb_dora, hqq_dora): magnitudes, their saved tensors and norm scratch
   DType activation = DType::BF16;  // activation_dtype(precision)
   OptimizerKind optimizer = OptimizerKind::adamw;
   int64_t context_length = 512;  // tokens per sequence (batches padded to it: the worst case)
@@ -94,7 +96,8 @@ struct MemoryPrediction {
 };
 
 // A run's settings (train_type, LoRA, precision, optimizer, context, sharding, checkpointing,
-// offload, batch size) on `world_size` GPUs.
+// offload, batch size) on `world_size` GPUs; `model` is the checkpoint's config (Llama-Pro's
+// expansion is applied here).
 PlanInput plan_input_from(const TrainConfig& config, const LlamaConfig& model, int world_size);
 
 ActivationBytes activation_bytes(const PlanInput& input);

@@ -13,37 +13,53 @@
 namespace fsdpq {
 namespace {
 
-float round_f16(float x) { return f16_to_float(float_to_f16(x)); }
-
 // The shrinkage exponent lp_norm - 1 as torch's pow gets it: the Python float -0.3 cast to the
 // tensor's dtype (to float16 on the half path: -0.300048828125).
 constexpr float kShrinkExponentFloat = -0.3f;
 
 // |x|^(lp_norm - 1) for every non-negative float16 x, as torch computes it on a half tensor:
-// powf in fp32, rounded to half. The half solver meets only half inputs, so a table is exact.
-const std::array<uint16_t, 0x7c01>& half_shrink_powers() {
-  static const std::array<uint16_t, 0x7c01> table = [] {
-    std::array<uint16_t, 0x7c01> t{};
+// powf in fp32, rounded to half. The half solver meets only half inputs, so a table is exact. Kept
+// as floats, indexed by the half's bits (half_bits_of).
+const std::array<float, 0x7c01>& half_shrink_powers() {
+  static const std::array<float, 0x7c01> table = [] {
+    std::array<float, 0x7c01> t{};
     const float exponent = round_f16(kShrinkExponentFloat);
     for (uint32_t h = 0; h < t.size(); ++h)  // every finite non-negative half, and +inf
-      t[h] = float_to_f16(std::pow(f16_to_float(static_cast<uint16_t>(h)), exponent));
+      t[h] = f16_to_float(float_to_f16(std::pow(f16_to_float(static_cast<uint16_t>(h)), exponent)));
     return t;
   }();
   return table;
+}
+
+// The half bits of a non-negative float that is a half value (or inf / NaN: 0x7c00, the table's
+// last entry, as min(float_to_f16(a), 0x7c00) gives): float_to_f16 without its rounding.
+inline uint32_t half_bits_of(float a) {
+  const uint32_t bits = float_bits(a);
+  if (bits < 0x38800000u) return static_cast<uint32_t>(a * 16777216.0f);  // subnormal half: a / 2^-24
+  return std::min<uint32_t>((bits - 0x38000000u) >> 13, 0x7c00u);
 }
 
 // Every solver operation is computed in fp32 and rounded to the working precision, as torch's
 // elementwise kernels do for float16 (in fp32 the rounding is the operation's own).
 struct Working {
   bool half;
+  const float* powers = half ? half_shrink_powers().data() : nullptr;
   float operator()(float x) const { return half ? round_f16(x) : x; }
   float shrink_power(float a) const {
     if (!half) return std::pow(a, kShrinkExponentFloat);
-    return f16_to_float(half_shrink_powers()[std::min<uint32_t>(float_to_f16(a), 0x7c00u)]);
+    return powers[half_bits_of(a)];
   }
 };
 
 float max_code(int n_bits) { return static_cast<float>((1 << n_bits) - 1); }
+
+// std::nearbyint under the default rounding mode (to nearest, ties to even), without the libm
+// call in the solver's inner loop: adding and subtracting 1.5 · 2^23 leaves an integer for
+// |v| < 2^22; larger values take nearbyint itself.
+float nearest_even(float v) {
+  if (!(std::fabs(v) < 4194304.0f)) return std::nearbyint(v);
+  return std::copysign((v + 12582912.0f) - 12582912.0f, v);
+}
 
 }  // namespace
 
@@ -111,7 +127,7 @@ HqqGroup hqq_solve_group(const float* values, const HqqGroupStart& start, int n_
     const auto inv_beta = static_cast<float>(1.0 / beta);  // a Python float, fp32 in the kernel
     double error_sum = 0.0, zero_sum = 0.0;
     for (int64_t j = 0; j < kHqqGroupSize; ++j) {
-      const float q = std::clamp(std::nearbyint(r(r(w[j] * scale) + zero)), 0.0f, top);
+      const float q = std::clamp(nearest_even(r(r(w[j] * scale) + zero)), 0.0f, top);
       const float dequantized = r(r(q - zero) / scale);
       const float error = r(w[j] - dequantized);
       const float magnitude = std::fabs(error);

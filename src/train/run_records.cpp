@@ -14,7 +14,7 @@ nlohmann::json run_header(const ResolvedConfig& resolved, const RunPlan& plan, c
                           const GpuInfo& gpu, int64_t total_steps) {
   nlohmann::json config = nlohmann::json::object();
   for (const auto& [key, value] : resolved.text) config[key] = value;
-  const auto& m = plan.model.config;
+  const auto& m = plan.trained_model;
   return {
       {"type", "header"},
       {"fsdpq_version", FSDPQ_VERSION},
@@ -28,6 +28,7 @@ nlohmann::json run_header(const ResolvedConfig& resolved, const RunPlan& plan, c
         {"num_attention_heads", m.num_attention_heads},
         {"num_key_value_heads", m.num_key_value_heads},
         {"vocab_size", m.vocab_size},
+        {"llama_pro_new_blocks", plan.trained_model.num_hidden_layers - plan.model.config.num_hidden_layers},
         {"parameters", plan.footprint.params.total},
         {"trainable_parameters", plan.footprint.trainable_params}}},
       {"dataset",

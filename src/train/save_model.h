@@ -1,5 +1,6 @@
 // `save_model = true`: at the end of training, the adapters in PEFT's layout (loadable with
-// peft.PeftModel.from_pretrained) or, for train_type full, the whole model as an HF directory.
+// peft.PeftModel.from_pretrained) or, for train_type full and Llama-Pro, the whole model as an HF
+// directory (Llama-Pro's expanded: docs/llama_pro.md says why not only the new blocks).
 #pragma once
 #include <string>
 

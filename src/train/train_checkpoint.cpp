@@ -29,7 +29,7 @@ std::vector<int64_t> dims_of(const Shape& shape) {
 // meaning of the saved position (sample order and global batch). Learning rate, schedule, logging
 // and the like may change between runs.
 nlohmann::json compatibility(const TrainConfig& c, const RunPlan& plan) {
-  const auto& m = plan.model.config;
+  const auto& m = plan.trained_model;  // with Llama-Pro's new blocks: the layers whose state is saved
   return {
       {"model",
        {{"hidden_size", m.hidden_size},
@@ -39,7 +39,7 @@ nlohmann::json compatibility(const TrainConfig& c, const RunPlan& plan) {
         {"num_key_value_heads", m.num_key_value_heads},
         {"vocab_size", m.vocab_size},
         {"tie_word_embeddings", m.tie_word_embeddings}}},
-      {"train_type", c.is_lora() ? "lora" : "full"},
+      {"train_type", c.is_lora() ? "lora" : c.llama_pro() ? "llama_pro" : "full"},
       {"lora", c.is_lora() ? nlohmann::json{{"rank", c.lora_rank}, {"alpha", c.lora_alpha},
                                             {"target_modules", c.lora_target_modules}}
                            : nlohmann::json(nullptr)},

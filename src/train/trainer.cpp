@@ -55,11 +55,13 @@ ModelOptions model_options_from(const TrainConfig& c) {
   ModelOptions o;
   o.quantize_base = c.quantized_base();
   o.hqq_bits = c.hqq_base() ? static_cast<int>(c.n_bits) : 0;
-  o.train_base = !c.is_lora();
+  o.train_base = c.full_finetune();
+  o.llama_pro_new_blocks = c.llama_pro() ? c.llama_pro_num_new_blocks : 0;
   o.lora_rank = c.lora_rank;
   o.lora_alpha = c.lora_alpha;
   o.lora_dropout = c.lora_dropout;
   if (c.is_lora()) o.lora_targets = c.lora_target_modules;
+  o.use_dora = c.dora();
   o.precision = c.choice.precision;
   o.gradient_checkpointing = c.use_gradient_checkpointing;
   o.checkpoint_every = c.checkpoint_every;
@@ -74,7 +76,7 @@ template <class Receiver>
 LlamaModel build_model_with(const RunPlan& plan, const ModelOptions& options, const Receiver& receiver,
                             uint64_t* bytes_read) {
   if (bytes_read) *bytes_read = 0;
-  if (plan.model.is_preset()) return LlamaModel::random(plan.model.config, 0, options, receiver);
+  if (plan.model.is_preset()) return LlamaModel::random(plan.model.config, kPresetInitSeed, options, receiver);
   ModelWeights weights = ModelWeights::open(plan.model.directory);
   LlamaModel model = LlamaModel::load(plan.model.config, weights, options, receiver);
   if (bytes_read) *bytes_read = weights.bytes_read();
@@ -128,7 +130,7 @@ class Trainer {
         device_(gpu.has_gpu() ? Device::CUDA : Device::CPU),  // CUDA_VISIBLE_DEVICES= keeps the CPU backend
         options_(model_options_from(c_)),
         groups_(make_groups()),
-        fsdp_(groups_, fsdp_options(), static_cast<int>(plan.model.config.num_hidden_layers) + 1),
+        fsdp_(groups_, fsdp_options(), static_cast<int>(plan.trained_model.num_hidden_layers) + 1),
         gas_(c_.gradient_accumulation_steps),
         total_steps_(plan.batches.total_steps),
         schedule_(c_.choice.lr_scheduler, c_.lr,

@@ -25,8 +25,10 @@ struct TrainingOutcome {
 };
 
 ModelOptions model_options_from(const TrainConfig& config);
-// The model of a plan: a preset's random weights (init-model's seed 0, so `preset:X` and the
-// directory `fsdpq init-model --preset X` writes train identically) or an HF directory's.
+// A preset's random weights are init-model's of this seed, so `preset:X` and the directory
+// `fsdpq init-model --preset X` writes train identically.
+inline constexpr uint64_t kPresetInitSeed = 0;
+// The model of a plan: a preset's random weights (kPresetInitSeed) or an HF directory's.
 // With `on_unit_built`, each unit is handed over as soon as it is built. `bytes_read`, when given,
 // receives what was read of the model files (0 for a preset, which reads none).
 LlamaModel build_model(const RunPlan& plan, const ModelOptions& options, const UnitBuiltCallback& on_unit_built = {},

@@ -2,7 +2,8 @@
 // the other half and compares). With FSDPQ_HF_PARITY_DIR set, it reads DIR/model (an init-model
 // directory), DIR/adapter (PEFT, random A and B) and DIR/batch.json ({"input_ids": [[...]],
 // "labels": [[...]], "precision": "bf16" | "fp32"}), runs one training pass on the GPU with
-// dropout 0 for train_type lora and qlora, and writes DIR/fsdpq_<train_type>.json:
+// dropout 0 for train_type lora and qlora — or, for a DoRA adapter (use_dora), for DoRA over the
+// dense base ("dora") and bnb_dora — and writes DIR/fsdpq_<train_type>.json:
 // {"loss": mean, "tokens", "logits": [B*T*V, fp32], "grads": {PEFT name: [values]}}. The
 // gradients are of the mean loss (HF's loss.backward()). Skipped without the variable.
 #include <gtest/gtest.h>
@@ -10,6 +11,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -53,10 +56,13 @@ TEST(GpuHfParity, WritesLossLogitsAndLoraGradients) {
   const LoadedAdapter adapter = load_peft_adapter(dir / "adapter");
   ModelWeights weights = ModelWeights::open(dir / "model");
 
-  for (const std::string train_type : {"lora", "qlora"}) {
+  const bool dora = adapter.config.use_dora;
+  for (const std::string train_type : dora ? std::vector<std::string>{"dora", "bnb_dora"}
+                                           : std::vector<std::string>{"lora", "qlora"}) {
     SCOPED_TRACE(train_type);
     ModelOptions options;
-    options.quantize_base = train_type == "qlora";
+    options.quantize_base = train_type == "qlora" || train_type == "bnb_dora";
+    options.use_dora = dora;
     options.lora_rank = adapter.config.r;
     options.lora_alpha = adapter.config.lora_alpha;
     options.lora_dropout = 0.0;

@@ -2,7 +2,7 @@
 """fsdpq's GPU training pass against Hugging Face transformers + PEFT (+ bitsandbytes for QLoRA).
 
     python3 tests/reference/hf_train_parity.py --fsdpq build/fsdpq --gpu-tests build/tests/fsdpq_gpu_tests \
-        --dir WORK [--precision bf16|fp32]
+        --dir WORK [--precision bf16|fp32] [--dora]
 
 1. Writes a tiny random model with `fsdpq init-model --preset tiny`, a PEFT LoRA adapter with random A
    and B (r 8, alpha 16, fsdp_qlora's targets q,k,v,gate,up,down) and a batch of random tokens.
@@ -12,7 +12,10 @@
    qlora with bitsandbytes Linear4bit (NF4, blocksize 64, double quant, compute dtype = the run's,
    quant storage bf16: fsdp_qlora's setup, whose bytes equal fsdpq's, docs/nf4.md), and compares:
    loss relative, logits and every gradient by normalized L2 error, against the tolerances below.
-Needs torch, transformers, peft and (for qlora) bitsandbytes. Exits 1 on any mismatch.
+With --dora the adapter is PEFT's DoRA (use_dora=True; its magnitude vectors random around the
+base's row norms) and the train types are DoRA over the dense base ("dora") and over NF4
+(bnb_dora); the magnitudes' gradients are compared with lora_A's and lora_B's.
+Needs torch, transformers, peft and (for qlora / bnb_dora) bitsandbytes. Exits 1 on any mismatch.
 """
 import argparse
 import json
@@ -42,6 +45,7 @@ def main():
     ap.add_argument("--gpu-tests", required=True)
     ap.add_argument("--dir", required=True)
     ap.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
+    ap.add_argument("--dora", action="store_true", help="a DoRA adapter (use_dora=True) and the DoRA train types")
     a = ap.parse_args()
     from peft import LoraConfig, PeftModel, get_peft_model
     from transformers import BitsAndBytesConfig, LlamaForCausalLM
@@ -52,10 +56,13 @@ def main():
                    check=True, stdout=subprocess.DEVNULL)
     torch.manual_seed(0)
     base = LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
-    peft_model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=TARGETS))
+    peft_model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=TARGETS,
+                                                 use_dora=a.dora))
     with torch.no_grad():
         for name, p in peft_model.named_parameters():
-            if "lora_" in name:
+            if "lora_magnitude_vector" in name:
+                p.mul_(1.0 + 0.1 * torch.randn_like(p))  # around the row norms PEFT initialised it to
+            elif "lora_" in name:
                 p.normal_(0.0, 0.05)
     peft_model.save_pretrained(adapter_dir)
     vocab = base.config.vocab_size
@@ -70,10 +77,10 @@ def main():
 
     dtype = torch.bfloat16 if a.precision == "bf16" else torch.float32
     tol, problems = TOL[a.precision], []
-    for train_type in ("lora", "qlora"):
+    for train_type in ("dora", "bnb_dora") if a.dora else ("lora", "qlora"):
         ours = json.load(open(os.path.join(a.dir, f"fsdpq_{train_type}.json")))
         kwargs = {"torch_dtype": dtype}
-        if train_type == "qlora":
+        if train_type in ("qlora", "bnb_dora"):
             kwargs["quantization_config"] = BitsAndBytesConfig(
                 load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                 bnb_4bit_compute_dtype=dtype, bnb_4bit_quant_storage=torch.bfloat16)
@@ -91,6 +98,8 @@ def main():
             if "lora_" not in name:
                 continue
             key = name.replace(".default", "")
+            if key.endswith(".lora_magnitude_vector.weight"):  # PEFT saves the magnitude without ".weight"
+                key = key[: -len(".weight")]
             if key not in ours["grads"]:
                 problems.append(f"{train_type}: fsdpq has no gradient for {key}")
                 continue

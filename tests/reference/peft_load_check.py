@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks fsdpq's LoRA adapters and merged models against Hugging Face transformers + PEFT.
+"""Checks fsdpq's LoRA (and DoRA) adapters and merged models against Hugging Face transformers + PEFT.
 
     python3 tests/reference/peft_load_check.py --base MODEL_DIR --adapter ADAPTER_DIR \
         [--logits LOGITS.json [--atol A] [--rtol R]] [--merged MERGED_DIR] [--dtype float32|bfloat16]
@@ -47,7 +47,10 @@ def fail(message):
 
 
 def saved_name_to_parameter(name):
-    """PEFT's saved name (no adapter name) -> the parameter name inside a PeftModel ('default')."""
+    """PEFT's saved name (no adapter name) -> the parameter name inside a PeftModel ('default').
+    A DoRA magnitude is saved as '….lora_magnitude_vector' and lives in '….lora_magnitude_vector.default.weight'."""
+    if name.endswith(".lora_magnitude_vector"):
+        return name + ".default.weight"
     name = name.replace(".lora_A.default.weight", ".lora_A.weight").replace(".lora_B.default.weight", ".lora_B.weight")
     return name.replace(".lora_A.weight", ".lora_A.default.weight").replace(".lora_B.weight", ".lora_B.default.weight")
 
@@ -196,6 +199,10 @@ def main():
         raw = json.load(f)
     if config.r != raw["r"] or config.lora_alpha != raw["lora_alpha"] or set(config.target_modules) != set(raw["target_modules"]):
         fail("PeftConfig read r / lora_alpha / target_modules differently from the file")
+    if bool(getattr(config, "use_dora", False)) != bool(raw.get("use_dora", False)):
+        fail(f"PeftConfig read use_dora as {getattr(config, 'use_dora', None)}, the file says {raw.get('use_dora')}")
+    if raw.get("use_dora"):
+        print("DoRA adapter: magnitudes compared like lora_A / lora_B; the merge folds m / ||W + s·B·A|| as PEFT does")
 
     model.eval()
     check_adapter(model, args.adapter, config)

@@ -127,6 +127,26 @@ TEST(ConfigResolve, ChoicesAreParsedOnceIntoEnums) {
   EXPECT_EQ(r.config.n_bits, 3);
 }
 
+TEST(ConfigResolve, LlamaProTypesTrainNewBlocksOverAQuantisedBase) {
+  ResolvedConfig r = resolve_config_text(std::string(kDummy), "x.ini",
+                                         {{"train_type", "bnb_llama_pro"}, {"llama_pro_num_new_blocks", "2"}});
+  EXPECT_EQ(r.config.choice.train_type, TrainType::BnbLlamaPro);
+  EXPECT_TRUE(r.config.llama_pro() && r.config.quantized_base());
+  EXPECT_FALSE(r.config.is_lora() || r.config.hqq_base() || r.config.full_finetune());
+  EXPECT_EQ(r.config.llama_pro_num_new_blocks, 2);
+  r = resolve_config_text(std::string(kDummy), "x.ini",
+                          {{"train_type", "hqq_llama_pro"}, {"llama_pro_num_new_blocks", "1"}, {"n_bits", "2"}});
+  EXPECT_EQ(r.config.choice.train_type, TrainType::HqqLlamaPro);
+  EXPECT_TRUE(r.config.llama_pro() && r.config.quantized_base() && r.config.hqq_base());
+  EXPECT_FALSE(r.config.is_lora());
+  EXPECT_EQ(r.config.n_bits, 2);
+  // LoRA settings do nothing here: said, not ignored.
+  r = resolve_config_text(std::string(kDummy), "x.ini",
+                          {{"train_type", "bnb_llama_pro"}, {"llama_pro_num_new_blocks", "1"}, {"lora_rank", "8"}});
+  ASSERT_EQ(r.warnings.size(), 1u);
+  EXPECT_EQ(r.warnings[0], "lora_rank = 8 (command line) has no effect with train_type = bnb_llama_pro");
+}
+
 TEST(ConfigResolve, ListsAndAliases) {
   auto r = resolve_config_text("lora_target_modules = q_proj, o_proj\n" + std::string(kDummy), "t.ini", {});
   EXPECT_EQ(r.config.lora_target_modules, (std::vector<std::string>{"q_proj", "o_proj"}));
@@ -205,16 +225,32 @@ INSTANTIATE_TEST_SUITE_P(
         BadConfigCase{"UnknownEnum", "dataset = dummy\nsharding_strategy = fullshard\n", {},
                       "cfg.ini:2: sharding_strategy = \"fullshard\": expected one of full_shard, shard_grad_op, ddp, "
                       "hybrid_full_shard, hybrid_shard_grad_op (did you mean full_shard?)"},
-        BadConfigCase{"NotImplementedEnum", "dataset = dummy\ntrain_type = bnb_dora\n", {},
-                      "cfg.ini:2: train_type = \"bnb_dora\": not supported: DoRA is not implemented in fsdpq yet; use "
-                      "qlora or lora (supported: full, lora, qlora, custom_lora, custom_qlora, hqq_lora)"},
+        BadConfigCase{"HqqDoraWidthHqqCannotPack", "dataset = dummy\ntrain_type = hqq_dora\nn_bits = 5\n", {},
+                      "n_bits = 5 (cfg.ini:3): hqq_dora quantises to 1, 2, 3, 4 or 8 bits"},
+        BadConfigCase{"LlamaProWithoutNewBlocks", "dataset = dummy\ntrain_type = bnb_llama_pro\n", {},
+                      "llama_pro_num_new_blocks = 0 (default): train_type bnb_llama_pro adds this many new decoder "
+                      "layers; set it to at least 1 (LLaMA-Pro-8B adds 8 to Llama-2-7B's 32)"},
+        BadConfigCase{"LlamaProNegativeNewBlocks",
+                      "dataset = dummy\ntrain_type = hqq_llama_pro\nllama_pro_num_new_blocks = -2\n", {},
+                      "cfg.ini:3: llama_pro_num_new_blocks = \"-2\": must be at least 0"},
+        BadConfigCase{"NewBlocksWithoutLlamaPro", "dataset = dummy\ntrain_type = qlora\nllama_pro_num_new_blocks = 4\n",
+                      {},
+                      "llama_pro_num_new_blocks = 4 (cfg.ini:3) contradicts train_type = qlora (cfg.ini:2): only "
+                      "bnb_llama_pro and hqq_llama_pro add blocks; qlora does not"},
+        BadConfigCase{"FsdpQloraLlamaProPath", "dataset = dummy\nllama_pro_path = /models/x_blk_exp-32-40\n", {},
+                      "cfg.ini:2: 'llama_pro_path' is not a setting of fsdpq: fsdpq expands the model while loading "
+                      "(docs/llama_pro.md): set model_name to the original model and llama_pro_num_new_blocks to M - L "
+                      "for block_expansion.py's folder blk_exp-L-M"},
+        BadConfigCase{"HqqLlamaProWidthHqqCannotPack",
+                      "dataset = dummy\ntrain_type = hqq_llama_pro\nllama_pro_num_new_blocks = 1\nn_bits = 6\n", {},
+                      "n_bits = 6 (cfg.ini:4): hqq_llama_pro quantises to 1, 2, 3, 4 or 8 bits"},
         BadConfigCase{"HqqWidthHqqCannotPack", "dataset = dummy\ntrain_type = hqq_lora\nn_bits = 5\n", {},
                       "n_bits = 5 (cfg.ini:3): hqq_lora quantises to 1, 2, 3, 4 or 8 bits"},
         BadConfigCase{"HqqWidthAboveEight", "dataset = dummy\ntrain_type = hqq_lora\n", {{"n_bits", "16"}},
                       "command line: --n_bits 16: must be at most 8"},
         BadConfigCase{"WidthWithoutHqq", "dataset = dummy\nn_bits = 2\n", {},
                       "n_bits = 2 (cfg.ini:2) contradicts train_type = qlora (default): only the hqq train types take "
-                      "another width than 4; qlora does not (use train_type hqq_lora, or leave n_bits at 4)"},
+                      "another width than 4; qlora does not (use train_type hqq_lora or hqq_dora, or leave n_bits at 4)"},
         BadConfigCase{"BadListItem", "dataset = dummy\nlora_target_modules = q_proj, v_prj\n", {},
                       "cfg.ini:2: lora_target_modules = \"q_proj, v_prj\": 'v_prj' is not one of all, default, q_proj, "
                       "k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (did you mean v_proj?)"},

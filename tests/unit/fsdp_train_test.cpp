@@ -118,7 +118,9 @@ class FsdpTrain : public ::testing::Test {
       precision = train_type.substr(colon + 1);
       train_type.resize(colon);
     }
-    return "--precision " + precision + " --model_name demo/model --dataset alpaca --data_path demo/data.jsonl --dataset_samples 48 "
+    // Llama-Pro on the demo's 2 layers: a new block after each.
+    const std::string new_blocks = train_type.find("_llama_pro") != std::string::npos ? " --llama_pro_num_new_blocks 2" : "";
+    return "--precision " + precision + new_blocks + " --model_name demo/model --dataset alpaca --data_path demo/data.jsonl --dataset_samples 48 "
            "--context_length 96 --batch_size 1 --gradient_accumulation_steps " + std::to_string(4 / ranks) +
            " --train_type " + train_type + " --lora_rank 4 --lora_alpha 8 --lora_dropout 0 --lr 2e-3 "
            "--max_steps " + std::to_string(max_steps) + " --log_to stdout --save_model true --output_dir " + out;
@@ -192,8 +194,12 @@ TEST_P(Equivalence, SameLossesAndWeightsAtOneTwoAndFourRanks) {
         EXPECT_NEAR(frozen, model_frozen / ranks, 0.01 * model_frozen / ranks + 64 * 3);
         EXPECT_NEAR(trainable, model_trainable / ranks, 0.01 * model_trainable / ranks + 64 * 3);
         // Each rank read about its share of the model file (tests/mpi/shard_load_tests.h checks it
-        // closely). Not under HQQ, whose zero points and scales re-read their groups (docs/hqq.md).
-        if (type.rfind("hqq", 0) == 0) continue;
+        // closely). Not under HQQ, whose zero points and scales re-read their groups (docs/hqq.md),
+        // nor DoRA, where the rank holding a magnitude vector reads its whole weight (docs/dora.md), nor
+        // Llama-Pro, whose new blocks read the layers they copy once more.
+        if (type.rfind("hqq", 0) == 0 || type.find("dora") != std::string::npos ||
+            type.find("_llama_pro") != std::string::npos)
+          continue;
         const double file_bytes = static_cast<double>(fs::file_size(dir_ / "demo/model/model.safetensors"));
         const auto& read = header.at("load_read_bytes_per_rank");
         ASSERT_EQ(read.size(), static_cast<size_t>(ranks));
@@ -202,7 +208,8 @@ TEST_P(Equivalence, SameLossesAndWeightsAtOneTwoAndFourRanks) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(TrainTypes, Equivalence, ::testing::Values("lora", "qlora", "full", "lora:fp32", "hqq_lora"),
+INSTANTIATE_TEST_SUITE_P(TrainTypes, Equivalence, ::testing::Values("lora", "qlora", "full", "lora:fp32", "hqq_lora",
+                                                                   "bnb_dora", "bnb_llama_pro", "hqq_llama_pro"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string name = info.param;
                            std::replace(name.begin(), name.end(), ':', '_');
@@ -351,6 +358,66 @@ TEST_F(Checkpoints, HqqLoraResumesBitIdenticallyAtAnyWorldSize) {
     for (const auto& [step, loss] : want) EXPECT_EQ(got.at(step), loss) << "step " << step << " resumed on " << resume_ranks;
     EXPECT_EQ(max_relative_difference(saved_weights(dir_ / out), saved_weights(dir_ / "ck_hqq_ref")), 0.0);
   }
+}
+
+// hqq_dora (2-bit) resumes like hqq_lora: the magnitude vectors are sharded, checkpointed and
+// restored with the adapters. Without dropout on the same or another world size; with dropout
+// (DoRA's path that runs the base weight over the dropped input, its masks regenerated from the
+// same keys after the resume) on the same one, as the masks are drawn per rank.
+TEST_F(Checkpoints, HqqDoraResumesBitIdentically) {
+  for (const std::string dropout : {"0", "0.1"}) {
+    SCOPED_TRACE("lora_dropout " + dropout);
+    const std::string dora = " --train_type hqq_dora --n_bits 2 --lora_dropout " + dropout;
+    const std::string ref = "ck_dora_ref_" + dropout;
+    auto r = mpirun(2, run_args(2, ref, dora));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    for (int resume_ranks : dropout == "0" ? std::vector<int>{2, 1} : std::vector<int>{2}) {
+      const std::string out = "ck_dora_kill_" + dropout + "_np" + std::to_string(resume_ranks);
+      r = mpirun(2, run_args(2, out, dora), "FSDPQ_INJECT_FAULT=1:after_step_5:kill");
+      ASSERT_NE(r.exit_code, 0) << r.output;
+      EXPECT_EQ(test::read_file(dir_ / out / "checkpoints" / "latest"), "step-00000004.h5\n");
+      r = mpirun(resume_ranks, run_args(resume_ranks, out, dora + " --resume auto"));
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      const auto want = losses_by_step(dir_ / ref), got = losses_by_step(dir_ / out);
+      ASSERT_EQ(got.size(), 8u);
+      for (const auto& [step, loss] : want) EXPECT_EQ(got.at(step), loss) << "step " << step << " resumed on " << resume_ranks;
+      const Weights saved = saved_weights(dir_ / out);
+      EXPECT_EQ(max_relative_difference(saved, saved_weights(dir_ / ref)), 0.0);
+      size_t magnitudes = 0;
+      for (const auto& [name, values] : saved) magnitudes += name.find("lora_magnitude_vector") != std::string::npos;
+      EXPECT_GT(magnitudes, 0u) << "the saved adapter holds the DoRA magnitudes";
+    }
+  }
+}
+
+// bnb_llama_pro resumes like qlora: the new blocks' masters and optimizer state come back from the
+// step-4 checkpoint on the same or another world size (the frozen layers are quantised again, to
+// the same bytes), to the uninterrupted run's losses and saved model.
+TEST_F(Checkpoints, LlamaProResumesBitIdenticallyAtAnyWorldSize) {
+  const std::string llama_pro = " --train_type bnb_llama_pro --llama_pro_num_new_blocks 2";
+  auto r = mpirun(2, run_args(2, "ck_pro_ref", llama_pro));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (int resume_ranks : {2, 1}) {
+    const std::string out = "ck_pro_kill_np" + std::to_string(resume_ranks);
+    r = mpirun(2, run_args(2, out, llama_pro), "FSDPQ_INJECT_FAULT=1:after_step_5:kill");
+    ASSERT_NE(r.exit_code, 0) << r.output;
+    EXPECT_EQ(test::read_file(dir_ / out / "checkpoints" / "latest"), "step-00000004.h5\n");
+    r = mpirun(resume_ranks, run_args(resume_ranks, out, llama_pro + " --resume auto"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto want = losses_by_step(dir_ / "ck_pro_ref"), got = losses_by_step(dir_ / out);
+    ASSERT_EQ(got.size(), 8u);
+    for (const auto& [step, loss] : want) EXPECT_EQ(got.at(step), loss) << "step " << step << " resumed on " << resume_ranks;
+    EXPECT_EQ(max_relative_difference(saved_weights(dir_ / out), saved_weights(dir_ / "ck_pro_ref")), 0.0);
+  }
+  // A checkpoint of another expansion (or of LoRA) cannot continue this run.
+  r = mpirun(1, run_args(1, "ck_pro_ref", " --train_type bnb_llama_pro --llama_pro_num_new_blocks 1 --resume auto"));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("cannot continue this run: model.num_hidden_layers: checkpoint 4, this run 3"),
+            std::string::npos)
+      << r.output;
+  r = mpirun(1, run_args(1, "ck_pro_ref", " --train_type qlora --resume auto"));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("cannot continue this run"), std::string::npos) << r.output;
 }
 
 TEST_F(Checkpoints, Fp16LossScalerStateResumesExactlyAndRanksSkipTogether) {

@@ -235,7 +235,7 @@ TEST_F(Generate, BadInputIsRefusedWithAClearMessage) {
       {"--model " + m + " --tokenizer builtin:bytes --prompt hi --max_new_tokens 0",
        "generate: --max_new_tokens 0: must be between 1 and 1000000"},
       {"--model " + m + " --tokenizer builtin:bytes --prompt hi --train_type full",
-       "generate: --train_type full: must be qlora (NF4 base) or lora (bf16 base)"},
+       "generate: --train_type full: must be qlora or bnb_dora (NF4 base) or lora (bf16 base)"},
       {"--model " + m + " --tokenizer builtin:bytes --prompt hi --precision fp16",
        "generate: --precision fp16: must be bf16 or fp32"},
       {"--model " + m + " --tokenizer builtin:bytes --prompt hi --seed -3", "generate: --seed -3: must be a non-negative integer"},

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/caching_allocator.h"
 #include "backend/host_tensor_bytes.h"
 #include "model/llama_layer.h"
 #include "model/presets.h"
@@ -66,7 +67,7 @@ TEST(MemoryPlan, LayerActivationsByHand) {
 
   // The same as LayerActivations itself allocates.
   LayerActivations a;
-  a.allocate(layer_dims(test::tiny_llama(300), 2, 8), DType::BF16, {4, 0, 4, 0, 0, 0, 0});
+  a.allocate(layer_dims(test::tiny_llama(300), 2, 8), DType::BF16, {4, 0, 4, 0, 0, 0, 0}, false);
   EXPECT_EQ(a.nbytes(), host);
 }
 
@@ -269,6 +270,44 @@ TEST(MemoryPlan, GuideOrderAndRecommendation) {
   for (const GuideStep& g : tight.steps) EXPECT_FALSE(g.fits);
 }
 
+// Llama-Pro on 7B (LLaMA-Pro-8B's 8 new blocks over 32 layers): the 32 original layers stay NF4
+// as under qlora; each new block adds its 202,383,360 weights (4 attention and 3 MLP linears,
+// 2 norms) as bf16 compute copies and, resident on one GPU, as four fp32 buffers (master,
+// gradient, exp_avg, exp_avg_sq); its gradients are the largest a backward allocates.
+TEST(MemoryPlan, LlamaProCountsTheNewBlocksAsDenseTrainableLayers) {
+  PlanInput qlora = llama2_7b(true);
+  qlora.lora_targets = {};  // the same base, nothing trained
+  PlanInput pro = qlora;
+  pro.model.num_hidden_layers = 40;
+  pro.new_blocks = 8;
+  const MemoryPrediction a = predict_memory(qlora), b = predict_memory(pro);
+  const auto item = [](const MemoryPrediction& m, const std::string& prefix) {
+    for (const MemoryItem& i : m.items)
+      if (i.what.rfind(prefix, 0) == 0) return i.gpu;
+    return int64_t{0};
+  };
+  const int64_t block = 4 * 4096LL * 4096 + 3 * 4096LL * 11008 + 2 * 4096;
+  EXPECT_EQ(block, 202'383'360);
+  EXPECT_EQ(item(b, "frozen NF4 weights"), item(a, "frozen NF4 weights"));
+  // Each block's tensors are allocated one by one, each rounded to the caching allocator's granule.
+  const auto rounded = [](int64_t bytes) { return static_cast<int64_t>(CachingAllocator::rounded_size(static_cast<size_t>(bytes))); };
+  int64_t compute = 0;
+  for (int64_t n : {4096LL * 4096, 4096LL * 4096, 4096LL * 4096, 4096LL * 4096, 4096LL * 11008, 4096LL * 11008,
+                    4096LL * 11008, 4096LL, 4096LL})
+    compute += rounded(2 * n);
+  EXPECT_EQ(item(b, "trainable compute copies"), 8 * compute);
+  EXPECT_EQ(item(b, "fp32 masters + grads + optimizer state"), 8 * 4 * rounded(4 * block));
+  EXPECT_GE(b.activations.unit_grads, 4 * block);
+  // The activations of 40 layers (the stream) against 32: the rest is the blocks' weights and state.
+  EXPECT_GT(b.gpu_peak - a.gpu_peak, 8 * (compute + 4 * 4 * block));
+  EXPECT_NEAR(b.gpu_peak / kGiB, 33.1, 0.5);  // what `fsdpq plan` prints for it (bs 4, ctx 512)
+  // Sharded over 4 GPUs each holds about a quarter of the blocks' state.
+  pro.world_size = 4;
+  const MemoryPrediction four = predict_memory(pro);
+  EXPECT_NEAR(static_cast<double>(item(four, "fp32 masters + grads + optimizer state")), 8.0 * 4 * 4 * block / 4,
+              0.05 * 8 * 4 * 4 * block / 4);
+}
+
 // The planner's activation bytes against the CPU tensors a real training pass allocates: the
 // first pass adds the persistent buffers (dequantised layer, RoPE tables), and the peak of a
 // pass above what was live before it is exactly the transient activations.
@@ -279,7 +318,29 @@ struct PassCase {
   Precision precision;
   int64_t B, T;
   int64_t checkpoint_every = 1;
+  bool dora = false;
+  int64_t new_blocks = 0;  // Llama-Pro (quantize: the frozen layers NF4)
 };
+
+// DoRA adds per adapted linear a magnitude [out] with its fp32 master, gradient and AdamW state,
+// and per layer the saved z [N, out], xa [N, r] per module and the weight norms.
+TEST(MemoryPlan, DoraCountsMagnitudesTheirStateAndSavedTensors) {
+  PlanInput p = llama2_7b(true);
+  p.on_gpu = false;  // host bytes are not rounded: exact differences
+  p.setting.cpu_offload = true;  // the fp32 master, gradient and optimizer state on the host
+  const MemoryPrediction lora = predict_memory(p);
+  const ActivationBytes lora_activations = activation_bytes(p);
+  p.dora = true;
+  const MemoryPrediction dora = predict_memory(p);
+  const ActivationBytes dora_activations = activation_bytes(p);
+  // q, k, v, down: 4096 rows; gate, up: 11008; 32 layers.
+  const int64_t magnitudes = 32 * (4 * 4096 + 2 * 11008);
+  EXPECT_GE(dora.host_per_rank - lora.host_per_rank, 4 * 4 * magnitudes);
+  // N = 4 · 512 tokens: z of each adapted module (bf16) replaces nothing; xa per module replaces the groups'.
+  const int64_t N = 4 * 512;
+  EXPECT_EQ(dora_activations.layer - lora_activations.layer, N * (4 * 4096 + 2 * 11008) * 2 + (4 * 4096 + 2 * 11008) * 4);
+  EXPECT_GT(dora_activations.peak, lora_activations.peak);
+}
 
 TEST(MemoryPlan, ActivationBytesEqualWhatACpuPassAllocates) {
   const PassCase cases[] = {
@@ -290,23 +351,35 @@ TEST(MemoryPlan, ActivationBytesEqualWhatACpuPassAllocates) {
       {"full bf16 ckpt", false, true, true, 0.0, Precision::BF16, 2, 16},
       {"qlora bf16 ckpt every 2nd layer", true, false, true, 0.1, Precision::BF16, 2, 24, 2},
       {"lora fp32 ckpt every 3rd layer", false, false, true, 0.0, Precision::FP32, 2, 20, 3},
+      {"bnb_dora bf16 ckpt no dropout", true, false, true, 0.0, Precision::BF16, 2, 24, 1, true},
+      {"bnb_dora bf16 no ckpt dropout", true, false, false, 0.1, Precision::BF16, 3, 16, 1, true},
+      {"dora fp32 ckpt dropout", false, false, true, 0.1, Precision::FP32, 2, 20, 1, true},
+      {"bnb_llama_pro bf16 ckpt", true, false, true, 0.0, Precision::BF16, 2, 24, 1, false, 2},
+      {"bnb_llama_pro fp32 no ckpt", true, false, false, 0.0, Precision::FP32, 2, 16, 1, false, 1},
   };
   for (const PassCase& c : cases) {
     SCOPED_TRACE(c.name);
     const LlamaConfig config = test::tiny_llama(300);
     ModelOptions o = c.train_base ? test::full_options(c.precision) : test::lora_options(c.precision, c.quantize, c.dropout);
+    if (c.new_blocks > 0) {
+      o.lora_targets = {};
+      o.llama_pro_new_blocks = c.new_blocks;
+    }
     o.gradient_checkpointing = c.checkpointing;
     o.checkpoint_every = c.checkpoint_every;
+    o.use_dora = c.dora;
     LlamaModel model = LlamaModel::random(config, 1, o);
     const data::Batch batch = test::random_batch(c.B, c.T, config.vocab_size, 7);
 
     PlanInput p;
-    p.model = config;
+    p.model = model.config();  // with Llama-Pro's new blocks
+    p.new_blocks = c.new_blocks;
     p.quantized = c.quantize;
     p.train_base = c.train_base;
     p.lora_rank = o.lora_rank;
     p.lora_targets = o.lora_targets;
     p.lora_dropout = c.dropout;
+    p.dora = c.dora;
     p.activation = activation_dtype(c.precision);
     p.context_length = c.T;
     p.on_gpu = false;

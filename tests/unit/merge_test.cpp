@@ -72,8 +72,9 @@ class Merge : public ::testing::Test {
 
   // An adapter over `targets` of every layer, A ~ U(-0.5, 0.5), B ~ U(-b_range, b_range) (0: B = 0).
   static fs::path make_adapter(const std::string& name, int64_t r, double alpha, const std::vector<std::string>& targets,
-                               float b_range, int64_t layers = -1) {
+                               float b_range, int64_t layers = -1, bool dora = false) {
     AdapterConfig config;
+    config.use_dora = dora;
     config.r = r;
     config.lora_alpha = alpha;
     config.target_modules = targets;
@@ -91,6 +92,11 @@ class Merge : public ::testing::Test {
         fill(b, b_range);
         owned.emplace_back(adapter_tensor_name(layer, module, true), std::move(a));
         owned.emplace_back(adapter_tensor_name(layer, module, false), std::move(b));
+        if (!dora) continue;
+        Tensor m = Tensor::empty(Shape{out}, DType::F32);
+        std::uniform_real_distribution<float> magnitude(0.5f, 2.0f);
+        for (int64_t i = 0; i < out; ++i) m.data<float>()[i] = magnitude(gen);
+        owned.emplace_back(magnitude_tensor_name(layer, module), std::move(m));
       }
     std::vector<std::pair<std::string, const Tensor*>> views;
     for (const auto& [n, t] : owned) views.emplace_back(n, &t);
@@ -201,6 +207,54 @@ TEST_F(Merge, MergedWeightsEqualAnFp64ComputationRoundedToBf16) {
   const ModelWeights shards = ModelWeights::open(sharded);
   EXPECT_GT(shards.file_count(), 2u);
   for (const auto& name : want_names) EXPECT_EQ(bf16_values(shards, name), bf16_values(merged, name)) << name;
+}
+
+// DoRA: W' = (m / ‖W + s·B·A‖_row) ⊙ (W + s·B·A), as PEFT's merge, against fp64 rounded to bf16.
+TEST_F(Merge, DoraMergeFoldsTheMagnitudeAsPeft) {
+  const fs::path adapter_dir = make_adapter("adapter_dora", 4, 8.0, {"v_proj", "gate_proj"}, 0.05f, -1, true);
+  const fs::path out = dir_ / "merged_dora";
+  auto r = merge(dir_ / "model", adapter_dir, out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const ModelWeights base = ModelWeights::open(dir_ / "model"), merged = ModelWeights::open(out);
+  const LoadedAdapter adapter = load_peft_adapter(adapter_dir);
+  const double scaling = 8.0 / 4.0;
+  int64_t compared = 0, near_midpoint = 0;
+  for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer)
+    for (const std::string module : {"v_proj", "gate_proj"}) {
+      const std::string name = fmt::format("model.layers.{}.{}.{}.weight", layer,
+                                           module == "v_proj" ? "self_attn" : "mlp", module);
+      const std::vector<uint16_t> w = bf16_values(base, name), got = bf16_values(merged, name);
+      const Tensor& A = *adapter.find(adapter_tensor_name(layer, module, true));
+      const Tensor& B = *adapter.find(adapter_tensor_name(layer, module, false));
+      const Tensor& m = *adapter.find(magnitude_tensor_name(layer, module));
+      const int64_t rows = B.shape()[0], rank = B.shape()[1], cols = A.shape()[1];
+      for (int64_t o = 0; o < rows; ++o) {
+        std::vector<double> v(static_cast<size_t>(cols));
+        double square_sum = 0;
+        for (int64_t i = 0; i < cols; ++i) {
+          double delta = 0;
+          for (int64_t k = 0; k < rank; ++k) delta += static_cast<double>(B.data<float>()[o * rank + k]) * A.data<float>()[k * cols + i];
+          v[static_cast<size_t>(i)] = bf16_to_float(w[static_cast<size_t>(o * cols + i)]) + scaling * delta;
+          square_sum += v[static_cast<size_t>(i)] * v[static_cast<size_t>(i)];
+        }
+        const double factor = m.data<float>()[o] / std::sqrt(square_sum);
+        for (int64_t i = 0; i < cols; ++i) {
+          const double want = factor * v[static_cast<size_t>(i)];
+          const uint16_t nearest = nearest_bf16(want);
+          ++compared;
+          if (near_a_midpoint(want, nearest, 1e-5 * std::fabs(want))) {
+            ++near_midpoint;
+            continue;
+          }
+          EXPECT_EQ(got[static_cast<size_t>(o * cols + i)], nearest) << name << " [" << o << ", " << i << "]";
+        }
+      }
+    }
+  EXPECT_GT(compared, 0);
+  EXPECT_LT(near_midpoint, compared / 100);
+  // Unadapted weights are the base's bits.
+  EXPECT_EQ(bf16_values(merged, "model.layers.0.self_attn.q_proj.weight"),
+            bf16_values(base, "model.layers.0.self_attn.q_proj.weight"));
 }
 
 TEST_F(Merge, ZeroBAdapterMergesToTheBaseBitForBit) {

@@ -103,6 +103,24 @@ TEST(LlamaModel, QloraGradientsMatchFiniteDifferences) {
   expect_gradients_match_finite_differences(model, test::random_batch(2, 8, config.vocab_size, 12), lora_kinds());
 }
 
+// DoRA starts as the base model, as PEFT's does: m is initialised to the dequantised base's row
+// norms by the forward's own norm, so in fp32 g = 1 exactly and with B = 0 its logits are the
+// LoRA model's bit for bit (NF4 base); each adapter carries its magnitude after A and B.
+TEST(LlamaModel, DoraAtInitialisationIsTheBaseModel) {
+  const LlamaConfig config = test::tiny_llama(300, 0.1);
+  ModelOptions lora = test::lora_options(Precision::FP32, /*quantize_base=*/true);
+  ModelOptions dora = lora;
+  dora.use_dora = true;
+  LlamaModel lora_model = LlamaModel::random(config, 3, lora), dora_model = LlamaModel::random(config, 3, dora);
+  const data::Batch batch = test::random_batch(2, 8, config.vocab_size, 13);
+  EXPECT_EQ(test::floats_of(dora_model.logits(batch)), test::floats_of(lora_model.logits(batch)));
+  const std::vector<TrainableParameter> params = dora_model.trainable_parameters();
+  ASSERT_EQ(params.size(), 3 * lora_model.trainable_parameters().size() / 2);
+  EXPECT_EQ(params[2].name, "base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector");
+  EXPECT_EQ(params[2].master->shape(), Shape{config.hidden_size});
+  for (float v : test::floats_of(*params[2].master)) EXPECT_GT(v, 0.0f);
+}
+
 std::vector<std::string> full_kinds(bool tied) {
   std::vector<std::string> kinds = {"model.embed_tokens.weight", "model.layers..input_layernorm.weight"};
   for (const char* m : {"q_proj", "k_proj", "v_proj", "o_proj"})

@@ -69,12 +69,25 @@ TEST(PeftAdapter, TensorNames) {
   ASSERT_TRUE(parsed);
   EXPECT_EQ(parsed->peft_name(), "base_model.model.model.layers.0.self_attn.v_proj.lora_A.weight");
 
+  // DoRA's magnitude: as save_pretrained writes it, and as a state dict holds it.
+  EXPECT_EQ(magnitude_tensor_name(2, "gate_proj"), "base_model.model.model.layers.2.mlp.gate_proj.lora_magnitude_vector");
+  for (const char* name : {"base_model.model.model.layers.2.mlp.gate_proj.lora_magnitude_vector",
+                           "base_model.model.model.layers.2.mlp.gate_proj.lora_magnitude_vector.default",
+                           "base_model.model.model.layers.2.mlp.gate_proj.lora_magnitude_vector.default.weight"}) {
+    parsed = parse_adapter_tensor_name(name);
+    ASSERT_TRUE(parsed) << name;
+    EXPECT_TRUE(parsed->is_magnitude);
+    EXPECT_FALSE(parsed->is_a);
+    EXPECT_EQ(parsed->peft_name(), "base_model.model.model.layers.2.mlp.gate_proj.lora_magnitude_vector");
+    EXPECT_EQ(parsed->base_weight_name(), "model.layers.2.mlp.gate_proj.weight");
+  }
+
   for (const char* bad : {"base_model.model.model.layers.0.mlp.q_proj.lora_A.weight",        // wrong parent
                           "base_model.model.model.layers.0.self_attn.qkv_proj.lora_A.weight",  // not a Llama linear
                           "base_model.model.model.layers.01.self_attn.q_proj.lora_A.weight",   // not canonical
                           "base_model.model.model.layers.0.self_attn.q_proj.lora_C.weight",
                           "base_model.model.model.layers.0.self_attn.q_proj.lora_A.other.weight",
-                          "base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector",
+                          "base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector.weight",
                           "base_model.model.lm_head.lora_A.weight", "model.layers.0.self_attn.q_proj.weight",
                           "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight.x"})
     EXPECT_FALSE(parse_adapter_tensor_name(bad)) << bad;
@@ -315,8 +328,8 @@ TEST(PeftAdapter, DamagedAdaptersAreNamed) {
       {R"({"peft_type": "LORA", "r": 2, "target_modules": ["q_proj", "lm_head"]})",
        config_where + "target module 'lm_head' is not a Llama decoder linear (fsdpq adapts q_proj, k_proj, v_proj, "
                       "o_proj, gate_proj, up_proj, down_proj)"},
-      {R"({"peft_type": "LORA", "r": 2, "use_dora": true})",
-       config_where + "use_dora is true; fsdpq does not support DoRA adapters"},
+      {R"({"peft_type": "LORA", "r": 2, "use_dora": "yes"})",
+       config_where + "key 'use_dora' must be true or false, found \"yes\""},
       {R"({"peft_type": "LORA", "r": 2, "use_rslora": true})",
        config_where + "use_rslora is true; fsdpq does not support rank-stabilised LoRA (scaling alpha/sqrt(r))"},
       {R"({"peft_type": "LORA", "r": 2, "modules_to_save": ["lm_head"]})",
@@ -363,6 +376,60 @@ TEST(PeftAdapter, DamagedAdaptersAreNamed) {
     write_raw_adapter(dir, tensors, kMinimalConfig);
     EXPECT_EQ(load_error(), message);
   }
+
+  // DoRA: the magnitude needs use_dora, has lora_B's rows, and completes every pair.
+  const std::string dora_config =
+      R"({"peft_type": "LORA", "r": 2, "lora_alpha": 4, "target_modules": ["v_proj"], "use_dora": true})";
+  const std::string magnitude = "base_model.model.model.layers.0.self_attn.v_proj.lora_magnitude_vector";
+  std::vector<RawTensor> triple = v_proj_pair();
+  triple.push_back({magnitude, DType::F32, {32}});
+  write_raw_adapter(dir, triple, kMinimalConfig);
+  EXPECT_EQ(load_error(), file_where + "tensor '" + magnitude +
+                              "' is a DoRA magnitude vector but adapter_config.json does not set \"use_dora\": true");
+  triple.back().shape = {31};
+  write_raw_adapter(dir, triple, dora_config);
+  EXPECT_EQ(load_error(), file_where + "tensor '" + magnitude +
+                              "' has 31 values, but base_model.model.model.layers.0.self_attn.v_proj.lora_B.weight "
+                              "has 32 output rows: a DoRA magnitude vector holds one value per output row");
+  triple.back().shape = {32, 1};
+  write_raw_adapter(dir, triple, dora_config);
+  EXPECT_EQ(load_error(), file_where + "tensor '" + magnitude + "' has shape [32, 1], expected a vector [out_features]");
+  write_raw_adapter(dir, v_proj_pair(), dora_config);
+  EXPECT_EQ(load_error(), file_where +
+                              "tensor 'base_model.model.model.layers.0.self_attn.v_proj.lora_A.weight' is there but "
+                              "its partner '" + magnitude + "' is missing (adapter_config.json sets \"use_dora\": true)");
+}
+
+// A DoRA adapter round-trips: use_dora in the config, each magnitude under PEFT's saved name.
+TEST(PeftAdapter, DoraAdapterRoundTrips) {
+  const fs::path dir = test::make_temp_dir("peft_dora");
+  SmallAdapter a;
+  a.config.use_dora = true;
+  for (int64_t layer = 0; layer < 2; ++layer)
+    for (const char* module : {"q_proj", "down_proj"}) {
+      Tensor m = Tensor::empty(Shape{64}, DType::F32);
+      for (int64_t i = 0; i < 64; ++i) m.data<float>()[i] = 1.0f + 0.01f * static_cast<float>(i + layer);
+      a.owned.emplace_back(magnitude_tensor_name(layer, module), std::move(m));
+    }
+  save_peft_adapter(dir, a.config, a.views(), DType::F32);
+  EXPECT_NE(test::read_file(dir / "adapter_config.json").find("\"use_dora\": true"), std::string::npos);
+  const LoadedAdapter loaded = load_peft_adapter(dir);
+  EXPECT_TRUE(loaded.config.use_dora);
+  ASSERT_EQ(loaded.tensors.size(), a.owned.size());
+  // Sorted per layer and module: A, B, magnitude.
+  EXPECT_EQ(loaded.tensors[2].first, magnitude_tensor_name(0, "q_proj"));
+  for (const auto& [name, t] : a.owned) {
+    const Tensor* back = loaded.find(name);
+    ASSERT_NE(back, nullptr) << name;
+    EXPECT_EQ(back->shape(), t.shape()) << name;
+    EXPECT_EQ(values(*back), values(t)) << name;
+  }
+  // Saving a magnitude without use_dora, or use_dora without the magnitudes, is refused.
+  a.config.use_dora = false;
+  EXPECT_THROW(save_peft_adapter(dir, a.config, a.views(), DType::F32), UserError);
+  SmallAdapter plain;
+  plain.config.use_dora = true;
+  EXPECT_THROW(save_peft_adapter(dir, plain.config, plain.views(), DType::F32), UserError);
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 // evaluate better than the base model.
 #include <gtest/gtest.h>
 
+#include "io/peft_adapter.h"
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -205,6 +207,31 @@ TEST_F(Train, SqlLossFallsWithAnHqqBase) {
   }
 }
 
+// DoRA trains on sql data with falling loss over an NF4 base (bnb_dora, no dropout: PEFT's path
+// that reuses the base output) and a 4-bit HQQ base (hqq_dora, dropout 0.1: PEFT's path that runs
+// the base weight again over the dropped input); the adapters are saved with their magnitudes.
+TEST_F(Train, SqlLossFallsWithDora) {
+  FSDPQ_SHARED_DATA_OR_SKIP(sql, "sql.jsonl");
+  FSDPQ_SHARED_DATA_OR_SKIP(tok, "tokenizer.model");
+  auto init = fsdpq("init-model --preset tiny --out sqlmodel_dora --initializer_range 0.2 --tokenizer " + tok.string());
+  ASSERT_EQ(init.exit_code, 0) << init.output;
+  for (const std::string run : {"bnb_dora 0", "hqq_dora 0.1"}) {
+    const std::string type = run.substr(0, run.find(' ')), dropout = run.substr(run.find(' ') + 1);
+    const std::string out = "sql_" + type;
+    auto r = fsdpq("--model_name sqlmodel_dora --dataset sql --data_path " + sql.string() + " --train_type " + type +
+                   " --batch_size 8 --context_length 256 --lr 3e-3 --lora_rank 16 --lora_alpha 32 --lora_dropout " +
+                   dropout + " --max_steps 40 --log_to stdout --save_model true --output_dir " + out);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    auto steps = of_type(read_jsonl(dir_ / out / "metrics.jsonl"), "step");
+    ASSERT_EQ(steps.size(), 40u);
+    double first = mean_loss(steps, 0, 5), last = mean_loss(steps, 35, 40);
+    EXPECT_LT(last, 0.8 * first) << type << ": " << first << " → " << last;
+    const LoadedAdapter adapter = load_peft_adapter(dir_ / out);
+    EXPECT_TRUE(adapter.config.use_dora) << type;
+    EXPECT_TRUE(adapter.find("base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector")) << type;
+  }
+}
+
 // A Llama-3-shaped model with the real Llama-3 tokenizer (tokenizer.json, 128,256 ids) as
 // init-model writes it: a complete HF folder (tokenizer files copied, config.json naming its
 // special tokens); the dry run names the tokenizer; it trains on sql data on the CPU with falling
@@ -239,6 +266,17 @@ TEST_F(Train, ALlama3FolderWithItsTokenizerJsonTrainsAndGenerates) {
   EXPECT_LT(mean_loss(steps, 35, 40), 0.8 * mean_loss(steps, 0, 5));
 
   r = fsdpq("generate --model llama3_tiny --adapter llama3_out --prompt 'SELECT name FROM' --max_new_tokens 8");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+
+  // A fully fine-tuned model is saved with the tokenizer it trained with, so the folder loads alone.
+  r = fsdpq("--model_name llama3_tiny --dataset sql --data_path " + sql.string() +
+            " --batch_size 2 --context_length 128 --train_type full --max_steps 2 --log_to stdout --save_model true "
+            "--output_dir llama3_full");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json"})
+    EXPECT_EQ(test::read_file(dir_ / "llama3_full" / file), test::read_file(dir_ / "llama3_tiny" / file)) << file;
+  EXPECT_FALSE(fs::exists(dir_ / "llama3_full" / "tokenizer.model")) << "the folder's tokenizer is its tokenizer.json";
+  r = fsdpq("generate --model llama3_full --prompt 'SELECT name FROM' --max_new_tokens 2");
   EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
