@@ -297,8 +297,11 @@ class Checkpoints : public FsdpTrain {
     auto r = mpirun(2, run_args(2, "ck_ref"));
     ASSERT_EQ(r.exit_code, 0) << r.output;
   }
-  static void expect_same_as_reference(const std::string& out, bool bit_identical) {
-    const auto want = losses_by_step(dir_ / "ck_ref"), got = losses_by_step(dir_ / out);
+  // `out`'s losses at every step and its saved weights against `reference`'s: bit for bit, or within
+  // the tolerances of another summation order (another world size).
+  static void expect_same_as_reference(const std::string& out, bool bit_identical,
+                                       const std::string& reference = "ck_ref") {
+    const auto want = losses_by_step(dir_ / reference), got = losses_by_step(dir_ / out);
     ASSERT_EQ(want.size(), 8u);
     ASSERT_EQ(got.size(), want.size());
     for (const auto& [step, loss] : want) {
@@ -307,11 +310,36 @@ class Checkpoints : public FsdpTrain {
       else
         EXPECT_NEAR(got.at(step), loss, 1e-5 * loss) << "step " << step;
     }
-    const double d = max_relative_difference(saved_weights(dir_ / out), saved_weights(dir_ / "ck_ref"));
+    const double d = max_relative_difference(saved_weights(dir_ / out), saved_weights(dir_ / reference));
     if (bit_identical)
       EXPECT_EQ(d, 0.0);
     else
       EXPECT_LE(d, 2.0 / 128.0);
+  }
+  // A 2-rank run of `overrides` killed (SIGKILL on rank 1) after step 5, which leaves the step-4
+  // checkpoint the latest, then resumed on `resume_ranks` ranks; `resumed` gets that run's result.
+  static void kill_after_step_5_and_resume(const std::string& out, const std::string& overrides, int resume_ranks,
+                                           test::CommandResult& resumed) {
+    auto r = mpirun(2, run_args(2, out, overrides), "FSDPQ_INJECT_FAULT=1:after_step_5:kill");
+    ASSERT_NE(r.exit_code, 0) << r.output;
+    EXPECT_EQ(test::read_file(dir_ / out / "checkpoints" / "latest"), "step-00000004.h5\n");
+    resumed = mpirun(resume_ranks, run_args(resume_ranks, out, overrides + " --resume auto"));
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  }
+  // A train type's run resumes bit-identically: the uninterrupted 2-rank run `NAME_ref`, then for
+  // each of `resume_ranks` a run killed after step 5 and resumed on that many ranks (`NAME_kill_npR`),
+  // with the reference's losses and saved weights.
+  static void expect_resumes_bit_identically(const std::string& name, const std::string& overrides,
+                                             const std::vector<int>& resume_ranks) {
+    const std::string reference = name + "_ref";
+    auto r = mpirun(2, run_args(2, reference, overrides));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    for (int ranks : resume_ranks) {
+      SCOPED_TRACE("resumed on " + std::to_string(ranks) + " rank(s)");
+      const std::string out = name + "_kill_np" + std::to_string(ranks);
+      ASSERT_NO_FATAL_FAILURE(kill_after_step_5_and_resume(out, overrides, ranks, r));
+      ASSERT_NO_FATAL_FAILURE(expect_same_as_reference(out, true, reference));
+    }
   }
 };
 
@@ -324,11 +352,8 @@ TEST_F(Checkpoints, WrittenOnScheduleWithALatestMarkerAndPruned) {
 
 TEST_F(Checkpoints, KilledRankResumesBitIdentically) {
   // SIGKILL on rank 1 after step 5: the job dies; the step-4 checkpoint is the last complete one.
-  auto r = mpirun(2, run_args(2, "ck_kill"), "FSDPQ_INJECT_FAULT=1:after_step_5:kill");
-  ASSERT_NE(r.exit_code, 0) << r.output;
-  EXPECT_EQ(test::read_file(dir_ / "ck_kill" / "checkpoints" / "latest"), "step-00000004.h5\n");
-  r = mpirun(2, run_args(2, "ck_kill", "--resume auto"));
-  ASSERT_EQ(r.exit_code, 0) << r.output;
+  test::CommandResult r;
+  ASSERT_NO_FATAL_FAILURE(kill_after_step_5_and_resume("ck_kill", "", 2, r));
   EXPECT_NE(r.output.find("resuming from ck_kill/checkpoints/step-00000004.h5"), std::string::npos) << r.output;
   expect_same_as_reference("ck_kill", true);
   // Step 5 ran twice; its first record is marked superseded, so every step is logged once.
@@ -343,21 +368,7 @@ TEST_F(Checkpoints, KilledRankResumesBitIdentically) {
 // checkpoint, on the same or another world size, to the uninterrupted run's losses and adapters
 // (the base is quantised again at start-up to the same bytes at any world size).
 TEST_F(Checkpoints, HqqLoraResumesBitIdenticallyAtAnyWorldSize) {
-  const std::string hqq = " --train_type hqq_lora --n_bits 2";
-  auto r = mpirun(2, run_args(2, "ck_hqq_ref", hqq));
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  for (int resume_ranks : {2, 1}) {
-    const std::string out = "ck_hqq_kill_np" + std::to_string(resume_ranks);
-    r = mpirun(2, run_args(2, out, hqq), "FSDPQ_INJECT_FAULT=1:after_step_5:kill");
-    ASSERT_NE(r.exit_code, 0) << r.output;
-    EXPECT_EQ(test::read_file(dir_ / out / "checkpoints" / "latest"), "step-00000004.h5\n");
-    r = mpirun(resume_ranks, run_args(resume_ranks, out, hqq + " --resume auto"));
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    const auto want = losses_by_step(dir_ / "ck_hqq_ref"), got = losses_by_step(dir_ / out);
-    ASSERT_EQ(got.size(), 8u);
-    for (const auto& [step, loss] : want) EXPECT_EQ(got.at(step), loss) << "step " << step << " resumed on " << resume_ranks;
-    EXPECT_EQ(max_relative_difference(saved_weights(dir_ / out), saved_weights(dir_ / "ck_hqq_ref")), 0.0);
-  }
+  expect_resumes_bit_identically("ck_hqq", " --train_type hqq_lora --n_bits 2", {2, 1});
 }
 
 // hqq_dora (2-bit) resumes like hqq_lora: the magnitude vectors are sharded, checkpointed and
@@ -367,26 +378,15 @@ TEST_F(Checkpoints, HqqLoraResumesBitIdenticallyAtAnyWorldSize) {
 TEST_F(Checkpoints, HqqDoraResumesBitIdentically) {
   for (const std::string dropout : {"0", "0.1"}) {
     SCOPED_TRACE("lora_dropout " + dropout);
-    const std::string dora = " --train_type hqq_dora --n_bits 2 --lora_dropout " + dropout;
-    const std::string ref = "ck_dora_ref_" + dropout;
-    auto r = mpirun(2, run_args(2, ref, dora));
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    for (int resume_ranks : dropout == "0" ? std::vector<int>{2, 1} : std::vector<int>{2}) {
-      const std::string out = "ck_dora_kill_" + dropout + "_np" + std::to_string(resume_ranks);
-      r = mpirun(2, run_args(2, out, dora), "FSDPQ_INJECT_FAULT=1:after_step_5:kill");
-      ASSERT_NE(r.exit_code, 0) << r.output;
-      EXPECT_EQ(test::read_file(dir_ / out / "checkpoints" / "latest"), "step-00000004.h5\n");
-      r = mpirun(resume_ranks, run_args(resume_ranks, out, dora + " --resume auto"));
-      ASSERT_EQ(r.exit_code, 0) << r.output;
-      const auto want = losses_by_step(dir_ / ref), got = losses_by_step(dir_ / out);
-      ASSERT_EQ(got.size(), 8u);
-      for (const auto& [step, loss] : want) EXPECT_EQ(got.at(step), loss) << "step " << step << " resumed on " << resume_ranks;
-      const Weights saved = saved_weights(dir_ / out);
-      EXPECT_EQ(max_relative_difference(saved, saved_weights(dir_ / ref)), 0.0);
-      size_t magnitudes = 0;
-      for (const auto& [name, values] : saved) magnitudes += name.find("lora_magnitude_vector") != std::string::npos;
-      EXPECT_GT(magnitudes, 0u) << "the saved adapter holds the DoRA magnitudes";
-    }
+    const std::string name = "ck_dora_" + dropout;
+    ASSERT_NO_FATAL_FAILURE(expect_resumes_bit_identically(
+        name, " --train_type hqq_dora --n_bits 2 --lora_dropout " + dropout,
+        dropout == "0" ? std::vector<int>{2, 1} : std::vector<int>{2}));
+    // The resumed runs saved exactly the reference's tensors, so its adapter speaks for theirs.
+    size_t magnitudes = 0;
+    for (const auto& [tensor, values] : saved_weights(dir_ / (name + "_ref")))
+      magnitudes += tensor.find("lora_magnitude_vector") != std::string::npos;
+    EXPECT_GT(magnitudes, 0u) << "the saved adapter holds the DoRA magnitudes";
   }
 }
 
@@ -394,23 +394,10 @@ TEST_F(Checkpoints, HqqDoraResumesBitIdentically) {
 // step-4 checkpoint on the same or another world size (the frozen layers are quantised again, to
 // the same bytes), to the uninterrupted run's losses and saved model.
 TEST_F(Checkpoints, LlamaProResumesBitIdenticallyAtAnyWorldSize) {
-  const std::string llama_pro = " --train_type bnb_llama_pro --llama_pro_num_new_blocks 2";
-  auto r = mpirun(2, run_args(2, "ck_pro_ref", llama_pro));
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  for (int resume_ranks : {2, 1}) {
-    const std::string out = "ck_pro_kill_np" + std::to_string(resume_ranks);
-    r = mpirun(2, run_args(2, out, llama_pro), "FSDPQ_INJECT_FAULT=1:after_step_5:kill");
-    ASSERT_NE(r.exit_code, 0) << r.output;
-    EXPECT_EQ(test::read_file(dir_ / out / "checkpoints" / "latest"), "step-00000004.h5\n");
-    r = mpirun(resume_ranks, run_args(resume_ranks, out, llama_pro + " --resume auto"));
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    const auto want = losses_by_step(dir_ / "ck_pro_ref"), got = losses_by_step(dir_ / out);
-    ASSERT_EQ(got.size(), 8u);
-    for (const auto& [step, loss] : want) EXPECT_EQ(got.at(step), loss) << "step " << step << " resumed on " << resume_ranks;
-    EXPECT_EQ(max_relative_difference(saved_weights(dir_ / out), saved_weights(dir_ / "ck_pro_ref")), 0.0);
-  }
+  ASSERT_NO_FATAL_FAILURE(
+      expect_resumes_bit_identically("ck_pro", " --train_type bnb_llama_pro --llama_pro_num_new_blocks 2", {2, 1}));
   // A checkpoint of another expansion (or of LoRA) cannot continue this run.
-  r = mpirun(1, run_args(1, "ck_pro_ref", " --train_type bnb_llama_pro --llama_pro_num_new_blocks 1 --resume auto"));
+  auto r = mpirun(1, run_args(1, "ck_pro_ref", " --train_type bnb_llama_pro --llama_pro_num_new_blocks 1 --resume auto"));
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("cannot continue this run: model.num_hidden_layers: checkpoint 4, this run 3"),
             std::string::npos)
@@ -440,10 +427,7 @@ TEST_F(Checkpoints, Fp16LossScalerStateResumesExactlyAndRanksSkipTogether) {
   EXPECT_GE(skipped, 1) << "2^20 must overflow at first";
   EXPECT_LE(skipped, 6) << "and fit after a few halvings";
 
-  r = mpirun(2, run_args(2, "ck_fp16", fp16), "FSDPQ_INJECT_FAULT=1:after_step_5:kill");
-  ASSERT_NE(r.exit_code, 0) << r.output;
-  r = mpirun(2, run_args(2, "ck_fp16", fp16 + " --resume auto"));
-  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_NO_FATAL_FAILURE(kill_after_step_5_and_resume("ck_fp16", fp16, 2, r));
   EXPECT_EQ(scales("ck_fp16"), want);
   EXPECT_EQ(losses_by_step(dir_ / "ck_fp16"), losses_by_step(dir_ / "ck_fp16_ref"));
   EXPECT_EQ(max_relative_difference(saved_weights(dir_ / "ck_fp16"), saved_weights(dir_ / "ck_fp16_ref")), 0.0);
