@@ -24,6 +24,7 @@
 
 #include "io/model_files.h"
 #include "io/safetensors.h"
+#include "metrics_records.h"
 #include "test_support.h"
 #include "util/bf16.h"
 
@@ -31,25 +32,10 @@ namespace fsdpq {
 namespace {
 
 namespace fs = std::filesystem;
+using test::of_type;
+using test::read_jsonl;
 using test::run_command;
-
-std::vector<nlohmann::json> read_jsonl(const fs::path& path, const std::string& type) {
-  std::vector<nlohmann::json> lines;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line))
-    if (!line.empty()) {
-      auto j = nlohmann::json::parse(line);
-      if (j.at("type") == type) lines.push_back(j);
-    }
-  return lines;
-}
-
-std::vector<double> losses(const fs::path& out) {
-  std::vector<double> l;
-  for (const auto& s : read_jsonl(out / "metrics.jsonl", "step")) l.push_back(s.at("loss").get<double>());
-  return l;
-}
+using test::step_losses;
 
 using Weights = std::map<std::string, std::vector<float>>;
 
@@ -151,7 +137,7 @@ TEST_P(Equivalence, SameLossesAndWeightsAtOneTwoAndFourRanks) {
   const std::string base = "eq_" + tag + "_np1";
   auto r = mpirun(1, args(type, 1, base));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const std::vector<double> want = losses(dir_ / base);
+  const std::vector<double> want = step_losses(dir_ / base);
   ASSERT_EQ(want.size(), 6u) << r.output;
   const Weights want_weights = saved_weights(dir_ / base);
   ASSERT_FALSE(want_weights.empty());
@@ -170,7 +156,7 @@ TEST_P(Equivalence, SameLossesAndWeightsAtOneTwoAndFourRanks) {
       if (ranks == 4 && std::string(strategy) == "full_shard") extra += " --use_cpu_offload true";
       r = mpirun(ranks, args(type, ranks, out) + extra);
       ASSERT_EQ(r.exit_code, 0) << r.output;
-      const std::vector<double> got = losses(dir_ / out);
+      const std::vector<double> got = step_losses(dir_ / out);
       ASSERT_EQ(got.size(), want.size());
       for (size_t k = 0; k < got.size(); ++k) EXPECT_NEAR(got[k], want[k], 1e-5 * std::fabs(want[k])) << "step " << k + 1;
       const double weight_difference = max_relative_difference(saved_weights(dir_ / out), want_weights);
@@ -183,11 +169,11 @@ TEST_P(Equivalence, SameLossesAndWeightsAtOneTwoAndFourRanks) {
 
       // Under full sharding each rank holds ~1/W of the parameters (padding aside).
       if (std::string(strategy) == "full_shard") {
-        for (const auto& step : read_jsonl(dir_ / out / "metrics.jsonl", "step")) {
+        for (const auto& step : of_type(read_jsonl(dir_ / out / "metrics.jsonl"), "step")) {
           EXPECT_GT(step.at("gather_wait_seconds").get<double>(), 0.0) << "full_shard gathers every unit";
           EXPECT_GT(step.at("reduce_seconds").get<double>(), 0.0);
         }
-        auto header = read_jsonl(dir_ / out / "metrics.jsonl", "header").at(0);
+        auto header = of_type(read_jsonl(dir_ / out / "metrics.jsonl"), "header").at(0);
         const auto& b = header.at("shard_bytes");
         const double frozen = b.at("frozen"), trainable = b.at("trainable");
         const double model_frozen = b.at("model_frozen"), model_trainable = b.at("model_trainable");
@@ -261,7 +247,7 @@ TEST_F(FsdpTrain, AFailureOnOneRankWhileLoadingAUnitEndsEveryRankWithItsMessage)
 // checkpoint it resumed from appear twice, the resumed run's last).
 std::map<int64_t, double> losses_by_step(const fs::path& out) {
   std::map<int64_t, double> l;
-  for (const auto& s : read_jsonl(out / "metrics.jsonl", "step")) l[s.at("step").get<int64_t>()] = s.at("loss").get<double>();
+  for (const auto& s : of_type(read_jsonl(out / "metrics.jsonl"), "step")) l[s.at("step").get<int64_t>()] = s.at("loss").get<double>();
   return l;
 }
 
@@ -358,8 +344,8 @@ TEST_F(Checkpoints, KilledRankResumesBitIdentically) {
   expect_same_as_reference("ck_kill", true);
   // Step 5 ran twice; its first record is marked superseded, so every step is logged once.
   std::vector<int64_t> steps, superseded;
-  for (const auto& s : read_jsonl(dir_ / "ck_kill" / "metrics.jsonl", "step")) steps.push_back(s.at("step"));
-  for (const auto& s : read_jsonl(dir_ / "ck_kill" / "metrics.jsonl", "superseded")) superseded.push_back(s.at("step"));
+  for (const auto& s : of_type(read_jsonl(dir_ / "ck_kill" / "metrics.jsonl"), "step")) steps.push_back(s.at("step"));
+  for (const auto& s : of_type(read_jsonl(dir_ / "ck_kill" / "metrics.jsonl"), "superseded")) superseded.push_back(s.at("step"));
   EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}));
   EXPECT_EQ(superseded, std::vector<int64_t>{5});
 }
@@ -414,7 +400,7 @@ TEST_F(Checkpoints, Fp16LossScalerStateResumesExactlyAndRanksSkipTogether) {
   const std::string fp16 = " --precision fp16_autocast --loss_scale_init 1048576 --loss_scale_growth_interval 2";
   auto scales = [](const std::string& out) {
     std::map<int64_t, std::pair<double, bool>> s;
-    for (const auto& j : read_jsonl(dir_ / out / "metrics.jsonl", "step"))
+    for (const auto& j : of_type(read_jsonl(dir_ / out / "metrics.jsonl"), "step"))
       s[j.at("step").get<int64_t>()] = {j.at("loss_scale").get<double>(), j.at("skipped").get<bool>()};
     return s;
   };
@@ -606,7 +592,7 @@ TEST_F(Checkpoints, ResumingAtTheLastStepTrainsNothingAndKeepsTheLastLoss) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("nothing left to train: the run is at step 8 and ends at step 8 (max_steps = 8)"),
             std::string::npos) << r.output;
-  const auto summary = read_jsonl(dir_ / "ck_end" / "metrics.jsonl", "summary");
+  const auto summary = of_type(read_jsonl(dir_ / "ck_end" / "metrics.jsonl"), "summary");
   ASSERT_EQ(summary.size(), 1u);
   EXPECT_EQ(summary[0].at("last_loss").get<double>(), losses_by_step(dir_ / "ck_ref").at(8));
   EXPECT_EQ(r.output.find("→ 0.0000"), std::string::npos) << r.output;
@@ -655,7 +641,7 @@ TEST_F(FsdpTrain, AStalledRankEndsTheJobNamingItAndASlowOneDoesNot) {
       EXPECT_NE(r.output.find("in all-reduce on 'world'; waiting longer, since:\n  rank 1 ("), std::string::npos)
           << r.output;
       EXPECT_NE(r.output.find("): still working: training, step 2 (last progress "), std::string::npos) << r.output;
-      EXPECT_EQ(losses(dir_ / "watchdog_slow").size(), 4u);
+      EXPECT_EQ(step_losses(dir_ / "watchdog_slow").size(), 4u);
     }
   }
 }
@@ -669,9 +655,9 @@ TEST_F(FsdpTrain, ARunDirectoryHoldsOneRunAtATime) {
   ASSERT_EQ(run_command("cd '" + dir_.string() + "' && ('" + FSDPQ_BINARY + "' " + args("lora", 1, out, 100000) +
                         " --num_epochs 1000 > one_dir.log 2>&1 &)").exit_code, 0);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (losses(dir_ / out).empty() && std::chrono::steady_clock::now() < deadline)
+  while (step_losses(dir_ / out).empty() && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  ASSERT_FALSE(losses(dir_ / out).empty()) << test::read_file(dir_ / "one_dir.log");
+  ASSERT_FALSE(step_losses(dir_ / out).empty()) << test::read_file(dir_ / "one_dir.log");
   auto second = mpirun(1, args("lora", 1, out, 2));
   auto resumed = mpirun(1, args("lora", 1, out, 2) + " --resume auto");
   run_command("pkill -KILL -f -- '^" + std::string(FSDPQ_BINARY) + " .*--output_dir " + out + "( |$)'; true");
@@ -683,7 +669,7 @@ TEST_F(FsdpTrain, ARunDirectoryHoldsOneRunAtATime) {
 
   // The killed run's directory now holds a previous run: a fresh run is refused ...
   std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the kernel releases the lock with the process
-  const size_t logged = losses(dir_ / out).size();
+  const size_t logged = step_losses(dir_ / out).size();
   auto fresh = mpirun(1, args("lora", 1, out, 2));
   EXPECT_EQ(fresh.exit_code, 2) << fresh.output;
   EXPECT_NE(fresh.output.find("output_dir '" + out + "' holds a previous run (metrics.jsonl with " +
@@ -692,14 +678,14 @@ TEST_F(FsdpTrain, ARunDirectoryHoldsOneRunAtATime) {
       << fresh.output;
   EXPECT_NE(fresh.output.find("`--resume auto` continues it, `--overwrite true` replaces it"), std::string::npos)
       << fresh.output;
-  EXPECT_EQ(losses(dir_ / out).size(), logged) << "nothing of the previous run was touched";
+  EXPECT_EQ(step_losses(dir_ / out).size(), logged) << "nothing of the previous run was touched";
   // ... and replaced on request.
   auto replaced = mpirun(1, args("lora", 1, out, 2) + " --overwrite true");
   EXPECT_EQ(replaced.exit_code, 0) << replaced.output;
   EXPECT_NE(replaced.output.find("overwrite = true: removed the previous run's files"), std::string::npos)
       << replaced.output;
-  EXPECT_EQ(read_jsonl(dir_ / out / "metrics.jsonl", "header").size(), 1u);
-  EXPECT_EQ(losses(dir_ / out).size(), 2u);
+  EXPECT_EQ(of_type(read_jsonl(dir_ / out / "metrics.jsonl"), "header").size(), 1u);
+  EXPECT_EQ(step_losses(dir_ / out).size(), 2u);
 }
 
 TEST_F(FsdpTrain, AnUnusableOutputOrCheckpointDirectoryStopsTheRunBeforeLoading) {
@@ -741,7 +727,7 @@ TEST_F(FsdpTrain, ProfileWritesAPerRankTraceAndMemoryRecords) {
     EXPECT_GT(count["reduce"], 0);
   }
   std::map<std::string, int> memory_at;
-  for (const auto& m : read_jsonl(dir_ / "profiled" / "metrics.jsonl", "memory")) memory_at[m.at("at")]++;
+  for (const auto& m : of_type(read_jsonl(dir_ / "profiled" / "metrics.jsonl"), "memory")) memory_at[m.at("at")]++;
   EXPECT_EQ(memory_at["before_forward_backward"], 6);
   EXPECT_EQ(memory_at["after_forward_backward"], 6);
   EXPECT_EQ(memory_at["after_forward"], 6);
