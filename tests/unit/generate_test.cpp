@@ -5,29 +5,21 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <random>
 #include <regex>
 
 #include "io/peft_adapter.h"
 #include "model/llama_config.h"
+#include "random_adapter.h"
 #include "test_support.h"
 
 namespace fsdpq {
 namespace {
 
 namespace fs = std::filesystem;
+using test::error_message;
+using test::quoted;
 using test::run_command;
 using test::run_fsdpq;
-
-std::string quoted(const fs::path& p) { return "'" + p.string() + "'"; }
-
-std::string error_message(const std::string& output) {
-  const std::string prefix = "fsdpq: error: ";
-  auto pos = output.find(prefix);
-  if (pos == std::string::npos) return output;
-  auto end = output.find('\n', pos);
-  return output.substr(pos + prefix.size(), end == std::string::npos ? std::string::npos : end - pos - prefix.size());
-}
 
 struct Generation {
   int exit_code = -1;
@@ -68,26 +60,8 @@ class Generate : public ::testing::Test {
 
   // An adapter on q_proj and v_proj of both layers; B ~ U(-b_range, b_range) (0: B = 0, a no-op).
   static fs::path make_adapter(const std::string& name, float b_range) {
-    AdapterConfig config;
-    config.r = 4;
-    config.lora_alpha = 8;
-    config.target_modules = {"q_proj", "v_proj"};
-    std::mt19937 gen(7);
-    std::vector<std::pair<std::string, Tensor>> owned;
-    for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer)
-      for (const auto& module : config.target_modules) {
-        auto [out, in] = linear_shape(config_, module);
-        Tensor a = Tensor::empty(Shape{4, in}, DType::F32), b = Tensor::empty(Shape{out, 4}, DType::F32);
-        std::uniform_real_distribution<float> da(-0.5f, 0.5f), db(-b_range, b_range);
-        for (int64_t i = 0; i < a.numel(); ++i) a.data<float>()[i] = da(gen);
-        for (int64_t i = 0; i < b.numel(); ++i) b.data<float>()[i] = b_range == 0 ? 0.0f : db(gen);
-        owned.emplace_back(adapter_tensor_name(layer, module, true), std::move(a));
-        owned.emplace_back(adapter_tensor_name(layer, module, false), std::move(b));
-      }
-    std::vector<std::pair<std::string, const Tensor*>> views;
-    for (const auto& [n, t] : owned) views.emplace_back(n, &t);
-    save_peft_adapter(dir_ / name, config, views, DType::F32);
-    return dir_ / name;
+    return test::write_random_adapter(dir_ / name, config_,
+                                      {.r = 4, .alpha = 8, .targets = {"q_proj", "v_proj"}, .b_range = b_range, .seed = 7});
   }
 
   static fs::path dir_;

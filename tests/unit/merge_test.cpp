@@ -8,11 +8,11 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
-#include <random>
 
 #include "io/model_files.h"
 #include "io/peft_adapter.h"
 #include "model/llama_config.h"
+#include "random_adapter.h"
 #include "test_support.h"
 #include "util/bf16.h"
 
@@ -20,18 +20,9 @@ namespace fsdpq {
 namespace {
 
 namespace fs = std::filesystem;
+using test::error_message;
+using test::quoted;
 using test::run_fsdpq;
-
-std::string quoted(const fs::path& p) { return "'" + p.string() + "'"; }
-
-// The one error line fsdpq printed, without its "fsdpq: error: " prefix, or the whole output.
-std::string error_message(const std::string& output) {
-  const std::string prefix = "fsdpq: error: ";
-  auto pos = output.find(prefix);
-  if (pos == std::string::npos) return output;
-  auto end = output.find('\n', pos);
-  return output.substr(pos + prefix.size(), end == std::string::npos ? std::string::npos : end - pos - prefix.size());
-}
 
 std::vector<uint16_t> bf16_values(const ModelWeights& w, const std::string& name) {
   auto bytes = w.bytes(name);
@@ -70,39 +61,18 @@ class Merge : public ::testing::Test {
     config_ = load_llama_config(dir_ / "model" / "config.json");
   }
 
-  // An adapter over `targets` of every layer, A ~ U(-0.5, 0.5), B ~ U(-b_range, b_range) (0: B = 0).
+  // An adapter over `targets` of every layer (or the first `layers`), A ~ U(-0.5, 0.5),
+  // B ~ U(-b_range, b_range) (0: B = 0), with DoRA magnitudes when `dora`.
   static fs::path make_adapter(const std::string& name, int64_t r, double alpha, const std::vector<std::string>& targets,
                                float b_range, int64_t layers = -1, bool dora = false) {
-    AdapterConfig config;
-    config.use_dora = dora;
-    config.r = r;
-    config.lora_alpha = alpha;
-    config.target_modules = targets;
-    std::vector<std::pair<std::string, Tensor>> owned;
-    std::mt19937 gen(static_cast<uint32_t>(r * 1000 + name.size()));
-    auto fill = [&](Tensor& t, float range) {
-      std::uniform_real_distribution<float> dist(-range, range);
-      for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = range == 0 ? 0.0f : dist(gen);
-    };
-    for (int64_t layer = 0; layer < (layers < 0 ? config_.num_hidden_layers : layers); ++layer)
-      for (const auto& module : targets) {
-        auto [out, in] = linear_shape(config_, module);
-        Tensor a = Tensor::empty(Shape{r, in}, DType::F32), b = Tensor::empty(Shape{out, r}, DType::F32);
-        fill(a, 0.5f);
-        fill(b, b_range);
-        owned.emplace_back(adapter_tensor_name(layer, module, true), std::move(a));
-        owned.emplace_back(adapter_tensor_name(layer, module, false), std::move(b));
-        if (!dora) continue;
-        Tensor m = Tensor::empty(Shape{out}, DType::F32);
-        std::uniform_real_distribution<float> magnitude(0.5f, 2.0f);
-        for (int64_t i = 0; i < out; ++i) m.data<float>()[i] = magnitude(gen);
-        owned.emplace_back(magnitude_tensor_name(layer, module), std::move(m));
-      }
-    std::vector<std::pair<std::string, const Tensor*>> views;
-    for (const auto& [n, t] : owned) views.emplace_back(n, &t);
-    const fs::path path = dir_ / name;
-    save_peft_adapter(path, config, views, DType::F32);
-    return path;
+    return test::write_random_adapter(dir_ / name, config_,
+                                      {.r = r,
+                                       .alpha = alpha,
+                                       .targets = targets,
+                                       .b_range = b_range,
+                                       .layers = layers,
+                                       .dora = dora,
+                                       .seed = static_cast<uint32_t>(r * 1000 + name.size())});
   }
 
   static test::CommandResult merge(const fs::path& model, const fs::path& adapter, const fs::path& out,
