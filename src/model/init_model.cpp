@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "data/tokenizer.h"
 #include "io/model_files.h"
@@ -17,17 +16,6 @@
 namespace fsdpq {
 namespace fs = std::filesystem;
 namespace {
-
-inline float float_of(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-inline uint32_t bits_of(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
 
 // Threefry-2x32 with 20 rounds (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3",
 // SC'11; JAX's default generator): a keyed bijection of a 64-bit counter, made only of adds,
@@ -70,17 +58,17 @@ StreamKey stream_key(uint64_t seed, uint64_t stream) {
 // every machine. Written without branches; selects are bit masks.
 inline void box_muller(uint32_t x0, uint32_t x1, float scale, float& z0, float& z1) {
   // ln u1 = e ln 2 + ln m with m in [sqrt(1/2), sqrt(2)), ln m = 2 atanh(s), s = (m - 1) / (m + 1).
-  const uint32_t bits = bits_of(static_cast<float>((x0 >> 8) + 1) * (1.0f / 16777216.0f));
+  const uint32_t bits = float_bits(static_cast<float>((x0 >> 8) + 1) * (1.0f / 16777216.0f));
   const uint32_t above_sqrt2 = (bits & 0x7fffffu) > 0x3504f3u;
   const int32_t e = static_cast<int32_t>(bits >> 23) - 127 + static_cast<int32_t>(above_sqrt2);
-  const float m = float_of(((bits & 0x7fffffu) | 0x3f800000u) - (above_sqrt2 << 23));
+  const float m = bits_float(((bits & 0x7fffffu) | 0x3f800000u) - (above_sqrt2 << 23));
   const float s = (m - 1.0f) / (m + 1.0f);
   const float s2 = s * s;
   const float ln = static_cast<float>(e) * 0.693147180559945f +
                    2.0f * s * (1.0f + s2 * (1.0f / 3 + s2 * (1.0f / 5 + s2 * (1.0f / 7 + s2 * (1.0f / 9)))));
   // sqrt(y) = y / sqrt(y): reciprocal square root from the classic bit estimate plus three Newton steps.
   const float y = -2.0f * ln + 0.0f;  // + 0 turns -0 into +0
-  float g = float_of(0x5f3759dfu - (bits_of(y) >> 1));
+  float g = bits_float(0x5f3759dfu - (float_bits(y) >> 1));
   g = g * (1.5f - 0.5f * y * g * g);
   g = g * (1.5f - 0.5f * y * g * g);
   g = g * (1.5f - 0.5f * y * g * g);
@@ -91,19 +79,19 @@ inline void box_muller(uint32_t x0, uint32_t x1, float scale, float& z0, float& 
   const float xx = x * x;
   const float sin_x = x * (1.0f + xx * (-1.0f / 6 + xx * (1.0f / 120 + xx * (-1.0f / 5040))));
   const float cos_x = 1.0f + xx * (-0.5f + xx * (1.0f / 24 + xx * (-1.0f / 720 + xx * (1.0f / 40320))));
-  const uint32_t sin_phi = bits_of((sin_x + cos_x) * 0.707106781186547524f);
-  const uint32_t cos_phi = bits_of((cos_x - sin_x) * 0.707106781186547524f);
+  const uint32_t sin_phi = float_bits((sin_x + cos_x) * 0.707106781186547524f);
+  const uint32_t cos_phi = float_bits((cos_x - sin_x) * 0.707106781186547524f);
   // Rotate by q quarter turns: odd q swaps sin and cos; the signs follow the quadrant.
   const uint32_t swap = 0u - (q & 1u);
   const uint32_t cos_t = ((sin_phi & swap) | (cos_phi & ~swap)) ^ (((q ^ (q >> 1)) & 1u) << 31);
   const uint32_t sin_t = ((cos_phi & swap) | (sin_phi & ~swap)) ^ ((q >> 1) << 31);
-  z0 = r * float_of(cos_t);
-  z1 = r * float_of(sin_t);
+  z0 = r * bits_float(cos_t);
+  z1 = r * bits_float(sin_t);
 }
 
 // Round to nearest even; the values are finite, so no NaN case.
 inline uint16_t bf16_of(float f) {
-  const uint32_t u = bits_of(f);
+  const uint32_t u = float_bits(f);
   return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
