@@ -1,13 +1,13 @@
 #include "model/init_model.h"
 
 #include <omp.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 
 #include "data/tokenizer.h"
 #include "io/model_files.h"
+#include "io/output_directory.h"
 #include "io/tokenizer_files.h"
 #include "util/bf16.h"
 #include "util/error.h"
@@ -144,17 +144,6 @@ std::unique_ptr<data::Tokenizer> checked_tokenizer(const fs::path& tokenizer, in
   return loaded;
 }
 
-// Removes the staging directory unless the model was moved into place.
-struct StagingDir {
-  fs::path path;
-  bool committed = false;
-  ~StagingDir() {
-    if (committed || path.empty()) return;
-    std::error_code ignored;
-    fs::remove_all(path, ignored);
-  }
-};
-
 }  // namespace
 
 void threefry2x32_20(uint32_t key0, uint32_t key1, uint32_t& x0, uint32_t& x1) { threefry2x32(key0, key1, x0, x1); }
@@ -200,34 +189,17 @@ void init_model(LlamaConfig config, const fs::path& out_dir, const InitModelOpti
   }
   if (options.max_shard_bytes == 0) fail("init-model: max_shard_bytes must be positive");
 
-  fs::path target = fs::absolute(out_dir).lexically_normal();
-  if (!target.has_filename()) target = target.parent_path();  // "out/" → "out"
-  if (target.filename().empty() || target == target.root_path())
-    fail("init-model: '{}' cannot be an output directory", out_dir.string());
-  std::error_code ec;
-  const bool exists = fs::exists(target, ec);
-  if (exists) {
-    if (!fs::is_directory(target, ec)) fail("init-model: '{}' exists and is not a directory", out_dir.string());
-    if (!fs::is_empty(target, ec) && !options.overwrite)
-      fail("init-model: output directory '{}' is not empty; choose another or allow overwriting it", out_dir.string());
-  }
-  const fs::path parent = target.parent_path();
-  fs::create_directories(parent, ec);
-  if (ec || !fs::is_directory(parent))
-    fail("init-model: cannot create '{}': {}", parent.string(), ec ? ec.message() : "not a directory");
-
-  StagingDir staging;
-  staging.path = parent / fmt::format(".{}.partial-{}", target.filename().string(), ::getpid());
-  fs::remove_all(staging.path, ec);
-  if (!fs::create_directory(staging.path, ec)) fail("init-model: cannot create '{}': {}", staging.path.string(), ec.message());
+  const fs::path target = output_directory_target(out_dir, "init-model");
+  check_output_directory_free(target, out_dir, options.overwrite, "init-model", "allow overwriting it");
+  StagedDirectory staging(target, "init-model");
 
   const nlohmann::json hf_config = to_hf_json(config);
-  write_file_atomically(staging.path / "config.json", hf_config.dump(2) + "\n");
+  write_file_atomically(staging.path() / "config.json", hf_config.dump(2) + "\n");
   const nlohmann::json generation = {{"_from_model_config", true},
                                      {"bos_token_id", hf_config["bos_token_id"]},
                                      {"eos_token_id", hf_config["eos_token_id"]}};
-  write_file_atomically(staging.path / "generation_config.json", generation.dump(2) + "\n");
-  if (!options.tokenizer_model.empty()) copy_tokenizer_files(options.tokenizer_model, staging.path, "init-model");
+  write_file_atomically(staging.path() / "generation_config.json", generation.dump(2) + "\n");
+  if (!options.tokenizer_model.empty()) copy_tokenizer_files(options.tokenizer_model, staging.path(), "init-model");
 
   const std::vector<TensorSpec> specs = hf_tensor_specs(config);
   uint64_t total = 0, done = 0;
@@ -242,10 +214,9 @@ void init_model(LlamaConfig config, const fs::path& out_dir, const InitModelOpti
     done += chunk.size();
     if (options.progress) options.progress(done, total);
   };
-  write_model_weights(staging.path, specs, fill, options.max_shard_bytes);
+  write_model_weights(staging.path(), specs, fill, options.max_shard_bytes);
 
-  swap_directory_into_place(staging.path, target, "init-model");
-  staging.committed = true;
+  staging.commit();
 }
 
 }  // namespace fsdpq
