@@ -24,22 +24,27 @@ void check_ids(const char* op, const TensorView& ids, int64_t vocab) {
            vocab, vocab - 1);
 }
 
+// What both directions check before they pick a device: a [V, C] table (or its gradient), I32
+// ids, and one row of C per id (the output, or its gradient).
+void check_lookup(const char* op, const char* table_name, const TensorView& table, const char* rows_name,
+                  const TensorView& rows, const TensorView& ids) {
+  check_that(table.shape.rank == 2, "{}: {} must be [V, C], got {}", op, table_name, table.shape.to_string());
+  check_shape(op, rows_name, rows, Shape{ids.numel(), table.shape[1]});
+  check_that(ids.dtype == DType::I32, "{}: ids is {}; expected I32", op, ids.describe());
+}
+
 }  // namespace
 
 void embedding_forward(TensorView out, const TensorView& ids, const TensorView& table) {
   constexpr const char* op = "embedding_forward";
   check_float(op, "table", table);
   check_float(op, "out", out);
-  check_that(table.shape.rank == 2, "{}: table must be [V, C], got {}", op, table.shape.to_string());
-  check_shape(op, "out", out, Shape{ids.numel(), table.shape[1]});
-  check_that(ids.dtype == DType::I32, "{}: ids is {}; expected I32", op, ids.describe());
+  check_lookup(op, "table", table, "out", out, ids);
   if (runs_on_cuda(op, {out, ids, table}))
     if constexpr (kWithCuda) return cuda_ops::embedding_forward(out, ids, table);
   check_cpu_float(op, "table", table);
   check_cpu_float(op, "out", out);
-  check_that(table.shape.rank == 2, "{}: table must be [V, C], got {}", op, table.shape.to_string());
   const int64_t vocab = table.shape[0], channels = table.shape[1], tokens = ids.numel();
-  check_shape(op, "out", out, Shape{tokens, channels});
   check_ids(op, ids, vocab);
   const int32_t* id = ids.as<const int32_t>();
 
@@ -63,16 +68,12 @@ void embedding_backward(TensorView dtable, const TensorView& ids, const TensorVi
   constexpr const char* op = "embedding_backward";
   check_that(dtable.dtype == DType::F32, "{}: dtable is {}; expected F32", op, dtable.describe());
   check_float(op, "dout", dout);
-  check_that(dtable.shape.rank == 2, "{}: dtable must be [V, C], got {}", op, dtable.shape.to_string());
-  check_shape(op, "dout", dout, Shape{ids.numel(), dtable.shape[1]});
-  check_that(ids.dtype == DType::I32, "{}: ids is {}; expected I32", op, ids.describe());
+  check_lookup(op, "dtable", dtable, "dout", dout, ids);
   if (runs_on_cuda(op, {dtable, ids, dout}))
     if constexpr (kWithCuda) return cuda_ops::embedding_backward(dtable, ids, dout);
   check_dtype(op, "dtable", dtable, DType::F32);
   check_cpu_float(op, "dout", dout);
-  check_that(dtable.shape.rank == 2, "{}: dtable must be [V, C], got {}", op, dtable.shape.to_string());
   const int64_t vocab = dtable.shape[0], channels = dtable.shape[1], tokens = ids.numel();
-  check_shape(op, "dout", dout, Shape{tokens, channels});
   check_ids(op, ids, vocab);
   const int32_t* id = ids.as<const int32_t>();
   float* grad = dtable.as<float>();
