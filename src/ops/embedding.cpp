@@ -48,19 +48,17 @@ void embedding_forward(TensorView out, const TensorView& ids, const TensorView& 
   check_ids(op, ids, vocab);
   const int32_t* id = ids.as<const int32_t>();
 
-  with_storage(table.dtype, op, [&](auto table_tag) {
+  with_storages({table.dtype, out.dtype}, op, [&](auto table_tag, auto out_tag) {
     using TableT = decltype(table_tag);
-    with_storage(out.dtype, op, [&](auto out_tag) {
-      using OutT = decltype(out_tag);
-      const TableT* src = table.as<const TableT>();
-      OutT* dst = out.as<OutT>();
+    using OutT = decltype(out_tag);
+    const TableT* src = table.as<const TableT>();
+    OutT* dst = out.as<OutT>();
 #pragma omp parallel for if (worth_parallel(tokens * channels)) schedule(static)
-      for (int64_t n = 0; n < tokens; ++n) {
-        const TableT* row = src + static_cast<int64_t>(id[n]) * channels;
-        OutT* out_row = dst + n * channels;
-        for (int64_t c = 0; c < channels; ++c) out_row[c] = from_f32<OutT>(to_f32(row[c]));
-      }
-    });
+    for (int64_t n = 0; n < tokens; ++n) {
+      const TableT* row = src + static_cast<int64_t>(id[n]) * channels;
+      OutT* out_row = dst + n * channels;
+      for (int64_t c = 0; c < channels; ++c) out_row[c] = from_f32<OutT>(to_f32(row[c]));
+    }
   });
 }
 
