@@ -11,6 +11,7 @@
 #include "model/llama_config.h"
 #include "random_adapter.h"
 #include "test_support.h"
+#include "tiny_model_suite.h"
 
 namespace fsdpq {
 namespace {
@@ -29,14 +30,9 @@ struct Generation {
   std::string stopped;
 };
 
-class Generate : public ::testing::Test {
+class Generate : public test::TinyModelSuite<Generate> {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = test::make_temp_dir("generate");
-    auto r = run_fsdpq("init-model --preset tiny --vocab_size 300 --seed 3 --out " + quoted(dir_ / "model"));
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    config_ = load_llama_config(dir_ / "model" / "config.json");
-  }
+  static void SetUpTestSuite() { make_tiny_model("generate", 3); }
 
   // Runs generate with stdout and stderr apart.
   static Generation generate(const std::string& args) {
@@ -63,12 +59,7 @@ class Generate : public ::testing::Test {
     return test::write_random_adapter(dir_ / name, config_,
                                       {.r = 4, .alpha = 8, .targets = {"q_proj", "v_proj"}, .b_range = b_range, .seed = 7});
   }
-
-  static fs::path dir_;
-  static LlamaConfig config_;
 };
-fs::path Generate::dir_;
-LlamaConfig Generate::config_;
 
 TEST_F(Generate, GreedyIsDeterministicAndRespectsMaxNewTokens) {
   const std::string args = model_args() + "--prompt 'Hello there' --temperature 0 --max_new_tokens 12";

@@ -14,6 +14,7 @@
 #include "model/llama_config.h"
 #include "random_adapter.h"
 #include "test_support.h"
+#include "tiny_model_suite.h"
 #include "util/bf16.h"
 
 namespace fsdpq {
@@ -52,14 +53,9 @@ bool near_a_midpoint(double d, uint16_t nearest, double tolerance) {
   return false;
 }
 
-class Merge : public ::testing::Test {
+class Merge : public test::TinyModelSuite<Merge> {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = test::make_temp_dir("merge");
-    auto r = run_fsdpq("init-model --preset tiny --vocab_size 300 --seed 1 --out " + quoted(dir_ / "model"));
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    config_ = load_llama_config(dir_ / "model" / "config.json");
-  }
+  static void SetUpTestSuite() { make_tiny_model("merge", 1); }
 
   // An adapter over `targets` of every layer (or the first `layers`), A ~ U(-0.5, 0.5),
   // B ~ U(-b_range, b_range) (0: B = 0), with DoRA magnitudes when `dora`.
@@ -80,12 +76,7 @@ class Merge : public ::testing::Test {
     return run_fsdpq("merge --model " + quoted(model) + " --adapter " + quoted(adapter) + " --out " + quoted(out) +
                      " " + extra);
   }
-
-  static fs::path dir_;
-  static LlamaConfig config_;
 };
-fs::path Merge::dir_;
-LlamaConfig Merge::config_;
 
 const std::vector<std::string> kAllLinears = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
 
