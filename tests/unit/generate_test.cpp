@@ -160,20 +160,8 @@ TEST_F(Generate, BadInputIsRefusedWithAClearMessage) {
   const std::string long_prompt(2048, 'x');  // + BOS = 2049 tokens > 2048 positions
   auto r = run_fsdpq("init-model --preset tiny --vocab_size 100 --out " + quoted(dir_ / "small_vocab"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const fs::path wrong_adapter = dir_ / "wrong_adapter";
-  {
-    AdapterConfig config;
-    config.r = 2;
-    config.lora_alpha = 4;
-    config.target_modules = {"q_proj"};
-    Tensor a = Tensor::zeros(Shape{2, 32}, DType::F32), b = Tensor::zeros(Shape{32, 2}, DType::F32);
-    std::vector<std::pair<std::string, const Tensor*>> views;
-    for (int64_t layer = 0; layer < 2; ++layer) {
-      views.emplace_back(adapter_tensor_name(layer, "q_proj", true), &a);
-      views.emplace_back(adapter_tensor_name(layer, "q_proj", false), &b);
-    }
-    save_peft_adapter(wrong_adapter, config, views, DType::F32);
-  }
+  const fs::path wrong_adapter = test::write_random_adapter(dir_ / "wrong_adapter", test::narrowed_to_hidden_32(config_),
+                                                            {.r = 2, .alpha = 4, .targets = {"q_proj"}});
   struct Case {
     std::string args;
     std::string message;

@@ -285,17 +285,8 @@ TEST_F(Merge, MismatchedInputsAreRefused) {
   };
 
   // An adapter trained on a model with hidden size 32.
-  const fs::path narrow = dir_ / "adapter_narrow";
-  {
-    AdapterConfig config;
-    config.r = 4;
-    config.lora_alpha = 8;
-    config.target_modules = {"q_proj"};
-    Tensor a = Tensor::zeros(Shape{4, 32}, DType::F32), b = Tensor::zeros(Shape{32, 4}, DType::F32);
-    save_peft_adapter(narrow, config,
-                      {{adapter_tensor_name(0, "q_proj", true), &a}, {adapter_tensor_name(0, "q_proj", false), &b}},
-                      DType::F32);
-  }
+  const fs::path narrow = test::write_random_adapter(dir_ / "adapter_narrow", test::narrowed_to_hidden_32(config_),
+                                                     {.r = 4, .alpha = 8, .targets = {"q_proj"}, .layers = 1});
   const fs::path deep = make_adapter("adapter_deep", 2, 4.0, {"k_proj"}, 0.0f, 3);
   const fs::path shallow = make_adapter("adapter_shallow", 2, 4.0, {"k_proj"}, 0.0f, 1);
   const fs::path good = make_adapter("adapter_good", 2, 4.0, {"k_proj"}, 0.0f);

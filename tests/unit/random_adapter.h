@@ -59,4 +59,11 @@ inline std::filesystem::path write_random_adapter(const std::filesystem::path& d
   return dir;
 }
 
+// `base` with hidden size 32 (q_proj [32, 32]): the shape of an adapter trained on another model.
+inline LlamaConfig narrowed_to_hidden_32(LlamaConfig base) {
+  base.hidden_size = 32;
+  base.head_dim = 32 / base.num_attention_heads;
+  return base;
+}
+
 }  // namespace fsdpq::test
