@@ -229,12 +229,6 @@ void merge(const MergeOptions& options) {
             seconds);
 }
 
-bool wants_help(const std::vector<std::string>& args) {
-  for (const auto& a : args)
-    if (a == "--help" || a == "-h") return true;
-  return false;
-}
-
 }  // namespace
 
 int run_merge_command(const World& world, const std::vector<std::string>& args) {
