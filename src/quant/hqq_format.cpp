@@ -18,6 +18,7 @@
 #include "quant/frozen_format.h"
 #include "quant/hqq.h"
 #include "quant/hqq_device.h"
+#include "quant/hqq_solve.h"
 #include "util/bf16.h"
 
 namespace fsdpq {
@@ -59,6 +60,12 @@ class GroupValues {
       offset += r.count;
     }
     throw std::logic_error(fmt::format("hqq: group {} is not among the values given", g));
+  }
+  // Groups [first, end) one after another as fp32, for the batched solver.
+  void gather(int64_t first, int64_t end, std::vector<float>& out) const {
+    out.resize(static_cast<size_t>((end - first) * kHqqGroupSize));
+#pragma omp parallel for schedule(static) if (end - first >= 256)
+    for (int64_t g = first; g < end; ++g) read(g, out.data() + (g - first) * kHqqGroupSize);
   }
 
  private:
@@ -153,24 +160,19 @@ class HqqFormat final : public FrozenFormat {
     if (segment == kZeros) return;  // the codes' owners measure every block
     if (segment != kCodes) FrozenFormat::measure_values(segment, numel, from, to, values, dtype, statistics);
     check_dtype(dtype);
-    const HqqPacking p = packing(numel);
     const ElementRanges ranges = values_for(segment, numel, from, to);
     const GroupValues source(ranges, values, dtype);
-    std::vector<int64_t> blocks;
-    for (const ElementRange& r : ranges)
-      for (int64_t b = r.first / kHqqGroupSize / kBlockGroups; b * kBlockGroups * kHqqGroupSize < r.first + r.count; ++b)
-        blocks.push_back(b);
-#pragma omp parallel for schedule(dynamic)
-    for (size_t k = 0; k < blocks.size(); ++k) {
-      const int64_t b = blocks[k];
-      double errors[kHqqSolverIterations] = {};
-      float w[kHqqGroupSize];
-      for (int64_t g = b * kBlockGroups; g < std::min((b + 1) * kBlockGroups, p.groups); ++g) {
-        source.read(g, w);
-        hqq_solve_group(w, hqq_group_start(w, n_bits_), n_bits_, kHqqSolverIterations, precision_, errors);
-      }
-      for (int i = 0; i < kHqqSolverIterations; ++i)
-        statistics[b * kHqqSolverIterations + i] = static_cast<float>(errors[i]);
+    // Each range is whole blocks (values_for): solve them all at once, 20 iterations, keeping each
+    // block's error sums.
+    std::vector<float> gathered;
+    for (const ElementRange& r : ranges) {
+      const int64_t first = r.first / kHqqGroupSize, end = (r.first + r.count) / kHqqGroupSize;
+      source.gather(first, end, gathered);
+      const HqqSolved solved = hqq_solve_groups(gathered.data(), end - first, n_bits_, kHqqSolverIterations, precision_,
+                                                /*block_errors=*/true);
+      for (size_t k = 0; k < solved.block_errors.size(); ++k)
+        statistics[first / kBlockGroups * kHqqSolverIterations + static_cast<int64_t>(k)] =
+            static_cast<float>(solved.block_errors[k]);
     }
   }
 
@@ -190,14 +192,17 @@ class HqqFormat final : public FrozenFormat {
     const HqqPacking p = packing(numel);
     const ElementRanges ranges = values_for(segment, numel, from, to);
     const GroupValues source(ranges, values, dtype);
-    const auto solve = [&](int64_t g, float* w) {
-      source.read(g, w);
-      return hqq_solve_group(w, hqq_group_start(w, n_bits_), n_bits_, scalars.hqq_zero_updates, precision_, nullptr);
+    // Groups [first, end) after the run's number of updates, with their values.
+    std::vector<float> w;
+    const auto solve = [&](int64_t first, int64_t end) {
+      source.gather(first, end, w);
+      return hqq_solve_groups(w.data(), end - first, n_bits_, scalars.hqq_zero_updates, precision_, false).groups;
     };
     if (segment == kZeros) {
-      write_meta(meta_groups(from, to), from, to, out, [&](int64_t g) {
-        float w[kHqqGroupSize];
-        return hqq_stored(solve(g, w), precision_, meta_).zero;
+      const GroupRange groups = meta_groups(from, to);
+      const std::vector<HqqGroup> solved = solve(groups.first, groups.end);
+      write_meta(groups, from, to, out, [&](int64_t g) {
+        return hqq_stored(solved[static_cast<size_t>(g - groups.first)], precision_, meta_).zero;
       });
       return;
     }
@@ -206,15 +211,16 @@ class HqqFormat final : public FrozenFormat {
     const int64_t word_row = kHqqGroupSize * p.word_bytes;
     const int64_t r0 = static_cast<int64_t>(from) / word_row, r1 = ceil_div(static_cast<int64_t>(to), word_row);
     std::vector<uint8_t> codes(static_cast<size_t>(p.slices * (r1 - r0) * kHqqGroupSize), 0);
-#pragma omp parallel for collapse(2) schedule(dynamic)
-    for (int k = 0; k < p.slices; ++k)
-      for (int64_t r = r0; r < r1; ++r) {
-        const int64_t g = k * p.rows + r;
-        if (g >= p.groups) continue;  // 3 bits: the padding rows' codes are 0
-        float w[kHqqGroupSize];
-        const HqqGroup group = solve(g, w);
-        hqq_group_codes(w, group, n_bits_, codes.data() + (k * (r1 - r0) + (r - r0)) * kHqqGroupSize);
-      }
+    for (int k = 0; k < p.slices; ++k) {
+      const int64_t first = std::min(k * p.rows + r0, p.groups), end = std::min(k * p.rows + r1, p.groups);
+      if (first == end) continue;  // 3 bits: the padding rows' codes are 0
+      const std::vector<HqqGroup> solved = solve(first, end);
+      uint8_t* slice_codes = codes.data() + k * (r1 - r0) * kHqqGroupSize;
+#pragma omp parallel for schedule(static) if (end - first >= 256)
+      for (int64_t g = first; g < end; ++g)
+        hqq_group_codes(w.data() + (g - first) * kHqqGroupSize, solved[static_cast<size_t>(g - first)], n_bits_,
+                        slice_codes + (g - first) * kHqqGroupSize);
+    }
     const std::vector<uint8_t> words = pack_rows(p, r1 - r0, codes);
     std::memcpy(out, words.data() + (from - static_cast<size_t>(r0 * word_row)), to - from);
   }
