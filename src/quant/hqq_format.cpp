@@ -1,11 +1,15 @@
 // HQQ as a frozen format (docs/hqq.md, quant/hqq.h): three segments in hqq's layout — the packed
 // codes (hqq's W_q), the zero points and the scales (hqq's meta "zero_scale", one 16-bit value
-// per group each). The scales come from each group's minimum and maximum alone (a plain value
-// segment). The codes and zero points need the number of solver updates, which the error of the
-// whole tensor decides, so they are needs_scalars segments: step 1 runs the solver's 20
+// per group each). The codes and zero points need the number of solver updates, which the error
+// of the whole tensor decides, so they are needs_scalars segments: step 1 runs the solver's 20
 // iterations over blocks of 64 groups and keeps each block's error sum per iteration as
 // statistics; scalars_from() sums the blocks into the tensor's errors and finds the number of
-// updates; step 2 runs that many updates for the groups under the bytes.
+// updates; step 2 runs that many updates for the groups under the bytes. The scales come from
+// each group's minimum and maximum alone: step 1 keeps them as statistics too (one per group, as
+// NF4 keeps its absmax), so the scales segment is encoded from statistics and its owner reads no
+// values (a shard group's ranks together read a linear about twice, not three times).
+//
+// The statistics of a weight: [blocks x 20 error sums][groups scales].
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -117,15 +121,15 @@ class HqqFormat final : public FrozenFormat {
     const auto meta_bytes = static_cast<size_t>(p.groups) * 2;
     return {{"codes", static_cast<size_t>(p.bytes()), DType::U8, false, true},
             {"zeros", meta_bytes, meta_, false, true},
-            {"scales", meta_bytes, meta_, false, false}};
+            {"scales", meta_bytes, meta_, true, false}};
   }
 
   bool accepts_values(DType dtype) const override { return dtype == DType::BF16 || dtype == DType::F32; }
 
   ElementRanges values_for(int segment, int64_t numel, size_t from, size_t to) const override {
     const HqqPacking p = packing(numel);
-    if (segment == kZeros || segment == kScales) return elements_of({meta_groups(from, to)});
-    check_value_segment(segment);
+    if (segment == kZeros) return elements_of({meta_groups(from, to)});
+    if (segment != kCodes) throw std::logic_error(fmt::format("{}: segment {} is not encoded from values", name(), segment));
     // Every slice's groups under the rows, rounded out to whole blocks for measure_values.
     std::vector<GroupRange> groups = code_groups(p, from, to);
     for (GroupRange& g : groups)
@@ -133,28 +137,19 @@ class HqqFormat final : public FrozenFormat {
     return elements_of(groups);
   }
 
-  // The scales: 1 / scale of each group under the bytes, as stored.
-  void encode_values(int segment, int64_t numel, size_t from, size_t to, const void* values, DType dtype, uint8_t* out,
-                     float*) const override {
-    if (segment != kScales) throw std::logic_error(fmt::format("{}: segment {} needs the scalars", name(), segment));
-    check_dtype(dtype);
-    const ElementRanges ranges = values_for(segment, numel, from, to);
-    const GroupRange groups = meta_groups(from, to);
-    const GroupValues source(ranges, values, dtype);
-    write_meta(groups, from, to, out, [&](int64_t g) {
-      float w[kHqqGroupSize];
-      source.read(g, w);
-      const HqqGroup unsolved = hqq_solve_group(w, hqq_group_start(w, n_bits_), n_bits_, 0, precision_, nullptr);
-      return hqq_stored(unsolved, precision_, meta_).scale;  // the solver moves only the zero point
-    });
+  // Every segment with values needs the scalars (codes, zero points) or is encoded from statistics
+  // (scales).
+  void encode_values(int segment, int64_t, size_t, size_t, const void*, DType, uint8_t*, float*) const override {
+    throw std::logic_error(fmt::format("{}: segment {} is not encoded from values alone", name(), segment));
   }
 
   int64_t statistics_count(int64_t numel) const override {
-    return ceil_div(packing(numel).groups, kBlockGroups) * kHqqSolverIterations;
+    const int64_t groups = packing(numel).groups;
+    return error_statistics(groups) + groups;
   }
 
   // The codes' owners measure every block under their rows: each block's error sum per
-  // iteration, over all 20 iterations (the stop is not known yet).
+  // iteration, over all 20 iterations (the stop is not known yet), and each of its groups' scale.
   void measure_values(int segment, int64_t numel, size_t from, size_t to, const void* values, DType dtype,
                       float* statistics) const override {
     if (segment == kZeros) return;  // the codes' owners measure every block
@@ -173,12 +168,24 @@ class HqqFormat final : public FrozenFormat {
       for (size_t k = 0; k < solved.block_errors.size(); ++k)
         statistics[first / kBlockGroups * kHqqSolverIterations + static_cast<int64_t>(k)] =
             static_cast<float>(solved.block_errors[k]);
+      // The solver moves only the zero point: a group's scale is its start's, > 0.
+      float* scales = statistics + error_statistics(packing(numel).groups);
+      for (int64_t g = first; g < end; ++g) scales[g] = solved.groups[static_cast<size_t>(g - first)].scale;
     }
+  }
+
+  // The scales: 1 / scale of each group under the bytes, as stored.
+  void encode_statistics(int segment, int64_t numel, size_t from, size_t to, const float* statistics,
+                         const FrozenScalars& scalars, uint8_t* out) const override {
+    if (segment != kScales) FrozenFormat::encode_statistics(segment, numel, from, to, statistics, scalars, out);
+    const float* scales = statistics + error_statistics(packing(numel).groups);
+    write_meta(meta_groups(from, to), from, to, out,
+               [&](int64_t g) { return hqq_stored({scales[g], 0.0f}, precision_, meta_).scale; });
   }
 
   FrozenScalars scalars_from(const float* statistics, int64_t numel) const override {
     std::array<double, kHqqSolverIterations> sums{};
-    const int64_t blocks = statistics_count(numel) / kHqqSolverIterations;
+    const int64_t blocks = error_statistics(packing(numel).groups) / kHqqSolverIterations;
     for (int64_t b = 0; b < blocks; ++b)
       for (int i = 0; i < kHqqSolverIterations; ++i) sums[static_cast<size_t>(i)] += statistics[b * kHqqSolverIterations + i];
     FrozenScalars s;
@@ -242,10 +249,8 @@ class HqqFormat final : public FrozenFormat {
  private:
   HqqPacking packing(int64_t numel) const { return HqqPacking::of(n_bits_, numel); }
 
-  void check_value_segment(int segment) const {
-    if (segment != kCodes && segment != kZeros && segment != kScales)
-      throw std::logic_error(fmt::format("{}: no segment {}", name(), segment));
-  }
+  // How many of a weight's statistics are error sums (the scales follow them).
+  static int64_t error_statistics(int64_t groups) { return ceil_div(groups, kBlockGroups) * kHqqSolverIterations; }
   void check_dtype(DType dtype) const {
     if (!accepts_values(dtype))
       throw std::logic_error(fmt::format("{}: values given as {}, expected BF16 or F32", name(), dtype_name(dtype)));
