@@ -248,14 +248,14 @@ TEST(GpuOpsAttentionMma, Perf) {
     test::report_perf("attention_forward (SIMT) " + shape, 0, fwd_flops, [&] {
       cuda::attention_forward(out.view().data, cuda::KType::BF16, lse.data<float>(), q.view().data,
                               cuda::KType::BF16, k.view().data, cuda::KType::BF16, v.view().data, cuda::KType::BF16,
-                              c.B, c.T, c.H, c.KV, c.D, cuda::stream());
+                              /*segment_start=*/nullptr, c.B, c.T, c.H, c.KV, c.D, cuda::stream());
     });
     test::report_perf("attention_backward (SIMT) " + shape, 0, 2.5 * fwd_flops, [&] {
       cuda::attention_backward(dq.view().data, cuda::KType::F32, dk.view().data, cuda::KType::F32, dv.view().data,
                                cuda::KType::F32, dout.view().data, cuda::KType::F32, q.view().data,
                                cuda::KType::BF16, k.view().data, cuda::KType::BF16, v.view().data,
                                cuda::KType::BF16, out.view().data, cuda::KType::BF16, lse.data<float>(),
-                               ws.data<float>(), c.B, c.T, c.H, c.KV, c.D, cuda::stream());
+                               /*segment_start=*/nullptr, ws.data<float>(), c.B, c.T, c.H, c.KV, c.D, cuda::stream());
     });
   }
 }
