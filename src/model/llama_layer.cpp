@@ -216,7 +216,7 @@ void LayerGradScratch::allocate(const LayerDims& d, DType dtype, Device device) 
 }
 
 void attention_inputs_forward(LayerActivations& a, const TensorView& x, const LayerCompute& w, const LayerDims& d,
-                              const RopeTable& rope, int64_t position_offset) {
+                              const RopeTable& rope, int64_t position_offset, const TensorView& positions) {
   {
     ScopedSection section("rmsnorm");
     rmsnorm_forward(a.n1, a.rstd1, x, w.input_norm, d.eps);
@@ -224,8 +224,8 @@ void attention_inputs_forward(LayerActivations& a, const TensorView& x, const La
   const TensorView qkv[] = {a.q, a.k, a.v};
   linear_group_forward(qkv, a.n1, kQkvGroup, w, a);
   ScopedSection section("rope");
-  rope_forward(a.q.view().reshaped(heads_shape(d, d.H)), rope, position_offset);
-  rope_forward(a.k.view().reshaped(heads_shape(d, d.KV)), rope, position_offset);
+  rope_forward(a.q.view().reshaped(heads_shape(d, d.H)), rope, position_offset, positions);
+  rope_forward(a.k.view().reshaped(heads_shape(d, d.KV)), rope, position_offset, positions);
 }
 
 void attention_output_mlp_forward(TensorView out, LayerActivations& a, const TensorView& x, const LayerCompute& w,
@@ -251,18 +251,19 @@ void attention_output_mlp_forward(TensorView out, LayerActivations& a, const Ten
 }
 
 void layer_forward(TensorView out, LayerActivations& a, const TensorView& x, const LayerCompute& w,
-                   const LayerDims& d, const RopeTable& rope) {
-  attention_inputs_forward(a, x, w, d, rope, 0);
+                   const LayerDims& d, const RopeTable& rope, const RowSegments& segments) {
+  attention_inputs_forward(a, x, w, d, rope, 0, segments.positions);
   {
     ScopedSection section("attention");
     attention_forward(a.att.view().reshaped(heads_shape(d, d.H)), a.lse, a.q.view().reshaped(heads_shape(d, d.H)),
-                      a.k.view().reshaped(heads_shape(d, d.KV)), a.v.view().reshaped(heads_shape(d, d.KV)));
+                      a.k.view().reshaped(heads_shape(d, d.KV)), a.v.view().reshaped(heads_shape(d, d.KV)),
+                      segments.segment_start);
   }
   attention_output_mlp_forward(out, a, x, w, d);
 }
 
 void layer_backward(TensorView d_resid, LayerGradScratch& s, const LayerActivations& a, const TensorView& x,
-                    const LayerCompute& w, const LayerDims& d, const RopeTable& rope) {
+                    const LayerCompute& w, const LayerDims& d, const RopeTable& rope, const RowSegments& segments) {
   // MLP: out = x2 + down(h), h = silu(gate) * up, gate/up = linear(n2), n2 = rmsnorm(x2).
   const TensorView d_down[] = {d_resid};
   linear_group_backward(s.dh, false, d_down, a.h, kDownGroup, w, a);
@@ -286,12 +287,12 @@ void layer_backward(TensorView d_resid, LayerGradScratch& s, const LayerActivati
     ScopedSection section("attention bwd");
     attention_backward(s.dq.view().reshaped(q_heads), s.dk.view().reshaped(kv_heads), s.dv.view().reshaped(kv_heads),
                        s.d_att.view().reshaped(q_heads), a.q.view().reshaped(q_heads), a.k.view().reshaped(kv_heads),
-                       a.v.view().reshaped(kv_heads), a.att.view().reshaped(q_heads), a.lse);
+                       a.v.view().reshaped(kv_heads), a.att.view().reshaped(q_heads), a.lse, segments.segment_start);
   }
   {
     ScopedSection section("rope bwd");
-    rope_backward(s.dq.view().reshaped(q_heads), rope, 0);
-    rope_backward(s.dk.view().reshaped(kv_heads), rope, 0);
+    rope_backward(s.dq.view().reshaped(q_heads), rope, 0, segments.positions);
+    rope_backward(s.dk.view().reshaped(kv_heads), rope, 0, segments.positions);
   }
   const TensorView d_qkv[] = {s.dq, s.dk, s.dv};
   linear_group_backward(s.d_norm, false, d_qkv, a.n1, kQkvGroup, w, a);
