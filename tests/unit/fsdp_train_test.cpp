@@ -525,6 +525,7 @@ TEST_F(Checkpoints, PackedRunsAgreeAtAnyWorldSizeAndReportRealTokens) {
 
 // Killed after step 5 and resumed from the step-4 checkpoint: the same rows follow, bit for bit on
 // the same world size, within summation-order rounding on another; an unpacked run refuses it.
+// (Mixing the two would continue from the wrong place: one position counts rows, the other examples.)
 TEST_F(Checkpoints, PackedRunResumesExactlyMidEpoch) {
   auto r = mpirun(2, run_args(2, "pk_ref", kPacked));
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -543,6 +544,10 @@ TEST_F(Checkpoints, PackedRunResumesExactlyMidEpoch) {
   r = mpirun(2, run_args(2, "pk_ref", " --context_length 256 --resume pk_ref/checkpoints/step-00000004.h5"));
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("made with packing = true"), std::string::npos) << r.output;
+  // ...and a packed run refuses an unpacked run's checkpoint (its position counts examples).
+  r = mpirun(2, run_args(2, "pk_from_unpacked", kPacked + " --resume ck_ref/checkpoints/step-00000004.h5"));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("packing: not in the checkpoint"), std::string::npos) << r.output;
 }
 
 TEST_F(Checkpoints, PreemptionSignalOnOneRankCheckpointsEveryRankAndExits75) {
