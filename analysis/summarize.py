@@ -30,8 +30,11 @@ PEAK_TFLOPS = (("H100 PCIe", 756.0), ("H100", 989.0), ("H200", 989.0), ("GH200",
                ("RTX A6000", 154.8))
 SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
               "vocab_size")
-LORA_TYPES = ("lora", "qlora", "custom_lora", "custom_qlora")
-TRAIN_TYPE_NAMES = {"lora": "LoRA", "qlora": "QLoRA", "custom_lora": "LoRA", "custom_qlora": "QLoRA", "full": "Full"}
+LORA_TYPES = ("lora", "qlora", "custom_lora", "custom_qlora", "hqq_lora", "bnb_dora", "hqq_dora")
+LLAMA_PRO_TYPES = ("bnb_llama_pro", "hqq_llama_pro")
+TRAIN_TYPE_NAMES = {"lora": "LoRA", "qlora": "QLoRA", "custom_lora": "LoRA", "custom_qlora": "QLoRA", "full": "Full",
+                    "hqq_lora": "HQQ-LoRA", "bnb_dora": "QDoRA", "hqq_dora": "HQQ-DoRA", "bnb_llama_pro": "Llama-Pro",
+                    "hqq_llama_pro": "Llama-Pro (HQQ)"}
 
 # (column, config key or None): the settings a run is described by, in the report's order.
 SETTINGS = ("Model", "GPU", "GPUs", "Nodes", "Train Type", "Precision", "Sharding", "CPU Offload",
@@ -60,6 +63,9 @@ def run_flops_per_token(header, seq_len):
     shape = {k: model[k] for k in SHAPE_KEYS}
     if config.get("train_type", "qlora") in LORA_TYPES:
         return flops_per_token(shape, seq_len, int(config.get("lora_rank", 64)), lora_targets(config))
+    if config.get("train_type") in LLAMA_PRO_TYPES:
+        # The header's model is the expanded one; only the new blocks train.
+        return flops_per_token(shape, seq_len, 0, (), int(config.get("llama_pro_num_new_blocks", 0)))
     # Full fine-tuning: every weight also gets its weight gradient, 6 instead of 4 FLOPs per weight.
     frozen = flops_per_token(shape, 0, 0, ())
     attention = flops_per_token(shape, seq_len, 0, ()) - frozen

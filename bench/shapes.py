@@ -6,6 +6,8 @@ FLOP convention (per trained token; model FLOPs only, so MFU does not reward rec
       forward + input-gradient backward = 4 * N_frozen   (no weight gradient: they do not train)
   LoRA adapters (A: in x r, B: r x out on each target module):
       forward + input-gradient + weight-gradient = 6 * N_lora
+      (DoRA counts as LoRA: its magnitude and per-step weight norm are not per-token model work)
+  trained decoder layers (Llama-Pro's new blocks, trained_layers of the layers): 6 per weight
   attention scores and their use (QK^T and PV, no weights), PaLM's convention:
       12 * layers * ctx * heads * head_dim   (full ctx x ctx, the causal mask's half is NOT subtracted)
   not counted: embedding lookup, norms, RoPE, SwiGLU, softmax, the loss, the optimizer, NF4 dequantize,
@@ -43,16 +45,19 @@ def shape_from_hf_config(cfg):
     return d
 
 
-def flops_per_token(shape, ctx, lora_r=64, targets=LORA_TARGETS):
+def flops_per_token(shape, ctx, lora_r=64, targets=LORA_TARGETS, trained_layers=0):
+    """trained_layers: of the shape's layers, how many train every weight (Llama-Pro's new blocks)."""
     h, inter, layers = shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"]
     heads, kv, vocab = shape["num_attention_heads"], shape["num_key_value_heads"], shape["vocab_size"]
     hd = h // heads
     proj = {"q_proj": (h, heads * hd), "k_proj": (h, kv * hd), "v_proj": (h, kv * hd), "o_proj": (heads * hd, h),
             "gate_proj": (h, inter), "up_proj": (h, inter), "down_proj": (inter, h)}
-    n_frozen = layers * sum(i * o for i, o in proj.values()) + h * vocab
+    per_layer = sum(i * o for i, o in proj.values())
+    n_frozen = (layers - trained_layers) * per_layer + h * vocab
+    n_trained = trained_layers * per_layer
     n_lora = layers * sum(lora_r * (i + o) for name, (i, o) in proj.items() if name in targets)
     attention = 12 * layers * ctx * heads * hd
-    return 4 * n_frozen + 6 * n_lora + attention
+    return 4 * n_frozen + 6 * n_trained + 6 * n_lora + attention
 
 
 def mfu(tokens_per_second, flops, peak_tflops=DEFAULT_PEAK_TFLOPS):

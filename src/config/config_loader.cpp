@@ -218,11 +218,11 @@ void validate_combinations(ResolvedConfig& r) {
                                                       "does not (use train_type hqq_lora or hqq_dora, or leave n_bits at 4)",
                                                       c.train_type));
 
-  // Llama-Pro: how many blocks it adds is the user's to say (whether it divides the model's layer
-  // count is checked once the model's config is read: model/block_expansion.h).
+  // Llama-Pro: how many blocks it adds is the user's to say (whether the model's layer count takes
+  // it is checked once the model's config is read: model/block_expansion.h).
   if (c.llama_pro() && c.llama_pro_num_new_blocks < 1)
-    fail("{}: train_type {} adds this many new decoder layers; set it to at least 1, a divisor of the "
-         "model's layer count (LLaMA-Pro-8B adds 8 to Llama-2-7B's 32)",
+    fail("{}: train_type {} adds this many new decoder layers; set it to at least 1 (LLaMA-Pro-8B adds 8 to "
+         "Llama-2-7B's 32)",
          r.cite("llama_pro_num_new_blocks"), c.train_type);
   if (!c.llama_pro() && c.llama_pro_num_new_blocks != 0)
     contradiction("llama_pro_num_new_blocks", "train_type",

@@ -40,8 +40,9 @@ std::vector<OptionSpec> build_specs() {
        {}, 1, 8},
       {"llama_pro_num_new_blocks", "model", OptionType::Int, &T::llama_pro_num_new_blocks, "0",
        "bnb_llama_pro / hqq_llama_pro: decoder layers Llama-Pro adds (required there, unused elsewhere). "
-       "One new block goes after every L / n of the model's L layers, a copy of the layer before it with "
-       "o_proj and down_proj zero, so n must divide L (LLaMA-Pro-8B: 8 on Llama-2-7B's 32). fsdpq "
+       "One new block goes after every floor(L / n) of the model's L layers (fsdp_qlora's block_expansion.py; "
+       "layers left over follow the last), a copy of the layer before it with o_proj and down_proj zero "
+       "(LLaMA-Pro-8B: 8 on Llama-2-7B's 32; fsdp_qlora's expansion_rate 0.1 on 32 layers: 3). fsdpq "
        "expands while loading; fsdp_qlora's llama_pro_path folder made by block_expansion.py "
        "(blk_exp-L-M) is n = M - L on the original model_name.",
        {}, 0, 1048576},

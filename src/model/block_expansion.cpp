@@ -12,10 +12,15 @@
 namespace fsdpq {
 namespace {
 
-std::string divisors_of(int64_t n) {
+// fsdp_qlora's block_expansion.py puts a copy after every original layer i with (i + 1) % split == 0,
+// split = ⌊L / n⌋: that adds exactly n blocks when ⌊L / split⌋ == n (every divisor of L, and more:
+// 3 on 32 layers, its default expansion_rate 0.1).
+bool adds_exactly(int64_t layers, int64_t n) { return n >= 1 && n <= layers && layers / (layers / n) == n; }
+
+std::string counts_for(int64_t layers) {
   std::vector<std::string> out;
-  for (int64_t d = 1; d <= n; ++d)
-    if (n % d == 0) out.push_back(std::to_string(d));
+  for (int64_t n = 1; n <= layers; ++n)
+    if (adds_exactly(layers, n)) out.push_back(std::to_string(n));
   return join(out, ", ");
 }
 
@@ -49,21 +54,23 @@ BlockExpansion::BlockExpansion(int64_t original_layers, int64_t new_blocks)
 }
 
 std::string BlockExpansion::problem(int64_t original_layers, int64_t new_blocks) {
-  if (new_blocks == 0 || (new_blocks > 0 && new_blocks <= original_layers && original_layers % new_blocks == 0))
-    return "";
-  return fmt::format("Llama-Pro adds one new block after every L / n of the model's L = {} decoder layers, so n "
-                     "must divide {}: one of {}",
-                     original_layers, original_layers, divisors_of(original_layers));
+  if (new_blocks == 0 || adds_exactly(original_layers, new_blocks)) return "";
+  return fmt::format("Llama-Pro puts a new block after every ⌊L / n⌋ of the model's L = {} decoder layers (fsdp_qlora's "
+                     "block_expansion.py), which adds exactly n blocks for n in {}",
+                     original_layers, counts_for(original_layers));
 }
 
+// The expanded model: n groups of group_ original layers and one new block, then the original
+// layers left over (L − n · group_, none when n divides L).
 bool BlockExpansion::is_new(int64_t layer) const {
   if (layer < 0 || layer >= layers()) throw std::logic_error("BlockExpansion::is_new: layer out of range");
-  return new_blocks_ > 0 && layer % (group_ + 1) == group_;
+  return new_blocks_ > 0 && layer < new_blocks_ * (group_ + 1) && layer % (group_ + 1) == group_;
 }
 
 int64_t BlockExpansion::source_layer(int64_t layer) const {
   if (layer < 0 || layer >= layers()) throw std::logic_error("BlockExpansion::source_layer: layer out of range");
   if (new_blocks_ == 0) return layer;
+  if (layer >= new_blocks_ * (group_ + 1)) return layer - new_blocks_;  // the tail after the last new block
   const int64_t group = layer / (group_ + 1), position = layer % (group_ + 1);
   return group * group_ + std::min(position, group_ - 1);  // a new block copies the group's last layer
 }

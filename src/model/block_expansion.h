@@ -1,7 +1,7 @@
 // Llama-Pro's block expansion (Wu et al. 2024, "LLaMA Pro"; fsdp_qlora's scripts/block_expansion.py
 // and train_type bnb_llama_pro / hqq_llama_pro): `new_blocks` decoder layers added to a checkpoint
-// of L, one after every L / new_blocks original layers, each a copy of the layer before it with
-// o_proj and down_proj zero. A zero o_proj and down_proj make the block add nothing to the residual
+// of L, one after every ⌊L / new_blocks⌋ original layers (any left over follow the last new block),
+// each a copy of the layer before it with o_proj and down_proj zero. A zero o_proj and down_proj make the block add nothing to the residual
 // stream, so the expanded model computes exactly what the original does until the new blocks train.
 //
 // fsdp_qlora expands offline and writes a new checkpoint; fsdpq expands while loading: the
@@ -19,7 +19,8 @@ namespace fsdpq {
 class BlockExpansion {
  public:
   // `new_blocks` 0: no expansion. Otherwise fails, naming llama_pro_num_new_blocks and the
-  // values allowed, unless new_blocks divides original_layers (so at most original_layers).
+  // values allowed, unless fsdp_qlora's placement (a block after every ⌊L / n⌋ layers) adds
+  // exactly new_blocks blocks: every divisor of L, and counts such as 3 on 32 layers.
   BlockExpansion(int64_t original_layers, int64_t new_blocks);
   // Why `new_blocks` cannot expand a model of `original_layers` layers ("" when it can).
   static std::string problem(int64_t original_layers, int64_t new_blocks);

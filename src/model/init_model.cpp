@@ -9,6 +9,7 @@
 
 #include "data/tokenizer.h"
 #include "io/model_files.h"
+#include "io/tokenizer_files.h"
 #include "util/bf16.h"
 #include "util/error.h"
 #include "util/strings.h"
@@ -155,26 +156,6 @@ std::unique_ptr<data::Tokenizer> checked_tokenizer(const fs::path& tokenizer, in
   return loaded;
 }
 
-// The files that make up the tokenizer at `tokenizer` (a file or a folder), as (source, name in
-// the model folder): the tokenizer file itself under its Hugging Face name, and the companion
-// JSON files transformers reads beside it.
-std::vector<std::pair<fs::path, std::string>> tokenizer_files(const fs::path& tokenizer) {
-  std::error_code ec;
-  std::vector<std::pair<fs::path, std::string>> files;
-  const bool folder = fs::is_directory(tokenizer, ec);
-  const fs::path dir = folder ? tokenizer : tokenizer.parent_path();
-  if (folder) {
-    for (const char* name : {"tokenizer.model", "tokenizer.json"})
-      if (fs::is_regular_file(dir / name, ec)) files.emplace_back(dir / name, name);
-  } else {
-    // A tokenizer.json is JSON whatever its name; anything else is a tokenizer.model.
-    files.emplace_back(tokenizer, data::is_json_tokenizer_file(tokenizer) ? "tokenizer.json" : "tokenizer.model");
-  }
-  for (const char* name : {"tokenizer_config.json", "special_tokens_map.json"})
-    if (fs::is_regular_file(dir / name, ec)) files.emplace_back(dir / name, name);
-  return files;
-}
-
 // Removes the staging directory unless the model was moved into place.
 struct StagingDir {
   fs::path path;
@@ -258,11 +239,7 @@ void init_model(LlamaConfig config, const fs::path& out_dir, const InitModelOpti
                                      {"bos_token_id", hf_config["bos_token_id"]},
                                      {"eos_token_id", hf_config["eos_token_id"]}};
   write_file_atomically(staging.path / "generation_config.json", generation.dump(2) + "\n");
-  if (!options.tokenizer_model.empty())
-    for (const auto& [source, name] : tokenizer_files(options.tokenizer_model)) {
-      fs::copy_file(source, staging.path / name, ec);
-      if (ec) fail("init-model: cannot copy '{}' into '{}': {}", source.string(), staging.path.string(), ec.message());
-    }
+  if (!options.tokenizer_model.empty()) copy_tokenizer_files(options.tokenizer_model, staging.path, "init-model");
 
   const std::vector<TensorSpec> specs = hf_tensor_specs(config);
   uint64_t total = 0, done = 0;

@@ -13,8 +13,6 @@
 namespace fsdpq {
 namespace {
 
-float round_f16(float x) { return f16_to_float(float_to_f16(x)); }
-
 // The shrinkage exponent lp_norm - 1 as torch's pow gets it: the Python float -0.3 cast to the
 // tensor's dtype (to float16 on the half path: -0.300048828125).
 constexpr float kShrinkExponentFloat = -0.3f;
@@ -44,6 +42,14 @@ struct Working {
 };
 
 float max_code(int n_bits) { return static_cast<float>((1 << n_bits) - 1); }
+
+// std::nearbyint under the default rounding mode (to nearest, ties to even), without the libm
+// call in the solver's inner loop: adding and subtracting 1.5 · 2^23 leaves an integer for
+// |v| < 2^22; larger values take nearbyint itself.
+float nearest_even(float v) {
+  if (!(std::fabs(v) < 4194304.0f)) return std::nearbyint(v);
+  return std::copysign((v + 12582912.0f) - 12582912.0f, v);
+}
 
 }  // namespace
 
@@ -111,7 +117,7 @@ HqqGroup hqq_solve_group(const float* values, const HqqGroupStart& start, int n_
     const auto inv_beta = static_cast<float>(1.0 / beta);  // a Python float, fp32 in the kernel
     double error_sum = 0.0, zero_sum = 0.0;
     for (int64_t j = 0; j < kHqqGroupSize; ++j) {
-      const float q = std::clamp(std::nearbyint(r(r(w[j] * scale) + zero)), 0.0f, top);
+      const float q = std::clamp(nearest_even(r(r(w[j] * scale) + zero)), 0.0f, top);
       const float dequantized = r(r(q - zero) / scale);
       const float error = r(w[j] - dequantized);
       const float magnitude = std::fabs(error);

@@ -8,8 +8,10 @@
 
 #include "io/model_files.h"
 #include "io/peft_adapter.h"
+#include "io/tokenizer_files.h"
 #include "model/block_expansion.h"
 #include "model/llama_weights.h"
+#include "model/model_source.h"
 #include "train/trainer.h"
 #include "util/bf16.h"
 #include "util/error.h"
@@ -44,8 +46,13 @@ std::string save_hf_model(LlamaModel& model, const TrainConfig& c, const RunPlan
     }
   });
   write_file_atomically(dir / "config.json", to_hf_json(model.config()).dump(2) + "\n");
-  if (!plan.model.is_preset() && fs::exists(plan.model.directory / "tokenizer.model"))
-    fs::copy_file(plan.model.directory / "tokenizer.model", dir / "tokenizer.model",
+  // The tokenizer the run used (a Llama-3 tokenizer.json with its tokenizer_config.json, a
+  // sentencepiece tokenizer.model...), so that the folder loads with it; a preset's byte-level
+  // tokenizer has no file.
+  if (const std::string tokenizer = tokenizer_spec_for(plan.model, c.tokenizer_path); tokenizer != "builtin:bytes")
+    copy_tokenizer_files(tokenizer, dir, "saving the model");
+  if (!plan.model.is_preset() && fs::exists(plan.model.directory / "generation_config.json"))
+    fs::copy_file(plan.model.directory / "generation_config.json", dir / "generation_config.json",
                   fs::copy_options::overwrite_existing);
   return dir.string();
 }

@@ -281,6 +281,13 @@ def test_flop_convention_by_hand_for_the_tiny_shape():
     assert summarize.run_flops_per_token(header, 256) == 4 * frozen + 6 * lora + attention
     full = dict(header, config=dict(header["config"], train_type="full"))
     assert summarize.run_flops_per_token(full, 256) == 6 * frozen + attention
+    for adapters in ("hqq_lora", "bnb_dora", "hqq_dora"):  # LoRA's count (DoRA's norm is per step, not per token)
+        typed = dict(header, config=dict(header["config"], train_type=adapters))
+        assert summarize.run_flops_per_token(typed, 256) == 4 * frozen + 6 * lora + attention, adapters
+    # Llama-Pro: the header holds the expanded model (here 2 layers, 1 of them new); the new block's
+    # weights train (6 per weight), the original layer and lm_head do not (4).
+    pro = dict(header, config=dict(header["config"], train_type="bnb_llama_pro", llama_pro_num_new_blocks="1"))
+    assert summarize.run_flops_per_token(pro, 256) == 4 * (per_layer + 64 * 32000) + 6 * per_layer + attention
 
 
 def test_plots_are_written_as_png(tmp_path):

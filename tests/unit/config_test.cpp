@@ -229,8 +229,7 @@ INSTANTIATE_TEST_SUITE_P(
                       "n_bits = 5 (cfg.ini:3): hqq_dora quantises to 1, 2, 3, 4 or 8 bits"},
         BadConfigCase{"LlamaProWithoutNewBlocks", "dataset = dummy\ntrain_type = bnb_llama_pro\n", {},
                       "llama_pro_num_new_blocks = 0 (default): train_type bnb_llama_pro adds this many new decoder "
-                      "layers; set it to at least 1, a divisor of the model's layer count (LLaMA-Pro-8B adds 8 to "
-                      "Llama-2-7B's 32)"},
+                      "layers; set it to at least 1 (LLaMA-Pro-8B adds 8 to Llama-2-7B's 32)"},
         BadConfigCase{"LlamaProNegativeNewBlocks",
                       "dataset = dummy\ntrain_type = hqq_llama_pro\nllama_pro_num_new_blocks = -2\n", {},
                       "cfg.ini:3: llama_pro_num_new_blocks = \"-2\": must be at least 0"},

@@ -26,7 +26,8 @@ TEST(BlockExpansion, ANewBlockFollowsEveryLOverNOriginalLayersAndCopiesTheOneBef
   const std::vector<int64_t> sources = {0, 1, 1, 2, 3, 3};
   for (int64_t layer = 0; layer < e.layers(); ++layer) EXPECT_EQ(e.source_layer(layer), sources[layer]) << layer;
   // fsdp_qlora's train.py: new_layer_ids = [split + (split + 1) * n for n in range(new)], split = L / new.
-  for (const auto& [L, n] : std::vector<std::pair<int64_t, int64_t>>{{32, 8}, {32, 4}, {32, 32}, {6, 1}, {2, 2}, {40, 5}}) {
+  for (const auto& [L, n] :
+       std::vector<std::pair<int64_t, int64_t>>{{32, 8}, {32, 4}, {32, 32}, {6, 1}, {2, 2}, {40, 5}, {32, 3}, {32, 6}}) {
     const int64_t split = L / n;
     std::vector<int64_t> want;
     for (int64_t k = 0; k < n; ++k) want.push_back(split + (split + 1) * k);
@@ -38,20 +39,41 @@ TEST(BlockExpansion, ANewBlockFollowsEveryLOverNOriginalLayersAndCopiesTheOneBef
   for (int64_t layer = 0; layer < 4; ++layer) EXPECT_EQ(none.source_layer(layer), layer);
 }
 
-TEST(BlockExpansion, RefusesACountThatDoesNotDivideTheLayers) {
+// fsdp_qlora's default expansion_rate 0.1 on 32 layers: 3 blocks after layers 9, 19 and 29 (split
+// 10), the last two original layers after the last new block.
+TEST(BlockExpansion, ACountThatLeavesLayersOverPutsThemAfterTheLastNewBlock) {
+  const BlockExpansion e(32, 3);
+  EXPECT_EQ(e.layers(), 35);
+  EXPECT_EQ(e.new_layers(), (std::vector<int64_t>{10, 21, 32}));
+  std::vector<int64_t> want;
+  for (int64_t group = 0; group < 3; ++group) {
+    for (int64_t i = 0; i < 10; ++i) want.push_back(10 * group + i);
+    want.push_back(10 * group + 9);  // the new block copies the group's last layer
+  }
+  want.push_back(30);
+  want.push_back(31);
+  for (int64_t layer = 0; layer < e.layers(); ++layer) EXPECT_EQ(e.source_layer(layer), want[layer]) << layer;
+}
+
+// Counts for which fsdp_qlora's placement does not add exactly n blocks (4 layers, n = 3: split 1
+// puts a block after every layer, 4 of them) are refused, naming those that work.
+TEST(BlockExpansion, RefusesACountTheLayersDoNotTake) {
   for (int64_t n : {3, 5, 8, -1}) {
     try {
       BlockExpansion(4, n);
       ADD_FAILURE() << n << " new blocks on 4 layers were accepted";
     } catch (const UserError& e) {
       EXPECT_EQ(std::string(e.what()),
-                fmt::format("llama_pro_num_new_blocks = {}: Llama-Pro adds one new block after every L / n of the "
-                            "model's L = 4 decoder layers, so n must divide 4: one of 1, 2, 4",
+                fmt::format("llama_pro_num_new_blocks = {}: Llama-Pro puts a new block after every ⌊L / n⌋ of the "
+                            "model's L = 4 decoder layers (fsdp_qlora's block_expansion.py), which adds exactly n "
+                            "blocks for n in 1, 2, 4",
                             n));
     }
   }
   EXPECT_EQ(BlockExpansion::problem(32, 8), "");
-  EXPECT_NE(BlockExpansion::problem(32, 3), "");
+  EXPECT_EQ(BlockExpansion::problem(32, 3), "");
+  EXPECT_NE(BlockExpansion::problem(32, 7), "") << "split 4 would put 8 blocks";
+  EXPECT_NE(BlockExpansion::problem(10, 4), "") << "split 2 would put 5 blocks";
 }
 
 // The values a WeightSource gives for a whole tensor, as floats.
@@ -70,8 +92,8 @@ std::vector<float> read_whole(const WeightSource& source, const std::vector<Tens
 
 TEST(BlockExpansion, TheExpandedSourceReadsEachLayerFromItsSourceAndZeroesTheNewBlocksResidualWrites) {
   LlamaConfig original = test::tiny_llama();
-  original.num_hidden_layers = 4;
-  const BlockExpansion e(4, 2);
+  original.num_hidden_layers = 5;
+  const BlockExpansion e(5, 2);  // split 2: blocks at 2 and 5, original layer 4 last
   const WeightSource base = random_weight_source(7, 0.1f);
   const WeightSource expanded = expanded_weight_source(e, original, base);
   const std::vector<TensorSpec> original_specs = hf_tensor_specs(original);
@@ -151,6 +173,14 @@ TEST_P(LlamaPro, TheExpandedModelComputesExactlyWhatTheOriginalDoes) {
     EXPECT_EQ(got.loss_sum, want.loss_sum);
     EXPECT_EQ(got.tokens, want.tokens);
   }
+  // 5 layers, 2 new blocks: split 2, the fifth layer after the last new block.
+  LlamaConfig five = config;
+  five.num_hidden_layers = 5;
+  LlamaModel original5 = LlamaModel::random(five, 17, llama_pro_options(GetParam(), 0));
+  LlamaModel expanded5 = LlamaModel::random(five, 17, llama_pro_options(GetParam(), 2));
+  EXPECT_EQ(expanded5.config().num_hidden_layers, 7);
+  const data::Batch batch = test::random_batch(2, 12, config.vocab_size, 6);
+  EXPECT_TRUE(test::same_bits(expanded5.logits(batch), original5.logits(batch)));
 }
 
 TEST_P(LlamaPro, OnlyTheNewBlocksTrainAndEveryFrozenByteStays) {

@@ -142,12 +142,13 @@ TEST_F(TrainLlamaPro, SavesTheExpandedModelWithTheBasesOwnLayersAndItEvaluates) 
   EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
-TEST_F(TrainLlamaPro, ANewBlockCountThatDoesNotDivideTheLayersIsRefusedBeforeLoading) {
+TEST_F(TrainLlamaPro, ANewBlockCountTheLayersDoNotTakeIsRefusedBeforeLoading) {
   auto r = fsdpq("--model_name preset:tiny --tokenizer_path builtin:bytes --dataset dummy --dataset_samples 8 "
                  "--train_type bnb_llama_pro --llama_pro_num_new_blocks 3 --output_dir bad");
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("llama_pro_num_new_blocks = 3 (command line): Llama-Pro adds one new block after every L / n "
-                          "of the model's L = 2 decoder layers, so n must divide 2: one of 1, 2 (model preset:tiny)"),
+  EXPECT_NE(r.output.find("llama_pro_num_new_blocks = 3 (command line): Llama-Pro puts a new block after every ⌊L / n⌋ "
+                          "of the model's L = 2 decoder layers (fsdp_qlora's block_expansion.py), which adds exactly n "
+                          "blocks for n in 1, 2 (model preset:tiny)"),
             std::string::npos)
       << r.output;
 }

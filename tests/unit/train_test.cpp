@@ -267,6 +267,17 @@ TEST_F(Train, ALlama3FolderWithItsTokenizerJsonTrainsAndGenerates) {
 
   r = fsdpq("generate --model llama3_tiny --adapter llama3_out --prompt 'SELECT name FROM' --max_new_tokens 8");
   EXPECT_EQ(r.exit_code, 0) << r.output;
+
+  // A fully fine-tuned model is saved with the tokenizer it trained with, so the folder loads alone.
+  r = fsdpq("--model_name llama3_tiny --dataset sql --data_path " + sql.string() +
+            " --batch_size 2 --context_length 128 --train_type full --max_steps 2 --log_to stdout --save_model true "
+            "--output_dir llama3_full");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json"})
+    EXPECT_EQ(test::read_file(dir_ / "llama3_full" / file), test::read_file(dir_ / "llama3_tiny" / file)) << file;
+  EXPECT_FALSE(fs::exists(dir_ / "llama3_full" / "tokenizer.model")) << "the folder's tokenizer is its tokenizer.json";
+  r = fsdpq("generate --model llama3_full --prompt 'SELECT name FROM' --max_new_tokens 2");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
 // Tied embeddings (Llama-3.2 1B / 3B: no lm_head.weight, the head is the embedding): a model
