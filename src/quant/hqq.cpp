@@ -18,26 +18,36 @@ namespace {
 constexpr float kShrinkExponentFloat = -0.3f;
 
 // |x|^(lp_norm - 1) for every non-negative float16 x, as torch computes it on a half tensor:
-// powf in fp32, rounded to half. The half solver meets only half inputs, so a table is exact.
-const std::array<uint16_t, 0x7c01>& half_shrink_powers() {
-  static const std::array<uint16_t, 0x7c01> table = [] {
-    std::array<uint16_t, 0x7c01> t{};
+// powf in fp32, rounded to half. The half solver meets only half inputs, so a table is exact. Kept
+// as floats, indexed by the half's bits (half_bits_of).
+const std::array<float, 0x7c01>& half_shrink_powers() {
+  static const std::array<float, 0x7c01> table = [] {
+    std::array<float, 0x7c01> t{};
     const float exponent = round_f16(kShrinkExponentFloat);
     for (uint32_t h = 0; h < t.size(); ++h)  // every finite non-negative half, and +inf
-      t[h] = float_to_f16(std::pow(f16_to_float(static_cast<uint16_t>(h)), exponent));
+      t[h] = f16_to_float(float_to_f16(std::pow(f16_to_float(static_cast<uint16_t>(h)), exponent)));
     return t;
   }();
   return table;
+}
+
+// The half bits of a non-negative float that is a half value (or inf / NaN: 0x7c00, the table's
+// last entry, as min(float_to_f16(a), 0x7c00) gives): float_to_f16 without its rounding.
+inline uint32_t half_bits_of(float a) {
+  const uint32_t bits = float_bits(a);
+  if (bits < 0x38800000u) return static_cast<uint32_t>(a * 16777216.0f);  // subnormal half: a / 2^-24
+  return std::min<uint32_t>((bits - 0x38000000u) >> 13, 0x7c00u);
 }
 
 // Every solver operation is computed in fp32 and rounded to the working precision, as torch's
 // elementwise kernels do for float16 (in fp32 the rounding is the operation's own).
 struct Working {
   bool half;
+  const float* powers = half ? half_shrink_powers().data() : nullptr;
   float operator()(float x) const { return half ? round_f16(x) : x; }
   float shrink_power(float a) const {
     if (!half) return std::pow(a, kShrinkExponentFloat);
-    return f16_to_float(half_shrink_powers()[std::min<uint32_t>(float_to_f16(a), 0x7c00u)]);
+    return powers[half_bits_of(a)];
   }
 };
 
