@@ -145,7 +145,8 @@ def analyse(run, name, warmup, peak_override):
     world = int(header.get("world_size", 1) or 1)
     c = header["config"]
     per_step_samples = int(c.get("batch_size", 1)) * int(c.get("gradient_accumulation_steps", 1)) * world
-    samples = sum(float(r.get("samples", per_step_samples)) for r in timed)
+    # Packed runs' "samples" are rows; "examples" (newer records) counts what a sample means.
+    samples = sum(float(r.get("examples", r.get("samples", per_step_samples))) for r in timed)
     tps = tokens / seconds
     seq_len = tokens / samples if samples else float(c.get("context_length", 0))
     flops = run_flops_per_token(header, seq_len)

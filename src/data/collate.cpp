@@ -15,6 +15,7 @@ Batch collate(const std::vector<const Example*>& examples, int32_t pad_id, int64
     fail("context_length is {}; expected a positive number of tokens", context_length);
   Batch batch;
   batch.batch_size = static_cast<int64_t>(examples.size());
+  batch.examples = batch.batch_size;
   if (examples.empty()) return batch;
 
   int64_t longest = 0;
@@ -74,6 +75,7 @@ Batch collate_packed(const std::vector<std::vector<const Example*>>& rows, int32
       }
       for (size_t t = 1; t < n; ++t) batch.target_tokens += e->labels[t] != kIgnoreIndex;
       batch.real_tokens += static_cast<int64_t>(n);
+      ++batch.examples;
       at += n;
     }
   }

@@ -17,6 +17,8 @@ struct Batch {
   int64_t target_tokens = 0;
   // The examples' own tokens (the rest of the batch_size × seq_len slots are padding).
   int64_t real_tokens = 0;
+  // The examples the batch holds: batch_size unpacked, the rows' examples together when packed.
+  int64_t examples = 0;
   // Packed rows only (empty otherwise), row-major [batch_size, seq_len]: where each token's example
   // begins in its row (ops/attention.h's segment_start; a padding slot is its own one-token
   // segment) and the token's position within its example (RoPE restarts at 0 per example).

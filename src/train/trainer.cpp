@@ -100,7 +100,8 @@ namespace {
 // A step's sums over its micro-batches, then over the ranks (one all-reduce of the array).
 enum StepSum : int {
   kLossSum,        // each micro-batch's mean loss × its batch size, over those with target tokens
-  kSamples,        // every micro-batch's batch size
+  kSamples,        // every micro-batch's batch size (rows, when packed)
+  kExamples,       // the examples in them (batch size unpacked; more per row when packed)
   kTokens,         // batch size × sequence length (padding included, as fsdp_qlora counts)
   kRealTokens,     // the examples' own tokens (padding is not work)
   kTargetTokens,   // the tokens the loss counted
@@ -364,6 +365,7 @@ class Trainer {
       sums[kScoredSamples] += static_cast<double>(batch.batch_size);
     }
     sums[kSamples] += static_cast<double>(batch.batch_size);
+    sums[kExamples] += static_cast<double>(batch.examples);
     sums[kTokens] += static_cast<double>(batch.batch_size * batch.seq_len);
     sums[kRealTokens] += static_cast<double>(batch.real_tokens);
     sums[kTargetTokens] += static_cast<double>(l.tokens);
@@ -420,6 +422,7 @@ class Trainer {
                              {"tokens", static_cast<int64_t>(sums[kTokens])},
                              {"target_tokens", static_cast<int64_t>(sums[kTargetTokens])},
                              {"samples", sums[kSamples]},
+                             {"examples", static_cast<int64_t>(sums[kExamples])},
                              {"real_tokens", static_cast<int64_t>(sums[kRealTokens])},
                              {"padded_slots", static_cast<int64_t>(sums[kTokens] - sums[kRealTokens])},
                              {"packing_efficiency", sums[kTokens] > 0 ? sums[kRealTokens] / sums[kTokens] : 0.0},

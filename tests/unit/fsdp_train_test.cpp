@@ -517,6 +517,8 @@ TEST_F(Checkpoints, PackedRunsAgreeAtAnyWorldSizeAndReportRealTokens) {
     EXPECT_GT(step.at("packing_efficiency").get<double>(), 0.8) << "rows are padded to the longest row only";
     EXPECT_NEAR(step.at("real_tokens_per_second").get<double>() / step.at("tokens_per_second").get<double>(),
                 real / tokens, 1e-9);
+    // samples are the rows; examples what they hold (about three a row here).
+    EXPECT_GT(step.at("examples").get<double>(), step.at("samples").get<double>());
   }
   const auto summary = read_jsonl(dir_ / "pk_np1" / "metrics.jsonl", "summary").at(0);
   EXPECT_GT(summary.at("real_tokens_per_second").get<double>(), 0.0);

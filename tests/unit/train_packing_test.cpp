@@ -102,6 +102,8 @@ TEST(Packing, CollatedRowsCarryBoundariesPositionsAndNoCrossBoundaryTarget) {
   EXPECT_EQ(batch.labels, (std::vector<int32_t>{-100, -100, 6, 2, -100, 7, 2, /**/ -100, 8, 9, 9, 2, -100, -100}));
   EXPECT_EQ(batch.segment_start, (std::vector<int32_t>{0, 0, 0, 0, 4, 4, 4, /**/ 0, 0, 0, 0, 0, 5, 6}));
   EXPECT_EQ(batch.positions, (std::vector<int32_t>{0, 1, 2, 3, 0, 1, 2, /**/ 0, 1, 2, 3, 4, 0, 0}));
+  EXPECT_EQ(batch.examples, 3);  // two rows, three examples
+  EXPECT_EQ(data::collate({&a, &b}, 0, 8, false).examples, 2);
   EXPECT_EQ(batch.target_tokens, 2 + 2 + 4);  // as unpacked: labels past each example's position 0
   EXPECT_EQ(batch.real_tokens, 12);
   EXPECT_THROW(data::collate_packed({{&a, &b, &c}}, 0, 8), std::logic_error);  // 12 tokens in a row of 8
