@@ -93,7 +93,7 @@ namespace {
 // epochs); evaluation reads them all. nullopt: all.
 std::optional<std::vector<size_t>> train_examples_to_tokenize(const TrainConfig& c, const BatchPlan& b,
                                                               DataUse use) {
-  if (use == DataUse::Evaluation || b.total_steps == 0) return std::nullopt;  // (no step: the trainer says so)
+  if (use != DataUse::Training || b.total_steps == 0) return std::nullopt;  // (no step: the trainer says so)
   if (c.packing) return std::nullopt;  // the rows depend on every example's length
   std::vector<size_t> visited = examples_the_run_visits({.examples = b.examples,
                                                          .world_size = b.world_size,

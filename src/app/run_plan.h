@@ -45,8 +45,8 @@ void plan_packed_batches(const TrainConfig& config, BatchPlan& batches, const da
 double mean_tokens_per_step(const TrainConfig& config, const BatchPlan& batches, const data::ExampleSet& train);
 
 // What the run does with the train set: train on the examples its steps read (only those are
-// tokenized), or evaluate on all of them.
-enum class DataUse { Training, Evaluation };
+// tokenized), evaluate on all of them, or write them all out (`fsdpq examples`).
+enum class DataUse { Training, Evaluation, Export };
 
 struct RunPlan {
   ModelSource model;
