@@ -29,6 +29,7 @@
 #include "kernels/hopper/mbarrier.cuh"
 #include "kernels/hopper/tensor_map.cuh"
 #include "kernels/hopper/tma.cuh"
+#include "kernels/hopper/type_and_dim.cuh"
 #include "kernels/hopper/warpgroup.cuh"
 #include "kernels/hopper/wgmma.cuh"
 
@@ -285,15 +286,13 @@ __device__ void consume_dkdv(uint8_t* smem, Barriers& bar, const Params& p, cons
   store_rows<D>(p.grad_b, p.grad_b_type, dv, 1.0f, key, p.T, p.KV, t.kv_head, t.b, t4);
 }
 
-template <class T, int D>
-__global__ void __launch_bounds__(kThreads, 1)
-    attention_dkdv_sm90a_kernel(const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map,
-                                const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap do_map,
-                                const Params p) {
-  extern __shared__ uint8_t smem_raw[];
+// What both kernels' blocks do first and how their warpgroups split: the shared memory aligned to
+// 1024 bytes, the barriers set up, then warpgroup 0 produces (one thread: produce_tiles) with few
+// registers and the others consume (consume_tiles) with many.
+template <int D, class Produce, class Consume>
+__device__ __forceinline__ void run_block(uint8_t* smem_raw, Produce&& produce_tiles, Consume&& consume_tiles) {
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   Barriers& bar = *reinterpret_cast<Barriers*>(smem + Smem<D>::kBarriers);
-  const KeyTile t = key_tile_of_block(p);
   if (threadIdx.x == 0) {
     mbarrier_init(&bar.fixed_full, 1);
     for (int s = 0; s < kStages; ++s) {
@@ -305,13 +304,27 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   if (threadIdx.x < 128) {
     release_registers<kProducerRegisters>();
-    if (threadIdx.x == 0)
-      produce<D>(k_map, v_map, t.k0, t.kv_head, q_map, do_map, t.steps(),
-                 [&](int i, int* rows, int* head) { t.step_at(i, rows, head); }, t.b, smem, bar);
+    if (threadIdx.x == 0) produce_tiles(smem, bar);
   } else {
     claim_registers<kConsumerRegisters>();
-    consume_dkdv<T, D>(smem, bar, p, t);
+    consume_tiles(smem, bar);
   }
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_dkdv_sm90a_kernel(const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map,
+                                const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap do_map,
+                                const Params p) {
+  extern __shared__ uint8_t smem_raw[];
+  const KeyTile t = key_tile_of_block(p);
+  run_block<D>(
+      smem_raw,
+      [&](uint8_t* smem, Barriers& bar) {
+        produce<D>(k_map, v_map, t.k0, t.kv_head, q_map, do_map, t.steps(),
+                   [&](int i, int* rows, int* head) { t.step_at(i, rows, head); }, t.b, smem, bar);
+      },
+      [&](uint8_t* smem, Barriers& bar) { consume_dkdv<T, D>(smem, bar, p, t); });
 }
 
 // ---- kernel 3: dq ----
@@ -405,27 +418,14 @@ __global__ void __launch_bounds__(kThreads, 1)
                               const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map,
                               const Params p) {
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  Barriers& bar = *reinterpret_cast<Barriers*>(smem + Smem<D>::kBarriers);
   const QueryTile t = query_tile_of_block(p);
-  if (threadIdx.x == 0) {
-    mbarrier_init(&bar.fixed_full, 1);
-    for (int s = 0; s < kStages; ++s) {
-      mbarrier_init(&bar.full[s], 1);
-      mbarrier_init(&bar.empty[s], 128 * kConsumers);
-    }
-    mbarrier_init_fence();
-  }
-  __syncthreads();
-  if (threadIdx.x < 128) {
-    release_registers<kProducerRegisters>();
-    if (threadIdx.x == 0)
-      produce<D>(q_map, do_map, t.q0, t.h, k_map, v_map, t.steps(),
-                 [&](int i, int* rows, int* head) { t.step_at(i, rows, head); }, t.b, smem, bar);
-  } else {
-    claim_registers<kConsumerRegisters>();
-    consume_dq<T, D>(smem, bar, p, t);
-  }
+  run_block<D>(
+      smem_raw,
+      [&](uint8_t* smem, Barriers& bar) {
+        produce<D>(q_map, do_map, t.q0, t.h, k_map, v_map, t.steps(),
+                   [&](int i, int* rows, int* head) { t.step_at(i, rows, head); }, t.b, smem, bar);
+      },
+      [&](uint8_t* smem, Barriers& bar) { consume_dq<T, D>(smem, bar, p, t); });
 }
 
 // ---- kernel 1: drow, and dout as a 16-bit tile source ----
@@ -452,24 +452,6 @@ __global__ void __launch_bounds__(256)
       drow[(b * H + h) * T_ + t] = sum;
     }
   }
-}
-
-template <class Fn>
-void with_type_and_dim(KType type, int64_t D, Fn&& fn) {
-  auto with_dim = [&](auto tag) {
-    if (D == 64)
-      fn(tag, std::integral_constant<int, 64>{});
-    else if (D == 128)
-      fn(tag, std::integral_constant<int, 128>{});
-    else
-      throw std::logic_error("attention_sm90a_backward: head dim " + std::to_string(D) + " is not 64 or 128");
-  };
-  if (type == KType::BF16)
-    with_dim(__nv_bfloat16{});
-  else if (type == KType::F16)
-    with_dim(__half{});
-  else
-    throw std::logic_error("attention_sm90a_backward: operands are not BF16 or F16");
 }
 
 template <class Kernel>
@@ -507,7 +489,7 @@ void attention_sm90a_backward(void* dq, KType dq_type, void* dk, KType dk_type, 
   const void* do_tiles = dout16 != nullptr ? dout16 : dout;
   const Params base{static_cast<int>(T), static_cast<int>(H), static_cast<int>(KV),
                     1.0f / std::sqrt(static_cast<float>(D)), lse, drow, nullptr, KType::F32, nullptr, KType::F32};
-  with_type_and_dim(type, D, [&](auto tag, auto dim) {
+  with_type_and_dim(type, D, "attention_sm90a_backward", [&](auto tag, auto dim) {
     using T16 = decltype(tag);
     constexpr int HD = decltype(dim)::value;
     const int64_t rows = B * T * H;

@@ -27,6 +27,7 @@
 #include "kernels/hopper/mbarrier.cuh"
 #include "kernels/hopper/tensor_map.cuh"
 #include "kernels/hopper/tma.cuh"
+#include "kernels/hopper/type_and_dim.cuh"
 #include "kernels/hopper/warpgroup.cuh"
 #include "kernels/hopper/wgmma.cuh"
 
@@ -379,25 +380,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// fn(T{}, std::integral_constant<int, D>{}) for the operands' 16-bit type and head dim.
-template <class Fn>
-void with_type_and_dim(KType type, int64_t D, Fn&& fn) {
-  auto with_dim = [&](auto tag) {
-    if (D == 64)
-      fn(tag, std::integral_constant<int, 64>{});
-    else if (D == 128)
-      fn(tag, std::integral_constant<int, 128>{});
-    else
-      throw std::logic_error("attention_sm90a: head dim " + std::to_string(D) + " is not 64 or 128");
-  };
-  if (type == KType::BF16)
-    with_dim(__nv_bfloat16{});
-  else if (type == KType::F16)
-    with_dim(__half{});
-  else
-    throw std::logic_error("attention_sm90a: operands are not BF16 or F16");
-}
-
 }  // namespace
 
 bool attention_sm90a_supported(KType q, KType k, KType v, KType out, int64_t D) {
@@ -439,7 +421,7 @@ void attention_sm90a_forward(void* out, float* lse, const void* q, const void* k
                  1.0f / std::sqrt(static_cast<float>(D)), lse};
   const CUtensorMap q_map = head_tensor_map(q, B, T, H, D, 64), out_map = head_tensor_map(out, B, T, H, D, 64);
   const CUtensorMap k_map = head_tensor_map(k, B, T, KV, D, kBlockN), v_map = head_tensor_map(v, B, T, KV, D, kBlockN);
-  with_type_and_dim(type, D, [&](auto tag, auto dim) {
+  with_type_and_dim(type, D, "attention_sm90a_forward", [&](auto tag, auto dim) {
     using T16 = decltype(tag);
     constexpr int HD = decltype(dim)::value;
     const auto kernel = attention_sm90a_kernel<T16, HD>;
