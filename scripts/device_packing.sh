@@ -12,7 +12,7 @@
 #   bench/fetch_peer_wheels.sh   (bitsandbytes' wheel into .device/wheels: the GPU machine has none)
 # Run there with carry [".device", "build/fsdpq", "build/tests/fsdpq_gpu_tests"] (or scripts/device_pack.sh
 # build/fsdpq build/tests/fsdpq_gpu_tests .device/lib .device/wheels .device/data):
-#   bash scripts/device_packing.sh   (SKIP=tests,job,peer narrows it; MODEL, POINTS="unpacked:8 packed:8" as
+#   bash scripts/device_packing.sh   (SKIP=tests,perf,job,peer narrows it; MODEL, POINTS="unpacked:8 packed:8" as
 #                                     mode:batch_size, STEPS; FSDPQ=, TESTS=, DATA=, WHEELS= other paths)
 B=${FSDPQ:-$PWD/build/fsdpq}; T=${TESTS:-$PWD/build/tests/fsdpq_gpu_tests}; DATA=${DATA:-$PWD/.device/data}
 WHEELS=${WHEELS:-$PWD/.device/wheels}; MODEL=${MODEL:-preset:llama2-7b}; STEPS=${STEPS:-12}
@@ -29,6 +29,11 @@ if ! skip tests; then
   timeout 300 "$T" --gtest_filter='GpuOpsAttentionSegments.*:GpuOpsRope*:GpuOpsAttention*:GpuModel.*:-*Perf' \
     > "$OUT/tests.log" 2>&1
   echo "rc=$?"; grep -E "^\[ +(FAILED|SKIPPED) +\]|^\[  (PASSED|FAILED)  \]|Failure|Expected|Which is" "$OUT/tests.log" | head -20
+fi
+
+if ! skip perf; then
+  echo "== packed rows' attention cost against plain causal (T 512, ~80-token examples), per route"
+  FSDPQ_GPU_PERF=1 timeout 120 "$T" --gtest_filter='GpuOpsAttentionSegments.Perf' 2>&1 | grep PERF
 fi
 
 if ! skip job; then

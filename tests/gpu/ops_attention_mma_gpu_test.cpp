@@ -72,7 +72,7 @@ const Types kF16{DType::F16, DType::F16, DType::F32};
 void mma_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
                  const TensorView& v, const Case& c) {
   cuda::attention_mma_forward(out.data, kt(out.dtype), lse.as<float>(), q.data, kt(q.dtype), k.data, kt(k.dtype),
-                              v.data, kt(v.dtype), c.B, c.T, c.H, c.KV, c.D, cuda::stream());
+                              v.data, kt(v.dtype), nullptr, c.B, c.T, c.H, c.KV, c.D, cuda::stream());
 }
 
 void mma_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv, const TensorView& dout,
@@ -80,7 +80,7 @@ void mma_backward(const TensorView& dq, const TensorView& dk, const TensorView& 
                   const TensorView& lse, const TensorView& workspace, const Case& c) {
   cuda::attention_mma_backward(dq.data, kt(dq.dtype), dk.data, kt(dk.dtype), dv.data, kt(dv.dtype), dout.data,
                                kt(dout.dtype), q.data, kt(q.dtype), k.data, kt(k.dtype), v.data, kt(v.dtype),
-                               out.data, kt(out.dtype), lse.as<const float>(), workspace.as<float>(), c.B, c.T,
+                               out.data, kt(out.dtype), lse.as<const float>(), nullptr, workspace.as<float>(), c.B, c.T,
                                c.H, c.KV, c.D, cuda::stream());
 }
 

@@ -4,9 +4,10 @@
 // chosen and fit, else the SIMT ones (kernels/attention.cuh). ops/attention.cpp checks the
 // arguments and holds the CPU reference.
 //
-// Packed rows (segment_start, ops/attention.h): only the SIMT kernels take them so far. Each faster
-// route declines a segmented pass through its own `accepts_segments` constant below; a route that
-// gains a varlen kernel passes segment_start on and sets its constant to true.
+// Packed rows (segment_start, ops/attention.h): the SIMT and mma kernels take them in both passes,
+// the wgmma kernel in the forward. A route without them declines a segmented pass through its
+// constant below and the pass falls through to the next: on Hopper a packed forward runs on
+// wgmma, its backward on mma; cuDNN takes none yet.
 #include "kernels/attention.cuh"
 #include "kernels/attention_mma.cuh"
 #include "ops/attention.h"
@@ -33,8 +34,9 @@ Dims dims_of(const char* op, const TensorView& q, const TensorView& k) {
 
 // Which routes run packed rows (segment_start given); the rest decline and the pass falls through.
 constexpr bool kCudnnAcceptsSegments = false;
-constexpr bool kWgmmaAcceptsSegments = false;
-constexpr bool kMmaAcceptsSegments = false;
+constexpr bool kWgmmaForwardAcceptsSegments = true;
+constexpr bool kWgmmaBackwardAcceptsSegments = false;
+constexpr bool kMmaAcceptsSegments = true;
 
 bool segmented(const TensorView& segment_start) { return segment_start.data != nullptr; }
 
@@ -57,11 +59,13 @@ void attention_forward(TensorView out, TensorView lse, const TensorView& q, cons
   const bool packed = segmented(segment_start);
   if ((!packed || kCudnnAcceptsSegments) && cudnn_attention_chosen() && cudnn_attention_forward(out, lse, q, k, v))
     return;
-  if ((!packed || kWgmmaAcceptsSegments) && wgmma_attention_chosen() && wgmma_attention_forward(out, lse, q, k, v))
+  if ((!packed || kWgmmaForwardAcceptsSegments) && wgmma_attention_chosen() &&
+      wgmma_attention_forward(out, lse, q, k, v, segment_start))
     return;
   if ((!packed || kMmaAcceptsSegments) && use_mma_attention(op, d, q, k, v, out, nullptr)) {
     cuda::attention_mma_forward(out.data, ktype(op, out), lse.as<float>(), q.data, ktype(op, q), k.data, ktype(op, k),
-                                v.data, ktype(op, v), d.B, d.T, d.H, d.KV, d.D, cuda::stream());
+                                v.data, ktype(op, v), segment_start.as<const int32_t>(), d.B, d.T, d.H, d.KV, d.D,
+                                cuda::stream());
     return;
   }
   cuda::attention_forward(out.data, ktype(op, out), lse.as<float>(), q.data, ktype(op, q), k.data, ktype(op, k),
@@ -78,7 +82,7 @@ void attention_backward(TensorView dq, TensorView dk, TensorView dv, const Tenso
   if ((!packed || kCudnnAcceptsSegments) && cudnn_attention_chosen() &&
       cudnn_attention_backward(dq, dk, dv, dout, q, k, v, out, lse))
     return;
-  if ((!packed || kWgmmaAcceptsSegments) && wgmma_attention_chosen() &&
+  if ((!packed || kWgmmaBackwardAcceptsSegments) && wgmma_attention_chosen() &&
       wgmma_attention_backward(dq, dk, dv, dout, q, k, v, out, lse))
     return;
   // rowsum(dout * out) per query row, the one temporary (B * H * T floats).
@@ -87,8 +91,8 @@ void attention_backward(TensorView dq, TensorView dk, TensorView dv, const Tenso
     // drow (B * H * T floats) is the mma backward's workspace too (attention_mma_workspace_floats).
     cuda::attention_mma_backward(dq.data, ktype(op, dq), dk.data, ktype(op, dk), dv.data, ktype(op, dv), dout.data,
                                  ktype(op, dout), q.data, ktype(op, q), k.data, ktype(op, k), v.data, ktype(op, v),
-                                 out.data, ktype(op, out), lse.as<const float>(), drow.data<float>(), d.B, d.T, d.H,
-                                 d.KV, d.D, cuda::stream());
+                                 out.data, ktype(op, out), lse.as<const float>(), segment_start.as<const int32_t>(),
+                                 drow.data<float>(), d.B, d.T, d.H, d.KV, d.D, cuda::stream());
     return;
   }
   cuda::attention_backward(dq.data, ktype(op, dq), dk.data, ktype(op, dk), dv.data, ktype(op, dv), dout.data,
