@@ -480,7 +480,7 @@ TEST_F(Checkpoints, PackedRunsAgreeAtAnyWorldSizeAndReportRealTokens) {
     SCOPED_TRACE(out);
     expect_same_losses(dir_ / out, dir_ / "pk_np1", false);
   }
-  for (const auto& step : read_jsonl(dir_ / "pk_np1" / "metrics.jsonl", "step")) {
+  for (const auto& step : of_type(read_jsonl(dir_ / "pk_np1" / "metrics.jsonl"), "step")) {
     const double tokens = step.at("tokens").get<double>(), real = step.at("real_tokens").get<double>();
     EXPECT_GT(real, 0.0);
     EXPECT_EQ(step.at("padded_slots").get<double>(), tokens - real);
@@ -490,7 +490,7 @@ TEST_F(Checkpoints, PackedRunsAgreeAtAnyWorldSizeAndReportRealTokens) {
     // samples are the rows; examples what they hold (about three a row here).
     EXPECT_GT(step.at("examples").get<double>(), step.at("samples").get<double>());
   }
-  const auto summary = read_jsonl(dir_ / "pk_np1" / "metrics.jsonl", "summary").at(0);
+  const auto summary = of_type(read_jsonl(dir_ / "pk_np1" / "metrics.jsonl"), "summary").at(0);
   EXPECT_GT(summary.at("real_tokens_per_second").get<double>(), 0.0);
   EXPECT_LE(summary.at("real_tokens_per_second").get<double>(), summary.at("tokens_per_second").get<double>());
 }
