@@ -6,7 +6,7 @@
 # Every step runs under `timeout`: a pipeline bug in the kernel hangs rather than fails. Prepare here:
 #   cmake --build build -j1 --target fsdpq_gpu_tests && ../shared/device/bundle-libs.sh build/tests/fsdpq_gpu_tests .device/lib
 # Run there with carry [".device/lib", "build/tests/fsdpq_gpu_tests"]:
-#   bash scripts/device_wgmma.sh   (at most ~10 minutes; SKIP=tiles,routes,model,perf splits it over calls)
+#   bash scripts/device_wgmma.sh   (at most ~10 minutes; SKIP=tiles,routes,model,perf,ncu splits it over calls)
 T=$PWD/build/tests/fsdpq_gpu_tests
 OUT=${OUT:-/tmp}
 skip() { [[ ",${SKIP:-}," == *",$1,"* ]]; }
@@ -49,4 +49,22 @@ if ! skip perf; then
     > $OUT/wgmma_perf.txt
   echo "rc=$?"
   grep -E "PERF attention|SKIPPED|Skipped" $OUT/wgmma_perf.txt
+fi
+
+if ! skip ncu; then
+  # Where the backward's time goes: the first launches of each backward kernel in the perf test
+  # (T 512 comes first), one ncu pass per kernel so the forward's many launches do not crowd them
+  # out; speed of light, occupancy and the warps' stall reasons.
+  echo "== ncu: the wgmma backward kernels, one at a time"
+  NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  if [ -z "$NCU" ]; then echo "no ncu here"; else
+    for kernel in dkdv_sm90a dq_sm90a prepare_kernel; do
+      FSDPQ_GPU_PERF=1 timeout 120 "$NCU" --clock-control none --kernel-name regex:$kernel --launch-skip 2 --launch-count 1 \
+        --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats \
+        "$T" --gtest_filter='GpuOpsAttentionCudnn.Perf' > $OUT/wgmma_ncu_$kernel.txt 2>&1
+      echo "-- $kernel rc=$?"
+      grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per Thread|Achieved Occupancy|Stall|Issued Warp|No Eligible|Warp Cycles Per Issued" \
+        $OUT/wgmma_ncu_$kernel.txt | head -16
+    done
+  fi
 fi
