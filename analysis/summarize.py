@@ -140,10 +140,13 @@ def analyse(run, name, warmup, peak_override):
             raise RunError(run.path, 1, f"the header's model has no positive integer '{key}'")
     seconds = sum(r["step_seconds"] for r in timed)
     tokens = sum(r["tokens"] for r in timed)
+    # Padding is not work: the examples' own tokens (records before packing existed: all tokens).
+    real_tokens = sum(r.get("real_tokens", r["tokens"]) for r in timed)
     world = int(header.get("world_size", 1) or 1)
     c = header["config"]
     per_step_samples = int(c.get("batch_size", 1)) * int(c.get("gradient_accumulation_steps", 1)) * world
-    samples = sum(float(r.get("samples", per_step_samples)) for r in timed)
+    # Packed runs' "samples" are rows; "examples" (newer records) counts what a sample means.
+    samples = sum(float(r.get("examples", r.get("samples", per_step_samples))) for r in timed)
     tps = tokens / seconds
     seq_len = tokens / samples if samples else float(c.get("context_length", 0))
     flops = run_flops_per_token(header, seq_len)
@@ -152,6 +155,7 @@ def analyse(run, name, warmup, peak_override):
     row = dict(settings_of(header))
     row.update({
         "Run": name, "path": run.path, "steps": len(timed), "tokens_per_second": tps,
+        "real_tokens_per_second": real_tokens / seconds,
         "seconds_per_1024_samples": seconds / samples * 1024 if samples else None,
         "flops_per_token": flops, "peak_tflops": peak_tf,
         # Tokens are summed over ranks; MFU is per GPU.
@@ -248,13 +252,14 @@ def report(rows, failures, failed_points, warmup):
     body = []
     for r, n in zip(rows, notes):
         line = [r[c] for c in lead] + [fmt(r[memory_key], ".2f", 1 / GIB),
-                                      fmt(r["seconds_per_1024_samples"], ",.1f"), fmt(r["tokens_per_second"], ",.0f"),
+                                      fmt(r["seconds_per_1024_samples"], ",.1f"), fmt(r["real_tokens_per_second"], ",.0f"),
                                       fmt_mfu(r["mfu"]), r["steps"]]
         body.append(line + ([n] if with_notes else []))
     out += [markdown_table(cols, body), "", caption(rows, same, warmup), "",
             ("Peak Memory: the largest rank's peak reserved device memory (torch.cuda.max_memory_reserved's "
              "counterpart)." if device_memory else "Peak Host Memory: the largest rank's peak resident set (no "
-             "device memory recorded).") + " Time: seconds per 1,024 samples over the timed steps. Tokens/s: all ranks together. "
+             "device memory recorded).") + " Time: seconds per 1,024 samples over the timed steps. Tokens/s: the examples' own tokens "
+            "(padding is not work; packed runs record them as real_tokens), all ranks together. "
             f"MFU: per GPU, FLOPs per token = {FLOP_CONVENTION} (bench/shapes.py), at the mean trained sequence "
             "length; peak from the GPU's datasheet (dense bf16) or --peak-tflops.", ""]
 

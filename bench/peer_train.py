@@ -2,7 +2,8 @@
 """One peer configuration of the side-by-side benchmark: build the model, train, print ONE JSON line.
 
 Peers (all HF transformers LlamaForCausalLM, SDPA attention, PEFT LoRA r64 a16 dropout 0.1 on
-q,k,v,gate,up,down, AdamW lr 1e-5 betas 0.9/0.95 eps 1e-5 as fsdp_qlora, random tokens, labels = inputs):
+q,k,v,gate,up,down, AdamW lr 1e-5 betas 0.9/0.95 eps 1e-5 as fsdp_qlora, random tokens, labels = inputs,
+or with --examples FILE fsdpq's own training examples, padded per batch as fsdp_qlora pads them):
   hf_lora_eager    bf16 base, eager PyTorch
   hf_lora_compile  the same, decoder layers (or the whole model) under torch.compile
   hf_qlora_bnb     bitsandbytes Linear4bit base: NF4, double quant, bf16 compute, bf16 quant storage
@@ -10,6 +11,9 @@ q,k,v,gate,up,down, AdamW lr 1e-5 betas 0.9/0.95 eps 1e-5 as fsdp_qlora, random 
   hf_lora_liger    hf_lora_eager with Liger-Kernel's Triton kernels (apply_liger_kernel_to_llama: RoPE,
                    RMSNorm, SwiGLU and the fused linear cross entropy, which never materialises logits)
 --liger adds Liger-Kernel's kernels to any peer (e.g. hf_lora_compile or hf_qlora_bnb).
+--examples FILE (from `fsdpq examples CONFIG.ini --out FILE`): consecutive batches of --batch-size examples
+in file order, cycling, each padded to its longest example (peer_examples.py); the JSON line adds tokens
+(padded slots), real_tokens and real_tokens_per_second over the timed steps.
 The FLOP count behind "mfu" is stated in shapes.py. stdout carries only the JSON line (library prints
 are sent to stderr); exit 0 measured, 3 out of memory (JSON has "oom": true), 1 any other error.
 """
@@ -21,6 +25,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from peer_examples import ExamplesFileError, check_vocab, example_batches, read_examples
 from shapes import (DEFAULT_PEAK_TFLOPS, FLOP_CONVENTION, LORA_TARGETS, SHAPES, flops_per_token, mfu,
                     shape_dict, shape_from_hf_config)
 
@@ -38,7 +43,10 @@ def parse_args(argv=None):
     p.add_argument("--shape", default="llama2-7b", choices=sorted(SHAPES))
     p.add_argument("--model", help="an HF model directory (its weights) instead of a random --shape")
     p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--context-length", type=int, default=512)
+    p.add_argument("--context-length", type=int, default=512,
+                   help="random tokens: every row's length; --examples: the cut (rows are padded per batch)")
+    p.add_argument("--examples", metavar="FILE",
+                   help="train on these examples (fsdpq examples CONFIG.ini --out FILE) instead of random tokens")
     p.add_argument("--grad-ckpt", action=argparse.BooleanOptionalAction, default=True,
                    help="gradient checkpointing of every decoder layer (non-reentrant, as fsdp_qlora)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (compile, allocator, optimizer state)")
@@ -144,7 +152,39 @@ def build_pretrained_model(args, torch, device):
                                             use_cache=False, device_map={"": device}, **kw)
 
 
+def load_examples(args, shape, rec):
+    """--examples FILE's examples, checked against the model's vocabulary; their counts go into `rec`."""
+    try:
+        examples = read_examples(args.examples)
+        check_vocab(examples, shape["vocab_size"], args.examples)
+    except ExamplesFileError as e:
+        raise SystemExit(str(e)) from None
+    rec.update(examples_file=args.examples, examples_in_file=len(examples), examples_per_step=args.batch_size)
+    log(f"{len(examples):,} examples from {args.examples}")
+    return examples
+
+
+def record_example_steps(args, shape, rec, times, timed):
+    """tokens (padded slots, what fsdp_qlora counts) and real_tokens over the timed steps, and their rates.
+    FLOPs are counted per step at that step's padded length: the model computes every slot."""
+    seconds = sum(times)
+    tokens = sum(slots for _, slots, _ in timed)
+    real = sum(r for _, _, r in timed)
+    flops = sum(slots * flops_per_token(shape, seq_len, args.lora_r) for seq_len, slots, _ in timed)
+    rec.update(tokens=tokens, real_tokens=real,
+               tokens_per_second=tokens / seconds if seconds else None,
+               real_tokens_per_second=real / seconds if seconds else None,
+               flops_per_token=flops / tokens if tokens else None,
+               step_seq_lens=[seq_len for seq_len, _, _ in timed])
+
+
 def run(args, rec):
+    if args.model:
+        with open(os.path.join(args.model, "config.json")) as f:
+            shape = shape_from_hf_config(json.load(f))
+    else:
+        shape = shape_dict(args.shape)
+    examples = load_examples(args, shape, rec) if args.examples else None  # a bad file stops before torch loads
     import torch
     import transformers
     import peft
@@ -162,11 +202,8 @@ def run(args, rec):
         apply_liger(rec)  # before the model exists: it swaps modeling_llama's classes and forward
 
     if args.model:
-        with open(os.path.join(args.model, "config.json")) as f:
-            shape = shape_from_hf_config(json.load(f))
         model = build_pretrained_model(args, torch, device)
     else:
-        shape = shape_dict(args.shape)
         model = build_random_model(args, shape, torch, device)
     if args.peer == "hf_qlora_bnb":
         import bitsandbytes
@@ -197,23 +234,32 @@ def run(args, rec):
     opt = torch.optim.AdamW(trainable, lr=args.lr, betas=(0.9, 0.95), eps=1e-5)
 
     bs, ctx = args.batch_size, args.context_length
-    gen = torch.Generator(device=device).manual_seed(args.seed)
-    # A few distinct random batches, reused round-robin: fresh data without timing the sampler.
-    batches = [torch.randint(0, shape["vocab_size"], (bs, ctx), device=device, generator=gen) for _ in range(4)]
+    if examples is None:
+        gen = torch.Generator(device=device).manual_seed(args.seed)
+        # A few distinct random batches, reused round-robin: fresh data without timing the sampler.
+        randoms = [torch.randint(0, shape["vocab_size"], (bs, ctx), device=device, generator=gen) for _ in range(4)]
+        batches = [(ids, ids, bs * ctx, bs * ctx) for ids in randoms]  # (input_ids, labels, slots, real tokens)
+    else:
+        # Every step its own batch, on the device before the timing starts (as the random ones).
+        batches = [(torch.tensor(b.input_ids, device=device), torch.tensor(b.labels, device=device), b.tokens,
+                    b.real_tokens)
+                   for b in example_batches(examples, bs, args.warmup + args.steps, ctx)]
 
     def sync():
         if cuda:
             torch.cuda.synchronize(device)
 
-    times, loss = [], None
+    times, timed, loss = [], [], None
     for step in range(args.warmup + args.steps):
         if step == args.warmup and cuda:
             sync()
             torch.cuda.reset_peak_memory_stats(device)  # the steady state, not compile-time extras
-        ids = batches[step % len(batches)]
+        ids, labels, slots, real = batches[step % len(batches)]
         sync()
         t0 = time.perf_counter()
-        loss = forward(input_ids=ids, labels=ids).loss
+        # No attention_mask, as fsdp_qlora's train.py (its forward passes attention_mask=None): rows are
+        # padded on the right, so under the causal mask no real token sees a pad, and pads carry no label.
+        loss = forward(input_ids=ids, labels=labels).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -223,9 +269,14 @@ def run(args, rec):
         log(f"step {step + 1}/{args.warmup + args.steps} ({kind}): {dt:.3f} s, loss {loss.item():.4f}")
         if step >= args.warmup:
             times.append(dt)
+            timed.append((ids.shape[1], slots, real))
 
-    flops = flops_per_token(shape, ctx, args.lora_r)
-    tps = bs * ctx * len(times) / sum(times) if times else None
+    if examples is None:
+        flops = flops_per_token(shape, ctx, args.lora_r)
+        tps = bs * ctx * len(times) / sum(times) if times else None
+    else:
+        record_example_steps(args, shape, rec, times, timed)
+        flops, tps = rec["flops_per_token"], rec["tokens_per_second"]
     rec.update(tokens_per_second=tps, flops_per_token=flops,
                mfu=mfu(tps, flops, args.peak_tflops) if tps else None,
                steps_timed=len(times), step_seconds=[round(t, 5) for t in times],

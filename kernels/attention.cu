@@ -4,6 +4,7 @@
 // extra ones zero) so the dot products read float4s; their row stride is an odd number of float4s,
 // which makes those reads broadcasts or conflict-free. BT = 64 for D ≤ 128, 32 above, which
 // keeps the shared memory of the backward below 227 KB at D = 256.
+#include <climits>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -45,6 +46,23 @@ __device__ __forceinline__ void load_panel(float* panel, const void* x, KType ty
   }
 }
 
+// Packed rows: the first visible key of each query row [q0, q0 + BT) of batch row b into starts_s
+// (rows past T see no key: INT_MAX), and the smallest of them, the tile's first visible key, into
+// *tile_first. Without segments every row's first key is 0. Begins and ends with a barrier.
+template <int BT>
+__device__ __forceinline__ void load_segment_starts(int* starts_s, int* tile_first, const int32_t* segment_start,
+                                                    const Dims& d, int b, int q0) {
+  if (threadIdx.x == 0) *tile_first = INT_MAX;
+  __syncthreads();
+  if (threadIdx.x < BT) {
+    const int t = q0 + threadIdx.x;
+    const int first = t >= d.T ? INT_MAX : segment_start ? segment_start[static_cast<int64_t>(b) * d.T + t] : 0;
+    starts_s[threadIdx.x] = first;
+    atomicMin(tile_first, first);
+  }
+  __syncthreads();
+}
+
 // ---- forward: one block per (query tile, h, b) ----
 // acc[i][j] += Σ_key w[ty + 16i][key] · panel[key][tx + 16j] over a tile's BT keys, w a
 // [BT][BT + 1] tile in shared memory and the panel's columns past D read as 0: the forward's P V
@@ -71,7 +89,7 @@ __device__ __forceinline__ void add_tile_product(float (&acc)[RI][DC], const flo
 template <int BT, int DC>
 __global__ void __launch_bounds__(kThreads)
     attention_forward_kernel(void* out, KType out_type, float* lse, const void* q, KType q_type, const void* k,
-                             KType k_type, const void* v, KType v_type, Dims d) {
+                             KType k_type, const void* v, KType v_type, const int32_t* segment_start, Dims d) {
   constexpr int RI = BT / 16;         // score rows / cols per thread
   constexpr int TPR = kThreads / BT;  // threads per row in the softmax update
   extern __shared__ float4 smem4[];  // float4: 16-byte aligned
@@ -82,6 +100,8 @@ __global__ void __launch_bounds__(kThreads)
   float* m_s = s_s + BT * (BT + 1);    // running max per row
   float* l_s = m_s + BT;               // running sum per row
   float* a_s = l_s + BT;               // this tile's rescale factor per row
+  int* start_s = reinterpret_cast<int*>(a_s + BT);  // each row's first visible key
+  int* tile_first = start_s + BT;                    // the smallest of them
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
   const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int kvh = h / (d.H / d.KV);
@@ -92,13 +112,15 @@ __global__ void __launch_bounds__(kThreads)
     m_s[threadIdx.x] = -INFINITY;
     l_s[threadIdx.x] = 0.0f;
   }
+  load_segment_starts<BT>(start_s, tile_first, segment_start, d, b, q0);
+  const int first_tile = *tile_first / BT;  // key tiles before it are masked for every row
   float acc[RI][DC];
 #pragma unroll
   for (int i = 0; i < RI; ++i)
 #pragma unroll
     for (int j = 0; j < DC; ++j) acc[i][j] = 0.0f;
 
-  for (int kt = 0; kt <= qt; ++kt) {  // causal: key tiles up to the diagonal one
+  for (int kt = first_tile; kt <= qt; ++kt) {  // causal: key tiles up to the diagonal one
     const int k0 = kt * BT;
     __syncthreads();  // the previous V tile is no longer read
     load_panel<BT>(kv_s, k, k_type, d, b, k0, d.KV, kvh);
@@ -119,9 +141,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = 0; i < RI; ++i)
 #pragma unroll
       for (int j = 0; j < RI; ++j) {
-        const int t = q0 + ty + 16 * i, key = k0 + tx + 16 * j;
-        // Rows past T keep finite scores (key 0 is always visible), so nothing becomes NaN.
-        s_s[(ty + 16 * i) * (BT + 1) + tx + 16 * j] = key <= t && key < d.T ? s[i][j] * d.scale : -INFINITY;
+        const int r = ty + 16 * i, t = q0 + r, key = k0 + tx + 16 * j;
+        s_s[r * (BT + 1) + tx + 16 * j] = key <= t && key < d.T && key >= start_s[r] ? s[i][j] * d.scale : -INFINITY;
       }
     __syncthreads();
     {
@@ -132,10 +153,13 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int off = TPR / 2; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
       const float m_old = m_s[row];
-      const float m_new = fmaxf(m_old, mx);  // finite: every row sees key 0 in tile 0
+      const float m_new = fmaxf(m_old, mx);
+      // -inf while a row has seen no key yet (packed rows whose example starts in a later tile;
+      // rows past T): subtracting 0 instead keeps its probabilities and alpha 0, not NaN.
+      const float m_base = m_new == -INFINITY ? 0.0f : m_new;
       float sum = 0.0f;
       for (int c = part; c < BT; c += TPR) {
-        const float p = expf(srow[c] - m_new);
+        const float p = expf(srow[c] - m_base);
         srow[c] = p;
         sum += p;
       }
@@ -143,7 +167,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int off = TPR / 2; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
       __syncwarp();
       if (part == 0) {
-        const float alpha = expf(m_old - m_new);  // 0 on the first tile
+        const float alpha = expf(m_old - m_base);  // 0 on the first tile
         l_s[row] = l_s[row] * alpha + sum;
         m_s[row] = m_new;
         a_s[row] = alpha;
@@ -230,7 +254,7 @@ template <int BT, int DC>
 __global__ void __launch_bounds__(kThreads)
     attention_dq_kernel(void* dq, KType dq_type, const void* dout, KType dout_type, const void* q, KType q_type,
                         const void* k, KType k_type, const void* v, KType v_type, const float* lse,
-                        const float* drow, Dims d) {
+                        const float* drow, const int32_t* segment_start, Dims d) {
   constexpr int RI = BT / 16;
   extern __shared__ float4 smem4[];  // float4: 16-byte aligned
   float* smem = reinterpret_cast<float*>(smem4);
@@ -241,6 +265,8 @@ __global__ void __launch_bounds__(kThreads)
   float* ds_s = v_s + BT * d.ld;       // [BT, BT + 1]
   float* lse_s = ds_s + BT * (BT + 1);
   float* drow_s = lse_s + BT;
+  int* start_s = reinterpret_cast<int*>(drow_s + BT);
+  int* tile_first = start_s + BT;
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
   const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int kvh = h / (d.H / d.KV);
@@ -254,13 +280,15 @@ __global__ void __launch_bounds__(kThreads)
     lse_s[threadIdx.x] = t < d.T ? lse[at] : 0.0f;
     drow_s[threadIdx.x] = t < d.T ? drow[at] : 0.0f;
   }
+  load_segment_starts<BT>(start_s, tile_first, segment_start, d, b, q0);
+  const int first_tile = *tile_first / BT;
   float acc[RI][DC];
 #pragma unroll
   for (int i = 0; i < RI; ++i)
 #pragma unroll
     for (int j = 0; j < DC; ++j) acc[i][j] = 0.0f;
 
-  for (int kt = 0; kt <= qt; ++kt) {
+  for (int kt = first_tile; kt <= qt; ++kt) {
     const int k0 = kt * BT;
     __syncthreads();  // the previous tiles are no longer read
     load_panel<BT>(k_s, k, k_type, d, b, k0, d.KV, kvh);
@@ -274,7 +302,8 @@ __global__ void __launch_bounds__(kThreads)
       for (int j = 0; j < RI; ++j) {
         const int r = ty + 16 * i, t = q0 + r, key = k0 + tx + 16 * j;
         // dS = P * (dP - rowsum(dO * O)) * scale, with P = exp(s * scale - lse) recomputed.
-        const float p = key <= t && t < d.T && key < d.T ? expf(s[i][j] * d.scale - lse_s[r]) : 0.0f;
+        const float p =
+            key <= t && t < d.T && key < d.T && key >= start_s[r] ? expf(s[i][j] * d.scale - lse_s[r]) : 0.0f;
         ds_s[r * (BT + 1) + tx + 16 * j] = p * (dp[i][j] - drow_s[r]) * d.scale;
       }
     __syncthreads();
@@ -299,7 +328,7 @@ template <int BT, int DC>
 __global__ void __launch_bounds__(kThreads)
     attention_dkdv_kernel(void* dk, KType dk_type, void* dv, KType dv_type, const void* dout, KType dout_type,
                           const void* q, KType q_type, const void* k, KType k_type, const void* v, KType v_type,
-                          const float* lse, const float* drow, Dims d) {
+                          const float* lse, const float* drow, const int32_t* segment_start, Dims d) {
   constexpr int RI = BT / 16;
   extern __shared__ float4 smem4[];  // float4: 16-byte aligned
   float* smem = reinterpret_cast<float*>(smem4);
@@ -311,6 +340,8 @@ __global__ void __launch_bounds__(kThreads)
   float* ds_s = p_s + BT * (BT + 1);   // [BT keys, BT + 1]
   float* lse_s = ds_s + BT * (BT + 1);
   float* drow_s = lse_s + BT;
+  int* start_s = reinterpret_cast<int*>(drow_s + BT);
+  int* tile_first = start_s + BT;
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
   const int kt = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
   const int group = d.H / d.KV;
@@ -329,6 +360,9 @@ __global__ void __launch_bounds__(kThreads)
     for (int qt = kt; qt < q_tiles; ++qt) {
       const int q0 = qt * BT;
       __syncthreads();  // the previous query tiles are no longer read
+      // Packed rows: a query tile whose rows all start after this key tile sees none of it.
+      load_segment_starts<BT>(start_s, tile_first, segment_start, d, b, q0);
+      if (*tile_first >= k0 + BT) continue;
       load_panel<BT>(q_s, q, q_type, d, b, q0, d.H, h);
       load_panel<BT>(do_s, dout, dout_type, d, b, q0, d.H, h);
       if (threadIdx.x < BT) {
@@ -345,7 +379,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int j = 0; j < RI; ++j) {
           const int key = k0 + ty + 16 * i, r = tx + 16 * j, t = q0 + r;
-          const float p = key <= t && t < d.T && key < d.T ? expf(s[i][j] * d.scale - lse_s[r]) : 0.0f;
+          const float p =
+              key <= t && t < d.T && key < d.T && key >= start_s[r] ? expf(s[i][j] * d.scale - lse_s[r]) : 0.0f;
           p_s[(ty + 16 * i) * (BT + 1) + r] = p;
           ds_s[(ty + 16 * i) * (BT + 1) + r] = p * (dp[i][j] - drow_s[r]) * d.scale;
         }
@@ -387,9 +422,12 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-size_t forward_smem(int BT, int ld) { return sizeof(float) * (2 * BT * ld + BT * (BT + 1) + 3 * BT); }
-size_t dq_smem(int BT, int ld) { return sizeof(float) * (4 * BT * ld + BT * (BT + 1) + 2 * BT); }
-size_t dkdv_smem(int BT, int ld) { return sizeof(float) * (4 * BT * ld + 2 * BT * (BT + 1) + 2 * BT); }
+// Each ends with the rows' segment starts (BT ints) and the tile's first key (one int).
+size_t forward_smem(int BT, int ld) { return sizeof(float) * (2 * BT * ld + BT * (BT + 1) + 3 * BT) + sizeof(int) * (BT + 1); }
+size_t dq_smem(int BT, int ld) { return sizeof(float) * (4 * BT * ld + BT * (BT + 1) + 2 * BT) + sizeof(int) * (BT + 1); }
+size_t dkdv_smem(int BT, int ld) {
+  return sizeof(float) * (4 * BT * ld + 2 * BT * (BT + 1) + 2 * BT) + sizeof(int) * (BT + 1);
+}
 
 // Calls fn(BT, DC) as template constants for the head dimension.
 template <class Fn>
@@ -422,8 +460,8 @@ void allow_smem(Kernel kernel, size_t bytes) {
 }  // namespace
 
 void attention_forward(void* out, KType out_type, float* lse, const void* q, KType q_type, const void* k,
-                       KType k_type, const void* v, KType v_type, int64_t B, int64_t T, int64_t H, int64_t KV,
-                       int64_t D, cudaStream_t stream) {
+                       KType k_type, const void* v, KType v_type, const int32_t* segment_start, int64_t B, int64_t T,
+                       int64_t H, int64_t KV, int64_t D, cudaStream_t stream) {
   const Dims d = make_dims("cuda::attention_forward", B, T, H, KV, D);
   if (B == 0 || T == 0 || H == 0) return;
   with_tile_config(d.D, [&](auto bt, auto dc) {
@@ -433,7 +471,7 @@ void attention_forward(void* out, KType out_type, float* lse, const void* q, KTy
     const dim3 grid(static_cast<unsigned>((d.T + BT - 1) / BT), static_cast<unsigned>(d.H),
                     static_cast<unsigned>(d.B));
     attention_forward_kernel<BT, DC><<<grid, kThreads, smem, stream>>>(out, out_type, lse, q, q_type, k, k_type, v,
-                                                                      v_type, d);
+                                                                      v_type, segment_start, d);
   });
   check_launch("attention_forward");
 }
@@ -441,8 +479,8 @@ void attention_forward(void* out, KType out_type, float* lse, const void* q, KTy
 void attention_backward(void* dq, KType dq_type, void* dk, KType dk_type, void* dv, KType dv_type,
                         const void* dout, KType dout_type, const void* q, KType q_type, const void* k,
                         KType k_type, const void* v, KType v_type, const void* out, KType out_type,
-                        const float* lse, float* drow, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
-                        cudaStream_t stream) {
+                        const float* lse, const int32_t* segment_start, float* drow, int64_t B, int64_t T, int64_t H,
+                        int64_t KV, int64_t D, cudaStream_t stream) {
   const Dims d = make_dims("cuda::attention_backward", B, T, H, KV, D);
   if (B == 0 || T == 0) return;
   if (H > 0) {
@@ -458,7 +496,7 @@ void attention_backward(void* dq, KType dq_type, void* dk, KType dk_type, void* 
       allow_smem(attention_dq_kernel<BT, DC>, smem);
       attention_dq_kernel<BT, DC><<<dim3(tiles, static_cast<unsigned>(d.H), static_cast<unsigned>(d.B)), kThreads,
                                     smem, stream>>>(dq, dq_type, dout, dout_type, q, q_type, k, k_type, v, v_type,
-                                                    lse, drow, d);
+                                                    lse, drow, segment_start, d);
       check_launch("attention_backward (dq)");
     }
     // With H == 0 the group is empty and the kernel writes zeros, as the CPU does.
@@ -466,7 +504,7 @@ void attention_backward(void* dq, KType dq_type, void* dk, KType dk_type, void* 
     allow_smem(attention_dkdv_kernel<BT, DC>, smem);
     attention_dkdv_kernel<BT, DC><<<dim3(tiles, static_cast<unsigned>(d.KV), static_cast<unsigned>(d.B)), kThreads,
                                     smem, stream>>>(dk, dk_type, dv, dv_type, dout, dout_type, q, q_type, k, k_type,
-                                                    v, v_type, lse, drow, d);
+                                                    v, v_type, lse, drow, segment_start, d);
     check_launch("attention_backward (dk, dv)");
   });
 }

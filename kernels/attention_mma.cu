@@ -12,6 +12,7 @@
 // words) and the 16-bit transposed reads (rows 2t, 2t+1, columns g) hit 32 distinct banks.
 // Global -> shared loads are plain 16-byte vector loads (no cp.async), converting other storage
 // types (an fp32 dout) to the 16-bit type on the way; several blocks per SM hide the latency.
+#include <climits>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -134,10 +135,30 @@ __device__ __forceinline__ void load_tile(T* dst, const S* src, int T_len, int b
   }
 }
 
+// Packed rows (segment_start, kernels/attention_mma.cuh): the first key query t of row b sees, 0
+// without segments (and for rows past T, which are never stored).
+__device__ __forceinline__ int first_key(const int32_t* segment_start, const MmaDims& d, int b, int t) {
+  return segment_start != nullptr && t < d.T ? segment_start[static_cast<int64_t>(b) * d.T + t] : 0;
+}
+
+// The first key tile any query row of [q0, q0 + kTile) sees: 0 without segments. Every thread
+// calls it (two barriers).
+__device__ __forceinline__ int first_key_tile(const int32_t* segment_start, const MmaDims& d, int b, int q0) {
+  if (segment_start == nullptr) return 0;
+  __shared__ int first;
+  if (threadIdx.x == 0) first = INT_MAX;
+  __syncthreads();
+  if (threadIdx.x < kTile && q0 + static_cast<int>(threadIdx.x) < d.T)
+    atomicMin(&first, first_key(segment_start, d, b, q0 + static_cast<int>(threadIdx.x)));
+  __syncthreads();
+  return first / kTile;
+}
+
 // ---- forward: one block per (query tile, h, b); key tiles 0..qt in order ----
 template <class T, int D>
 __global__ void __launch_bounds__(kThreads)
-    mma_forward_kernel(void* out, KType out_type, float* lse, const T* q, const T* k, const T* v, MmaDims d) {
+    mma_forward_kernel(void* out, KType out_type, float* lse, const T* q, const T* k, const T* v,
+                       const int32_t* segment_start, MmaDims d) {
   constexpr int LD = D + 8, NT = D / 8, KD = D / 16;
   extern __shared__ uint4 smem_raw[];  // 16-byte aligned
   T* q_s = reinterpret_cast<T*>(smem_raw);
@@ -149,6 +170,8 @@ __global__ void __launch_bounds__(kThreads)
   const int q0 = qt * kTile, row0 = warp * 16;
   const int t_lo = q0 + row0 + (lane >> 2), t_hi = t_lo + 8;  // this thread's two query rows
   const float c = d.scale * kLog2e;                          // scores in log2 units: exp2f below
+  const int start_lo = first_key(segment_start, d, b, t_lo), start_hi = first_key(segment_start, d, b, t_hi);
+  const int first_tile = first_key_tile(segment_start, d, b, q0);
 
   load_tile<T, T, D, kTile>(q_s, q, d.T, b, q0, d.H, h);
   float o[NT][4];
@@ -156,7 +179,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;  // l: this thread's columns only
 
-  for (int kt = 0; kt <= qt; ++kt) {
+  for (int kt = first_tile; kt <= qt; ++kt) {  // key tiles before first_tile: masked for every row
     const int k0 = kt * kTile;
     __syncthreads();  // the previous K / V tiles are no longer read
     load_tile<T, T, D, kTile>(k_s, k, d.T, b, k0, d.KV, kvh);
@@ -176,16 +199,18 @@ __global__ void __launch_bounds__(kThreads)
         mma<T>(s[j], a, b0, b1);
       }
     }
-    // Mask (key > query: causal; key >= T: padding) and the row maxima. Every row sees at least
-    // one key per tile (key k0 <= q0 <= row on the diagonal tile, all keys before it), so the
-    // maxima are finite and nothing becomes NaN, also for the padding rows past T.
+    // Mask (key > query: causal; key >= T: padding; key before the row's example: packed rows)
+    // and the row maxima. Without segments every row sees at least one key per tile (key k0 <= q0
+    // <= row on the diagonal tile, all keys before it), so the maxima are finite; with them a row
+    // may see none of a tile before its example's first, and its maximum stays -inf until then.
     float mx_lo = -INFINITY, mx_hi = -INFINITY;
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = k0 + j * 8 + 2 * t4 + (e & 1), t = e < 2 ? t_lo : t_hi;
-        const float x = key <= t && key < d.T ? s[j][e] * c : -INFINITY;
+        const bool visible = key <= t && key < d.T && key >= (e < 2 ? start_lo : start_hi);
+        const float x = visible ? s[j][e] * c : -INFINITY;
         s[j][e] = x;
         if (e < 2)
           mx_lo = fmaxf(mx_lo, x);
@@ -193,16 +218,19 @@ __global__ void __launch_bounds__(kThreads)
           mx_hi = fmaxf(mx_hi, x);
       }
     const float mn_lo = fmaxf(m_lo, quad_max(mx_lo)), mn_hi = fmaxf(m_hi, quad_max(mx_hi));
-    const float al_lo = exp2f(m_lo - mn_lo), al_hi = exp2f(m_hi - mn_hi);  // 0 on the first tile
+    // A maximum still -inf (no key seen yet) is taken as 0: probabilities and alpha 0, not NaN.
+    // Otherwise the maximum itself, so rows without segments compute what they always did.
+    const float base_lo = mn_lo == -INFINITY ? 0.0f : mn_lo, base_hi = mn_hi == -INFINITY ? 0.0f : mn_hi;
+    const float al_lo = exp2f(m_lo - base_lo), al_hi = exp2f(m_hi - base_hi);  // 0 on the first tile
     m_lo = mn_lo;
     m_hi = mn_hi;
     float sum_lo = 0.0f, sum_hi = 0.0f;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      s[j][0] = exp2f(s[j][0] - mn_lo);
-      s[j][1] = exp2f(s[j][1] - mn_lo);
-      s[j][2] = exp2f(s[j][2] - mn_hi);
-      s[j][3] = exp2f(s[j][3] - mn_hi);
+      s[j][0] = exp2f(s[j][0] - base_lo);
+      s[j][1] = exp2f(s[j][1] - base_lo);
+      s[j][2] = exp2f(s[j][2] - base_hi);
+      s[j][3] = exp2f(s[j][3] - base_hi);
       sum_lo += s[j][0] + s[j][1];
       sum_hi += s[j][2] + s[j][3];
     }
@@ -302,7 +330,7 @@ __device__ __forceinline__ void paired_scores(float (&s)[NJ][4], float (&t)[NJ][
 template <class T, int D, class S>
 __global__ void __launch_bounds__(kThreads)
     mma_dq_kernel(void* dq, KType dq_type, const S* dout, const T* q, const T* k, const T* v, const float* lse,
-                  const float* drow, MmaDims d) {
+                  const float* drow, const int32_t* segment_start, MmaDims d) {
   constexpr int LD = D + 8, NT = D / 8, KD = D / 16;
   extern __shared__ uint4 smem_raw[];
   T* q_s = reinterpret_cast<T*>(smem_raw);
@@ -315,6 +343,8 @@ __global__ void __launch_bounds__(kThreads)
   const int q0 = qt * kTile, row0 = warp * 16;
   const int t_lo = q0 + row0 + (lane >> 2), t_hi = t_lo + 8;
   const float c = d.scale * kLog2e;
+  const int start_lo = first_key(segment_start, d, b, t_lo), start_hi = first_key(segment_start, d, b, t_hi);
+  const int first_tile = first_key_tile(segment_start, d, b, q0);
 
   load_tile<T, T, D, kTile>(q_s, q, d.T, b, q0, d.H, h);
   load_tile<T, S, D, kTile>(do_s, dout, d.T, b, q0, d.H, h);
@@ -327,7 +357,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
 
-  for (int kt = 0; kt <= qt; ++kt) {
+  for (int kt = first_tile; kt <= qt; ++kt) {
     const int k0 = kt * kTile;
     __syncthreads();
     load_tile<T, T, D, kTile>(k_s, k, d.T, b, k0, d.KV, kvh);
@@ -341,7 +371,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = k0 + j * 8 + 2 * t4 + (e & 1), t = e < 2 ? t_lo : t_hi;
-        const float p = key <= t && t < d.T && key < d.T ? exp2f(s[j][e] * c - (e < 2 ? lse_lo : lse_hi)) : 0.0f;
+        const bool visible = key <= t && t < d.T && key < d.T && key >= (e < 2 ? start_lo : start_hi);
+        const float p = visible ? exp2f(s[j][e] * c - (e < 2 ? lse_lo : lse_hi)) : 0.0f;
         s[j][e] = p * (dp[j][e] - (e < 2 ? dr_lo : dr_hi)) * d.scale;
       }
 #pragma unroll
@@ -384,7 +415,7 @@ constexpr int kDkdvQueryRows = D == 128 ? 32 : 64;
 template <class T, int D, class S>
 __global__ void __launch_bounds__(kThreads)
     mma_dkdv_kernel(void* dk, KType dk_type, void* dv, KType dv_type, const S* dout, const T* q, const T* k,
-                    const T* v, const float* lse, const float* drow, MmaDims d) {
+                    const T* v, const float* lse, const float* drow, const int32_t* segment_start, MmaDims d) {
   constexpr int LD = D + 8, NT = D / 8, KD = D / 16, BQ = kDkdvQueryRows<D>, NQ = BQ / 8;
   extern __shared__ uint4 smem_raw[];
   T* k_s = reinterpret_cast<T*>(smem_raw);
@@ -393,6 +424,7 @@ __global__ void __launch_bounds__(kThreads)
   T* do_s = q_s + BQ * LD;
   float* lse_s = reinterpret_cast<float*>(do_s + BQ * LD);  // lse * log2(e) per query row
   float* drow_s = lse_s + BQ;
+  int* start_s = reinterpret_cast<int*>(drow_s + BQ);  // each query row's first key
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t4 = lane & 3;
   const int kt = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;  // tile 0 (the longest) first
   const int group = d.H / d.KV;
@@ -412,12 +444,20 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t lse_row = (static_cast<int64_t>(b) * d.H + h) * d.T;
     for (int q0 = k0; q0 < d.T; q0 += BQ) {  // k0 is a multiple of BQ; earlier queries see none of these keys
       __syncthreads();  // the previous query tiles are no longer read
+      // Packed rows: a step whose queries' examples all start after this key tile sees none of it
+      // (block-uniform: one barrier's OR).
+      if (segment_start != nullptr) {
+        const int t = q0 + static_cast<int>(threadIdx.x);
+        const bool sees = threadIdx.x < BQ && t < d.T && first_key(segment_start, d, b, t) < k0 + kTile;
+        if (!__syncthreads_or(sees)) continue;
+      }
       load_tile<T, T, D, BQ>(q_s, q, d.T, b, q0, d.H, h);
       load_tile<T, S, D, BQ>(do_s, dout, d.T, b, q0, d.H, h);
       if (threadIdx.x < BQ) {
         const int t = q0 + threadIdx.x;
         lse_s[threadIdx.x] = t < d.T ? lse[lse_row + t] * kLog2e : 0.0f;
         drow_s[threadIdx.x] = t < d.T ? drow[lse_row + t] : 0.0f;
+        start_s[threadIdx.x] = first_key(segment_start, d, b, t);
       }
       __syncthreads();
       if (k0 + row0 > q0 + BQ - 1) continue;  // warp-uniform: no query of this step sees this warp's keys
@@ -430,7 +470,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int key = e < 2 ? key_lo : key_hi, qi = j * 8 + 2 * t4 + (e & 1), t = q0 + qi;
-          const float p = key <= t && t < d.T && key < d.T ? exp2f(st[j][e] * c - lse_s[qi]) : 0.0f;
+          const bool visible = key <= t && t < d.T && key < d.T && key >= start_s[qi];
+          const float p = visible ? exp2f(st[j][e] * c - lse_s[qi]) : 0.0f;
           st[j][e] = p;
           dpt[j][e] = p * (dpt[j][e] - drow_s[qi]) * d.scale;
         }
@@ -487,7 +528,7 @@ size_t dq_smem() {
 template <int D>
 size_t dkdv_smem() {
   return 2 * tile_bytes<D>(kTile) + 2 * tile_bytes<D>(kDkdvQueryRows<D>) +
-         2 * sizeof(float) * kDkdvQueryRows<D>;
+         2 * sizeof(float) * kDkdvQueryRows<D> + sizeof(int) * kDkdvQueryRows<D>;
 }
 
 MmaDims make_dims(const char* what, KType q, KType k, KType v, int64_t B, int64_t T, int64_t H, int64_t KV,
@@ -542,8 +583,8 @@ bool attention_mma_supported(KType q, KType k, KType v, KType out, int64_t D) {
 }
 
 void attention_mma_forward(void* out, KType out_type, float* lse, const void* q, KType q_type, const void* k,
-                           KType k_type, const void* v, KType v_type, int64_t B, int64_t T, int64_t H, int64_t KV,
-                           int64_t D, cudaStream_t stream) {
+                           KType k_type, const void* v, KType v_type, const int32_t* segment_start, int64_t B,
+                           int64_t T, int64_t H, int64_t KV, int64_t D, cudaStream_t stream) {
   const MmaDims d = make_dims("cuda::attention_mma_forward", q_type, k_type, v_type, B, T, H, KV, D);
   if (B == 0 || T == 0 || H == 0) return;
   check_aligned("cuda::attention_mma_forward", {q, k, v});
@@ -557,7 +598,7 @@ void attention_mma_forward(void* out, KType out_type, float* lse, const void* q,
                       static_cast<unsigned>(d.B));
       mma_forward_kernel<T16, HD><<<grid, kThreads, smem, stream>>>(out, out_type, lse, static_cast<const T16*>(q),
                                                                     static_cast<const T16*>(k),
-                                                                    static_cast<const T16*>(v), d);
+                                                                    static_cast<const T16*>(v), segment_start, d);
     });
   });
   check_launch("attention_mma_forward");
@@ -566,8 +607,8 @@ void attention_mma_forward(void* out, KType out_type, float* lse, const void* q,
 void attention_mma_backward(void* dq, KType dq_type, void* dk, KType dk_type, void* dv, KType dv_type,
                             const void* dout, KType dout_type, const void* q, KType q_type, const void* k,
                             KType k_type, const void* v, KType v_type, const void* out, KType out_type,
-                            const float* lse, float* drow, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
-                            cudaStream_t stream) {
+                            const float* lse, const int32_t* segment_start, float* drow, int64_t B, int64_t T,
+                            int64_t H, int64_t KV, int64_t D, cudaStream_t stream) {
   const MmaDims d = make_dims("cuda::attention_mma_backward", q_type, k_type, v_type, B, T, H, KV, D);
   if (B == 0 || T == 0) return;
   check_aligned("cuda::attention_mma_backward", {dout, q, k, v});
@@ -591,14 +632,15 @@ void attention_mma_backward(void* dq, KType dq_type, void* dk, KType dk_type, vo
           const size_t smem = dq_smem<HD>();
           allow_smem(mma_dq_kernel<T16, HD, S>, smem);
           mma_dq_kernel<T16, HD, S><<<dim3(tiles, static_cast<unsigned>(d.H), static_cast<unsigned>(d.B)), kThreads,
-                                      smem, stream>>>(dq, dq_type, dout_s, q16, k16, v16, lse, drow, d);
+                                      smem, stream>>>(dq, dq_type, dout_s, q16, k16, v16, lse, drow, segment_start, d);
           check_launch("attention_mma_backward (dq)");
         }
         // With H == 0 the group is empty and the kernel writes zeros, as the CPU does.
         const size_t smem = dkdv_smem<HD>();
         allow_smem(mma_dkdv_kernel<T16, HD, S>, smem);
         mma_dkdv_kernel<T16, HD, S><<<dim3(tiles, static_cast<unsigned>(d.KV), static_cast<unsigned>(d.B)), kThreads,
-                                      smem, stream>>>(dk, dk_type, dv, dv_type, dout_s, q16, k16, v16, lse, drow, d);
+                                      smem, stream>>>(dk, dk_type, dv, dv_type, dout_s, q16, k16, v16, lse, drow,
+                                                      segment_start, d);
         check_launch("attention_mma_backward (dk, dv)");
       });
     });

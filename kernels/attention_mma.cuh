@@ -8,6 +8,10 @@
 // that rounded dout (rowsum(dout * out) uses it too). The probabilities P and dS are rounded to
 // q's type before their products (as FlashAttention does). Deterministic: no float atomics; dk /
 // dv of a kv head sum the group's query heads and query tiles in a fixed order.
+// Packed rows: segment_start [B, T] int32 (nullptr: plain causal attention) gives each query row
+// its example's first position; key j is visible to query i iff segment_start[b, i] <= j <= i
+// (ops/attention.h). Key tiles no query of a tile sees are skipped, so a packed row costs about
+// what its examples cost. Without segments the results are bit for bit those of plain causal.
 // The default where it applies (src/ops/attention.cpp); FSDPQ_ATTENTION=simt opts out.
 #pragma once
 #include <cstdint>
@@ -28,14 +32,14 @@ inline bool attention_mma_aligned(const void* p) { return reinterpret_cast<uintp
 inline int64_t attention_mma_workspace_floats(int64_t B, int64_t H, int64_t T) { return B * H * T; }
 
 void attention_mma_forward(void* out, KType out_type, float* lse, const void* q, KType q_type, const void* k,
-                           KType k_type, const void* v, KType v_type, int64_t B, int64_t T, int64_t H, int64_t KV,
-                           int64_t D, cudaStream_t stream);
+                           KType k_type, const void* v, KType v_type, const int32_t* segment_start, int64_t B,
+                           int64_t T, int64_t H, int64_t KV, int64_t D, cudaStream_t stream);
 
 // drow: fp32 workspace of attention_mma_workspace_floats(B, H, T) values.
 void attention_mma_backward(void* dq, KType dq_type, void* dk, KType dk_type, void* dv, KType dv_type,
                             const void* dout, KType dout_type, const void* q, KType q_type, const void* k,
                             KType k_type, const void* v, KType v_type, const void* out, KType out_type,
-                            const float* lse, float* drow, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
-                            cudaStream_t stream);
+                            const float* lse, const int32_t* segment_start, float* drow, int64_t B, int64_t T,
+                            int64_t H, int64_t KV, int64_t D, cudaStream_t stream);
 
 }  // namespace fsdpq::cuda

@@ -13,10 +13,14 @@
 // only, computes P_i while P V runs, then waits for P V and rescales O. The two consumers run
 // independently, so one's softmax also overlaps the other's products.
 // Only the first (diagonal) tile needs the causal mask: query and key tiles are both 128 rows, so
-// every other tile lies wholly at or below the diagonal. Rows and keys past T are zeros from the
+// every other tile lies wholly at or below the diagonal. Packed rows (segment_start) also mask the
+// keys before each row's example, in any tile, and the block stops at the first key tile any of
+// its rows sees; the diagonal tile comes first and holds each row's own key, so every row's
+// maximum is finite from the first tile on. Rows and keys past T are zeros from the
 // copy engine; a real row never sees them (key <= row < T) and padding rows are never stored.
 // The epilogue writes O / l as 16-bit values into the consumer's (no longer needed) rows of the Q
 // tile, in the copy engine's swizzled layout, and one thread stores them with a bulk tensor copy.
+#include <climits>
 #include <cmath>
 #include <initializer_list>
 #include <stdexcept>
@@ -81,17 +85,25 @@ struct Params {
   int T, H, KV;
   float scale;  // 1 / sqrt(D), as the CPU computes it
   float* lse;
+  const int32_t* segment_start;  // [B, T], nullptr: plain causal
 };
 
-// This block's work: query tile qt (rows q0..q0+127) of head h of batch b, key tiles qt..0.
+// This block's work: query tile qt (rows q0..q0+127) of head h of batch b, key tiles qt down to
+// qt - key_tiles + 1 (0 without segments).
 struct Tile {
-  int q0, key_tiles, h, kv_head, b;
+  int q0, last, key_tiles, h, kv_head, b;
+  __device__ int key0(int i) const { return (last - i) * kBlockN; }  // the i-th key tile's first key
 };
 
-__device__ __forceinline__ Tile tile_of_block(const Params& p) {
+__device__ __forceinline__ Tile tile_of_block(const Params& p, int first_key_tile) {
   const int qt = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);  // long tiles first
   const int h = static_cast<int>(blockIdx.y);
-  return Tile{qt * kBlockM, qt + 1, h, h / (p.H / p.KV), static_cast<int>(blockIdx.z)};
+  return Tile{qt * kBlockM, qt, qt + 1 - first_key_tile, h, h / (p.H / p.KV), static_cast<int>(blockIdx.z)};
+}
+
+// The first key query t sees: its example's start with segments, else (and past T) 0.
+__device__ __forceinline__ int first_key(const Params& p, int b, int t) {
+  return p.segment_start != nullptr && t < p.T ? p.segment_start[static_cast<int64_t>(b) * p.T + t] : 0;
 }
 
 // Stage and phase parity of the i-th key tile a block handles.
@@ -110,7 +122,7 @@ __device__ void produce(const CUtensorMap& q_map, const CUtensorMap& k_map, cons
       tma_load_4d(smem + cb * S::kQColumnBlock + c * S::kConsumerRows, q_map, &bar.q_full, cb * kBoxColumns,
                   t.q0 + 64 * c, t.h, t.b);
   for (int i = 0; i < t.key_tiles; ++i) {
-    const int s = stage_of(i), k0 = (t.key_tiles - 1 - i) * kBlockN;
+    const int s = stage_of(i), k0 = t.key0(i);
     const uint32_t parity = parity_of(i) ^ 1u;  // the phase in which the stage was last emptied
     mbarrier_wait(&bar.k_empty[s], parity);
     mbarrier_arrive_expect_tx(&bar.k_full[s], S::kKvBytes);
@@ -156,22 +168,25 @@ struct RowStats {
 
 // Folds one key tile's scores into the statistics: s becomes the tile's probabilities (relative to
 // the new maxima), alpha how much the rows' earlier terms shrink. On the diagonal tile keys past a
-// row's own position are masked (row, keys: offsets within the block).
-template <bool kDiagonal>
+// row's own position are masked (row, keys: offsets within the block); with segments, also keys
+// before column hidden_below[i] of the tile (row i's example starts there; <= 0: none hidden).
+template <bool kDiagonal, bool kSegmented>
 __device__ __forceinline__ void softmax_tile(float (&s)[64], RowStats& r, float scale_log2, int row, int t4,
-                                             float (&alpha)[2]) {
+                                             const int (&hidden_below)[2], float (&alpha)[2]) {
   float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int j = 0; j < 16; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      if (kDiagonal && 8 * j + 2 * t4 + (e & 1) > row + 8 * (e >> 1)) s[4 * j + e] = -INFINITY;
+      const int column = 8 * j + 2 * t4 + (e & 1);
+      if (kDiagonal && column > row + 8 * (e >> 1)) s[4 * j + e] = -INFINITY;
+      if (kSegmented && column < hidden_below[e >> 1]) s[4 * j + e] = -INFINITY;
       tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[4 * j + e]);
     }
   float neg_max_scaled[2], tile_sum[2] = {0.0f, 0.0f};
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    // Finite: every row sees its diagonal key in the first tile.
+    // Finite: every row sees its diagonal key in the first tile (its example includes it).
     const float new_max = fmaxf(r.max[i], quad_max(tile_max[i]));
     alpha[i] = exp2f((r.max[i] - new_max) * scale_log2);  // 0 on the first tile
     r.max[i] = new_max;
@@ -244,12 +259,14 @@ __device__ void store_rows(const float (&o)[D / 2], const RowStats& r, uint8_t* 
 // O still holds the terms of tiles < i - 1 relative to the maxima before tile i - 1, and p holds
 // P_{i-1}; the next step rescales O by tile i - 1's alpha while Q K_iᵀ runs, then adds P_{i-1} V.
 // P is converted to the A operand only once P V has finished reading the previous one.
-template <class T, int D>
+template <class T, int D, bool kSegmented>
 struct Consumer {
   using S = Smem<D>;
   uint8_t* smem;
   Barriers& bar;
   float scale_log2;
+  const Tile& tile;
+  int start[2];  // with segments: the first key this thread's rows see
   const int index = static_cast<int>(threadIdx.x) / 128 - 1;  // 0 or 1
   const int t4 = static_cast<int>(threadIdx.x) % 4;
   const int row_in_consumer = (static_cast<int>(threadIdx.x) % 128) / 32 * 16 + static_cast<int>(threadIdx.x) % 32 / 4;
@@ -260,6 +277,11 @@ struct Consumer {
   RowStats rows;
 
   __device__ uint8_t* k_tile(int stage) const { return smem + S::kK + stage * S::kKvBytes; }
+  // Tile i's columns before which this thread's rows see nothing (their examples start there).
+  __device__ void hidden_below(int i, int (&columns)[2]) const {
+    columns[0] = start[0] - tile.key0(i);
+    columns[1] = start[1] - tile.key0(i);
+  }
   __device__ uint8_t* v_tile(int stage) const { return smem + S::kV + stage * S::kKvBytes; }
 
   // Tile 0 (the diagonal one): its scores and softmax.
@@ -272,7 +294,9 @@ struct Consumer {
     wgmma_wait<0>();
     fence_operand(s);
     mbarrier_arrive(&bar.k_empty[0]);
-    softmax_tile<true>(s, rows, scale_log2, row_in_block, t4, alpha);
+    int hidden[2];
+    hidden_below(0, hidden);
+    softmax_tile<true, kSegmented>(s, rows, scale_log2, row_in_block, t4, hidden, alpha);
     to_a_operand<T>(s, p);
   }
 
@@ -291,7 +315,9 @@ struct Consumer {
     wgmma_wait<1>();  // the scores; P V still runs
     fence_operand(s);
     mbarrier_arrive(&bar.k_empty[stage]);
-    softmax_tile<false>(s, rows, scale_log2, row_in_block, t4, alpha);
+    int hidden[2];
+    hidden_below(i, hidden);
+    softmax_tile<false, kSegmented>(s, rows, scale_log2, row_in_block, t4, hidden, alpha);
     wgmma_wait<0>();
     fence_operand(o);
     fence_operand(p);
@@ -318,16 +344,38 @@ struct Consumer {
   }
 };
 
-template <class T, int D>
+template <class T, int D, bool kSegmented>
 __device__ void consume(uint8_t* smem, Barriers& bar, const CUtensorMap& out_map, const Params& p, const Tile& t) {
-  Consumer<T, D> c{smem, bar, p.scale * kLog2e};
+  Consumer<T, D, kSegmented> c{smem, bar, p.scale * kLog2e, t};
+  if constexpr (kSegmented) {
+    c.start[0] = first_key(p, t.b, t.q0 + c.row_in_block);
+    c.start[1] = first_key(p, t.b, t.q0 + c.row_in_block + 8);
+  }
   c.first_tile();
   for (int i = 1; i < t.key_tiles; ++i) c.step(i);
   c.last_pv(t.key_tiles - 1);
   store_rows<T, D>(c.o, c.rows, c.q_rows, out_map, p, t, c.index, c.row_in_consumer, c.t4);
 }
 
-template <class T, int D>
+// The first key tile any query row of the block sees: 0 without segments (kSegmented: every
+// thread calls it; two barriers).
+template <bool kSegmented>
+__device__ __forceinline__ int first_key_tile(const Params& p) {
+  if constexpr (!kSegmented) {
+    return 0;
+  } else {
+    __shared__ int first;
+    const int q0 = (static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)) * kBlockM;
+    if (threadIdx.x == 0) first = INT_MAX;
+    __syncthreads();
+    if (threadIdx.x < kBlockM && q0 + static_cast<int>(threadIdx.x) < p.T)
+      atomicMin(&first, first_key(p, static_cast<int>(blockIdx.z), q0 + static_cast<int>(threadIdx.x)));
+    __syncthreads();
+    return first / kBlockN;
+  }
+}
+
+template <class T, int D, bool kSegmented>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_sm90a_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                            const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap out_map,
@@ -335,7 +383,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   Barriers& bar = *reinterpret_cast<Barriers*>(smem + Smem<D>::kBarriers);
-  const Tile t = tile_of_block(p);
+  const Tile t = tile_of_block(p, first_key_tile<kSegmented>(p));
   if (threadIdx.x == 0) {
     mbarrier_init(&bar.q_full, 1);
     for (int s = 0; s < kStages; ++s) {
@@ -352,7 +400,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) produce<D>(q_map, k_map, v_map, smem, bar, t);
   } else {
     claim_registers<kConsumerRegisters>();
-    consume<T, D>(smem, bar, out_map, p, t);
+    consume<T, D, kSegmented>(smem, bar, out_map, p, t);
   }
 }
 
@@ -373,7 +421,7 @@ const std::string& attention_sm90a_unavailable() {
              "; the wgmma kernel is built for sm_90a (9.0) alone";
     // The image is sm_90a machine code only: this fails where the driver cannot load it.
     cudaFuncAttributes attributes{};
-    const cudaError_t err = cudaFuncGetAttributes(&attributes, attention_sm90a_kernel<__nv_bfloat16, 128>);
+    const cudaError_t err = cudaFuncGetAttributes(&attributes, attention_sm90a_kernel<__nv_bfloat16, 128, false>);
     if (err != cudaSuccess) {
       cudaGetLastError();  // not a launch error of anyone's
       return std::string("the sm_90a kernel image does not load here: ") + cudaGetErrorString(err);
@@ -384,7 +432,8 @@ const std::string& attention_sm90a_unavailable() {
 }
 
 void attention_sm90a_forward(void* out, float* lse, const void* q, const void* k, const void* v, KType type,
-                             int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, cudaStream_t stream) {
+                             const int32_t* segment_start, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                             cudaStream_t stream) {
   if (!attention_sm90a_supported(type, type, type, type, D))
     throw std::logic_error("cuda::attention_sm90a_forward: needs BF16 or F16 operands and head dim 64 or 128");
   if (B < 0 || T < 0 || H < 0 || KV <= 0 || H % KV != 0 || T > (1 << 30) || B > 65535 || H > 65535)
@@ -394,13 +443,14 @@ void attention_sm90a_forward(void* out, float* lse, const void* q, const void* k
       throw std::logic_error("cuda::attention_sm90a_forward: operands must be 16-byte aligned");
   if (B == 0 || T == 0 || H == 0) return;
   const Params p{static_cast<int>(T), static_cast<int>(H), static_cast<int>(KV),
-                 1.0f / std::sqrt(static_cast<float>(D)), lse};
+                 1.0f / std::sqrt(static_cast<float>(D)), lse, segment_start};
   const CUtensorMap q_map = head_tensor_map(q, B, T, H, D, 64), out_map = head_tensor_map(out, B, T, H, D, 64);
   const CUtensorMap k_map = head_tensor_map(k, B, T, KV, D, kBlockN), v_map = head_tensor_map(v, B, T, KV, D, kBlockN);
   with_type_and_dim(type, D, "attention_sm90a_forward", [&](auto tag, auto dim) {
     using T16 = decltype(tag);
     constexpr int HD = decltype(dim)::value;
-    const auto kernel = attention_sm90a_kernel<T16, HD>;
+    const auto kernel = segment_start != nullptr ? attention_sm90a_kernel<T16, HD, true>
+                                                 : attention_sm90a_kernel<T16, HD, false>;
     const size_t smem = smem_bytes<HD>();
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) !=
         cudaSuccess)

@@ -27,9 +27,12 @@ inline bool attention_sm90a_aligned(const void* p) { return reinterpret_cast<uin
 // else why not. Asked once per process.
 const std::string& attention_sm90a_unavailable();
 
-// `type` is the KType of q, k, v and out (all the same); pointers 16-byte aligned.
+// `type` is the KType of q, k, v and out (all the same); pointers 16-byte aligned. segment_start:
+// packed rows as attention_mma_forward takes them (kernels/attention_mma.cuh), nullptr for plain
+// causal attention.
 void attention_sm90a_forward(void* out, float* lse, const void* q, const void* k, const void* v, KType type,
-                             int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, cudaStream_t stream);
+                             const int32_t* segment_start, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                             cudaStream_t stream);
 
 // The backward (kernels/attention_backward_sm90a.cu): deterministic, every gradient written once.
 // dq, dk, dv of any KType; dout of any KType, rounded to `type` (what autocast does; drow uses the

@@ -12,13 +12,14 @@ constexpr int kThreads = 256;
 // computed once per thread (no 64-bit divisions per element). Each pair is owned by one thread.
 template <class S>
 __global__ void rope_kernel(S* x, const float* cos, const float* sin, int64_t rows, int64_t T, int64_t heads,
-                            int64_t D, int64_t position_offset, float sign) {
+                            int64_t D, int64_t position_offset, const int32_t* positions, float sign) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;  // (b * T + t) * heads + h
   if (row >= rows) return;
   const int64_t half = D / 2;
-  const int64_t t = (row / heads) % T;
-  const float* cos_row = cos + (position_offset + t) * D;
-  const float* sin_row = sin + (position_offset + t) * D;
+  const int64_t token = row / heads;  // b * T + t
+  const int64_t position = position_offset + (positions != nullptr ? positions[token] : token % T);
+  const float* cos_row = cos + position * D;
+  const float* sin_row = sin + position * D;
   S* v = x + row * D;
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
     const float x1 = to_float(v[i]), x2 = to_float(v[i + half]);
@@ -31,7 +32,7 @@ __global__ void rope_kernel(S* x, const float* cos, const float* sin, int64_t ro
 }  // namespace
 
 void rope_rotate(void* x, KType type, const float* cos, const float* sin, int64_t B, int64_t T, int64_t heads,
-                 int64_t D, int64_t position_offset, float sign, cudaStream_t stream) {
+                 int64_t D, int64_t position_offset, const int32_t* positions, float sign, cudaStream_t stream) {
   const int64_t rows = B * T * heads, half = D / 2;
   if (rows <= 0 || half <= 0) return;
   // threads_x: the pairs of a row rounded up to a warp (at most kThreads); the rest of the block
@@ -44,7 +45,7 @@ void rope_rotate(void* x, KType type, const float* cos, const float* sin, int64_
   with_ktype(type, [&](auto tag) {
     using S = decltype(tag);
     rope_kernel<S><<<static_cast<unsigned>(blocks), block, 0, stream>>>(static_cast<S*>(x), cos, sin, rows, T, heads, D,
-                                                                        position_offset, sign);
+                                                                        position_offset, positions, sign);
   });
   check_launch("rope_rotate");
 }

@@ -41,6 +41,7 @@ usage:
   fsdpq generate --model DIR --prompt TEXT [...]      continue a prompt (base model + optional --adapter)
   fsdpq eval CONFIG.ini [--adapter DIR]               loss and perplexity on the eval (or training) data
   fsdpq plan CONFIG.ini [--gpus N --gpu-mem GiB ...]  predict GPU / host memory; recommend a setting that fits
+  fsdpq examples CONFIG.ini --out FILE               the train examples as training builds them (JSON lines)
   fsdpq --help | --help-config | --version
 
 Run on several GPUs / ranks with `mpirun -np N fsdpq ...` or `srun fsdpq ...` (one rank per GPU).
@@ -164,10 +165,12 @@ int cli_main(int argc, char** argv) {
     if (command == "generate") return run_generate_command(world, rest);
     if (command == "eval") return run_eval_command(world, rest);
     if (command == "plan") return run_plan_command(world, rest);
+    if (command == "examples") return run_examples_command(world, rest);
     if (command == "tokenize") return run_tokenize_command(world, rest);
     if (command == "train") return run_train(world, rest);
     if (!starts_with(command, "--") && !ends_with(command, ".ini") && !std::filesystem::exists(command)) {
-      std::string guess = closest_match(command, {"init-model", "init-tokenizer", "demo", "train", "merge", "generate", "eval", "plan", "tokenize"});
+      std::string guess = closest_match(command, {"init-model", "init-tokenizer", "demo", "train", "merge", "generate",
+                                                  "eval", "plan", "tokenize", "examples"});
       fail("'{}' is neither a command nor a config file{}", command,
            guess.empty() ? " (fsdpq --help lists the commands)" : fmt::format(" (did you mean '{}'?)", guess));
     }

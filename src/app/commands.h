@@ -34,4 +34,7 @@ int run_plan_command(const World& world, const std::vector<std::string>& args);
 // `fsdpq eval CONFIG.ini [--adapter DIR]`: one evaluation pass.
 int run_eval_command(const World& world, const std::vector<std::string>& args);
 
+// `fsdpq examples CONFIG.ini --out FILE`: the train examples as JSON lines, in epoch 1's order.
+int run_examples_command(const World& world, const std::vector<std::string>& args);
+
 }  // namespace fsdpq

@@ -109,6 +109,25 @@ std::string setting_flags(const PlanSetting& s) {
                      s.activation_offload, s.batch_size);
 }
 
+// What the batch counts, and when packing pays (docs/packing.md). The prediction is for batch ×
+// context_length tokens either way: an unpacked run reaches it only on steps whose longest example
+// is context_length long; a packed one on nearly every step, since its rows are nearly full.
+std::string packing_note(const TrainConfig& c) {
+  if (c.packing)
+    return fmt::format(
+        "\nPacking is on: the batch counts rows of up to {} tokens, each holding several examples. Rows come out "
+        "~95-99% full, so the prediction above (every row context_length long) is what most steps reach, and the "
+        "recommended batch of rows carries about batch × {} real tokens per micro-batch.\n",
+        c.context_length, c.context_length);
+  return fmt::format(
+      "\nThe batch counts examples, each predicted at context_length ({}) tokens; with examples padded to the "
+      "batch's longest, typical steps are smaller. When most records are much shorter than {} tokens (the dry run "
+      "prints their p50/p90), packing = true pays: rows are filled with several examples to ~{} tokens, so the "
+      "same memory per row does context_length / p50 times the work and padding all but disappears. Then the "
+      "batch above counts rows, and fewer of them carry the tokens of this many examples (docs/packing.md).\n",
+      c.context_length, c.context_length, c.context_length);
+}
+
 std::string format_plan(const TrainConfig& c, const PlanInput& input, const PlanFlags& flags, const GuideResult& guide) {
   const MemoryPrediction m = predict_memory(input);
   std::string out;
@@ -170,6 +189,7 @@ std::string format_plan(const TrainConfig& c, const PlanInput& input, const Plan
     if (g.setting.activation_offload)
       out += "  (with use_activation_cpu_offload the layer inputs wait in host memory; not yet measured on a GPU)\n";
   }
+  out += packing_note(c);
   return out;
 }
 

@@ -11,6 +11,8 @@
 #include "runtime/host_out_of_memory.h"
 #include "runtime/log.h"
 #include "runtime/watchdog.h"
+#include "optim/lr_schedule.h"
+#include "train/epoch_batches.h"
 #include "train/visited_examples.h"
 #include "util/error.h"
 #include "util/strings.h"
@@ -44,7 +46,36 @@ BatchPlan plan_batches(const TrainConfig& c, int64_t examples, int world_size) {
   if (c.max_steps > 0) p.total_steps = std::min(p.total_steps, c.max_steps);
   p.global_batch = c.batch_size * c.gradient_accumulation_steps * world_size;
   p.max_tokens_per_step = p.global_batch * c.context_length;
+  p.schedule_steps = num_training_steps(c.num_epochs, p.micro_batches_per_epoch, c.gradient_accumulation_steps);
   return p;
+}
+
+void plan_packed_batches(const TrainConfig& c, BatchPlan& p, const data::ExampleSet& train) {
+  p.packing = true;
+  const data::DistributedSampler sampler(p.examples, p.world_size, 0, static_cast<uint64_t>(c.seed));
+  const int64_t rows_per_micro_batch = c.batch_size * p.world_size;
+  p.rows_per_epoch.clear();
+  p.total_steps = 0;
+  for (int64_t epoch = 0; epoch < c.num_epochs; ++epoch) {
+    const std::vector<std::vector<int64_t>> rows = packed_epoch_rows(train, sampler, epoch, c.context_length);
+    p.rows_per_epoch.push_back(static_cast<int64_t>(rows.size()));
+    const int64_t micro_batches = (static_cast<int64_t>(rows.size()) + rows_per_micro_batch - 1) / rows_per_micro_batch;
+    p.total_steps += micro_batches / c.gradient_accumulation_steps;
+    if (epoch > 0) continue;
+    p.micro_batches_per_epoch = micro_batches;
+    p.steps_per_epoch = micro_batches / c.gradient_accumulation_steps;
+    p.packed_slots = static_cast<int64_t>(rows.size()) * c.context_length;
+    p.packed_tokens = 0;
+    for (const auto& row : rows)
+      for (int64_t index : row) p.packed_tokens += static_cast<int64_t>(train[static_cast<size_t>(index)].input_ids.size());
+  }
+  p.schedule_steps = p.total_steps;
+  if (c.max_steps > 0) p.total_steps = std::min(p.total_steps, c.max_steps);
+  // Full rows' tokens: a step's rows hold about this many real tokens.
+  p.mean_tokens_per_step = p.rows_per_epoch.empty() || p.rows_per_epoch[0] == 0
+                               ? 0
+                               : static_cast<double>(p.packed_tokens) / static_cast<double>(p.rows_per_epoch[0]) *
+                                     static_cast<double>(p.global_batch);
 }
 
 double mean_tokens_per_step(const TrainConfig& c, const BatchPlan& b, const data::ExampleSet& train) {
@@ -62,7 +93,8 @@ namespace {
 // epochs); evaluation reads them all. nullopt: all.
 std::optional<std::vector<size_t>> train_examples_to_tokenize(const TrainConfig& c, const BatchPlan& b,
                                                               DataUse use) {
-  if (use == DataUse::Evaluation || b.total_steps == 0) return std::nullopt;  // (no step: the trainer says so)
+  if (use != DataUse::Training || b.total_steps == 0) return std::nullopt;  // (no step: the trainer says so)
+  if (c.packing) return std::nullopt;  // the rows depend on every example's length
   std::vector<size_t> visited = examples_the_run_visits({.examples = b.examples,
                                                          .world_size = b.world_size,
                                                          .seed = static_cast<uint64_t>(c.seed),
@@ -110,6 +142,7 @@ RunPlan prepare_run(const World& world, const ResolvedConfig& resolved, DataUse 
     plan.batches = plan_batches(c, static_cast<int64_t>(records.train.size()), world.size);
     plan.dataset = data::tokenize_dataset(records, *plan.tokenizer, train_examples_to_tokenize(c, plan.batches, use));
     plan.batches.mean_tokens_per_step = mean_tokens_per_step(c, plan.batches, plan.dataset.train);
+    if (c.packing) plan_packed_batches(c, plan.batches, plan.dataset.train);
     // Never train on nothing: with every answer truncated away the loss would count no token.
     if (plan.dataset.stats.target_tokens == 0)
       fail("no training example keeps any answer token after truncation to {}: every label is masked "
@@ -215,8 +248,20 @@ std::string format_dry_run(const ResolvedConfig& resolved, const RunPlan& plan, 
   line(fmt::format("per epoch: {} micro-batches, {} optimizer steps per rank; {} epoch(s) → {} steps{}",
                    b.micro_batches_per_epoch, b.steps_per_epoch, c.num_epochs, b.total_steps,
                    c.max_steps > 0 ? fmt::format(" (max_steps {})", c.max_steps) : ""));
-  line(fmt::format("per optimizer step: {} examples, ≤ {} tokens (context {}), ≈ {:.0f} tokens on average", b.global_batch,
-                   b.max_tokens_per_step, c.context_length, b.mean_tokens_per_step));
+  if (!b.packing) {
+    line(fmt::format("per optimizer step: {} examples, ≤ {} tokens (context {}), ≈ {:.0f} tokens on average",
+                     b.global_batch, b.max_tokens_per_step, c.context_length, b.mean_tokens_per_step));
+    return out;
+  }
+  // Packing: batch_size counts rows of up to context_length tokens.
+  const int64_t rows = b.rows_per_epoch.empty() ? 0 : b.rows_per_epoch[0];
+  line(fmt::format("packing: epoch 1's {} examples fill {} rows of {} slots: {} real tokens in {} slots, {} padded "
+                   "(packing efficiency {:.1f}%, {:.1f} examples per row)",
+                   b.examples, rows, c.context_length, b.packed_tokens, b.packed_slots, b.packed_slots - b.packed_tokens,
+                   b.packed_slots > 0 ? 100.0 * static_cast<double>(b.packed_tokens) / static_cast<double>(b.packed_slots) : 0.0,
+                   rows > 0 ? static_cast<double>(b.examples) / static_cast<double>(rows) : 0.0));
+  line(fmt::format("per optimizer step: {} rows, ≤ {} tokens (context {}), ≈ {:.0f} real tokens on average",
+                   b.global_batch, b.max_tokens_per_step, c.context_length, b.mean_tokens_per_step));
   return out;
 }
 

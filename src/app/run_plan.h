@@ -3,6 +3,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "config/config_loader.h"
 #include "data/dataset.h"
@@ -24,16 +25,28 @@ struct BatchPlan {
   int64_t global_batch = 0;             // examples per optimizer step over all ranks
   int64_t max_tokens_per_step = 0;      // global_batch × context_length
   double mean_tokens_per_step = 0;      // global_batch × mean (truncated) example length
+  // The learning-rate schedule's length: fsdp_qlora's num_training_steps, or with packing the
+  // steps its epochs hold.
+  int64_t schedule_steps = 0;
+  // Packing (docs/packing.md): batch_size and global_batch count rows; per epoch, the rows its
+  // examples pack into (micro_batches_per_epoch and steps_per_epoch are epoch 0's), their tokens
+  // and the slots they fill (rows × context_length).
+  bool packing = false;
+  std::vector<int64_t> rows_per_epoch;
+  int64_t packed_tokens = 0, packed_slots = 0;  // epoch 0's
 };
 
 // The counts of a run over `examples` train examples (mean_tokens_per_step left at 0).
 BatchPlan plan_batches(const TrainConfig& config, int64_t examples, int world_size);
+// With packing: the counts again from the rows each epoch's examples pack into (every train example
+// tokenized), and mean_tokens_per_step from epoch 0's rows.
+void plan_packed_batches(const TrainConfig& config, BatchPlan& batches, const data::ExampleSet& train);
 // global_batch × the mean length of the tokenized train examples (context_length when padded to it).
 double mean_tokens_per_step(const TrainConfig& config, const BatchPlan& batches, const data::ExampleSet& train);
 
 // What the run does with the train set: train on the examples its steps read (only those are
-// tokenized), or evaluate on all of them.
-enum class DataUse { Training, Evaluation };
+// tokenized), evaluate on all of them, or write them all out (`fsdpq examples`).
+enum class DataUse { Training, Evaluation, Export };
 
 struct RunPlan {
   ModelSource model;

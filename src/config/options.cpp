@@ -85,7 +85,13 @@ std::vector<OptionSpec> build_specs() {
       {"context_length", "data", OptionType::Int, &T::context_length, "512",
        "Examples are truncated to this many tokens.", {}, 2, 1048576},
       {"pad_to_context_length", "data", OptionType::Bool, &T::pad_to_context_length, "false",
-       "Pad every batch to context_length (fixed shapes for benchmarks) instead of to its longest example."},
+       "Pad every batch to context_length (fixed shapes for benchmarks) instead of to its longest example "
+       "(with packing: every row instead of to the longest row)."},
+      {"packing", "data", OptionType::Bool, &T::packing, "false",
+       "Concatenate examples into rows of up to context_length tokens (first-fit decreasing within windows of "
+       "1024 examples of the shuffled order), each example with its own positions and causal attention; "
+       "batch_size then counts rows. Pays when examples are much shorter than context_length "
+       "(docs/packing.md). false: one example per row, as fsdp_qlora."},
       {"skip_bad_records", "data", OptionType::Bool, &T::skip_bad_records, "false",
        "Skip and count malformed records instead of stopping at the first one."},
       {"eval_data_path", "data", OptionType::InputFile, &T::eval_data_path, "",

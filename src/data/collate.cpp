@@ -1,6 +1,9 @@
 #include "data/collate.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <stdexcept>
 
 #include "util/error.h"
 
@@ -12,6 +15,7 @@ Batch collate(const std::vector<const Example*>& examples, int32_t pad_id, int64
     fail("context_length is {}; expected a positive number of tokens", context_length);
   Batch batch;
   batch.batch_size = static_cast<int64_t>(examples.size());
+  batch.examples = batch.batch_size;
   if (examples.empty()) return batch;
 
   int64_t longest = 0;
@@ -29,6 +33,51 @@ Batch collate(const std::vector<const Example*>& examples, int32_t pad_id, int64
     std::copy_n(e.input_ids.begin(), n, batch.input_ids.begin() + offset);
     std::copy_n(e.labels.begin(), n, batch.labels.begin() + offset);
     for (size_t t = 1; t < n; ++t) batch.target_tokens += e.labels[t] != kIgnoreIndex;
+    batch.real_tokens += static_cast<int64_t>(n);
+  }
+  return batch;
+}
+
+Batch collate_packed(const std::vector<std::vector<const Example*>>& rows, int32_t pad_id, int64_t context_length,
+                     bool pad_to_context_length) {
+  if (context_length < 1) fail("context_length is {}; expected a positive number of tokens", context_length);
+  Batch batch;
+  batch.batch_size = static_cast<int64_t>(rows.size());
+  for (const auto& row : rows) {
+    int64_t used = 0;
+    for (const Example* e : row) used += static_cast<int64_t>(e->input_ids.size());
+    if (used > context_length)
+      throw std::logic_error(fmt::format("collate_packed: a row of {} tokens exceeds context_length {}", used,
+                                         context_length));
+    batch.seq_len = std::max(batch.seq_len, used);
+  }
+  if (pad_to_context_length) batch.seq_len = context_length;
+  batch.seq_len = std::max<int64_t>(batch.seq_len, 1);  // a rank dealt no row computes one padding slot
+  const int64_t T = batch.seq_len;
+  const size_t cells = static_cast<size_t>(batch.batch_size * T);
+  batch.input_ids.assign(cells, pad_id);
+  batch.labels.assign(cells, kIgnoreIndex);
+  batch.segment_start.resize(cells);
+  batch.positions.assign(cells, 0);
+  for (size_t cell = 0; cell < cells; ++cell)  // padding: one-token segments, at position 0
+    batch.segment_start[cell] = static_cast<int32_t>(static_cast<int64_t>(cell) % std::max<int64_t>(T, 1));
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const size_t row_begin = r * static_cast<size_t>(T);
+    size_t at = 0;
+    for (const Example* e : rows[r]) {
+      const size_t n = e->input_ids.size();
+      std::copy_n(e->input_ids.begin(), n, batch.input_ids.begin() + static_cast<std::ptrdiff_t>(row_begin + at));
+      std::copy_n(e->labels.begin(), n, batch.labels.begin() + static_cast<std::ptrdiff_t>(row_begin + at));
+      if (n > 0) batch.labels[row_begin + at] = kIgnoreIndex;  // no target across the boundary
+      for (size_t t = 0; t < n; ++t) {
+        batch.segment_start[row_begin + at + t] = static_cast<int32_t>(at);
+        batch.positions[row_begin + at + t] = static_cast<int32_t>(t);
+      }
+      for (size_t t = 1; t < n; ++t) batch.target_tokens += e->labels[t] != kIgnoreIndex;
+      batch.real_tokens += static_cast<int64_t>(n);
+      ++batch.examples;
+      at += n;
+    }
   }
   return batch;
 }

@@ -76,15 +76,16 @@ std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
   return mine;
 }
 
+std::vector<int64_t> DistributedSampler::permutation(int64_t epoch) const {
+  // g.manual_seed(self.seed + self.epoch)
+  if (shuffle_) return torch_randperm(dataset_size_, seed_ + static_cast<uint64_t>(epoch));
+  std::vector<int64_t> all(static_cast<size_t>(dataset_size_));
+  for (int64_t i = 0; i < dataset_size_; ++i) all[i] = i;
+  return all;
+}
+
 std::vector<int64_t> DistributedSampler::epoch_order(int64_t epoch) const {
-  std::vector<int64_t> all;
-  if (shuffle_) {
-    // g.manual_seed(self.seed + self.epoch)
-    all = torch_randperm(dataset_size_, seed_ + static_cast<uint64_t>(epoch));
-  } else {
-    all.resize(static_cast<size_t>(dataset_size_));
-    for (int64_t i = 0; i < dataset_size_; ++i) all[i] = i;
-  }
+  std::vector<int64_t> all = permutation(epoch);
   // Pad to total_size by repeating the list from its start (more than once when n < world).
   const int64_t total_size = num_samples_ * world_size_;
   for (int64_t i = dataset_size_; i < total_size; ++i)

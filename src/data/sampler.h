@@ -21,8 +21,13 @@ class DistributedSampler {
   // Every rank's indices of `epoch` in one list (num_samples() × world_size): the shuffled indices
   // padded by repeating them; rank r visits positions r, r + world_size, r + 2·world_size, …
   std::vector<int64_t> epoch_order(int64_t epoch) const;
+  // The epoch's order of the whole dataset, each index once: epoch_order before its padding.
+  // Packing (docs/packing.md) packs this order into rows and deals the rows to the ranks.
+  std::vector<int64_t> permutation(int64_t epoch) const;
   // ceil(dataset_size / world_size): ranks pad by repeating indices so all get the same count.
   int64_t num_samples() const { return num_samples_; }
+  int world_size() const { return world_size_; }
+  int rank() const { return rank_; }
 
  private:
   int64_t dataset_size_;

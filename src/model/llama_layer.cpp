@@ -230,7 +230,7 @@ void LayerGradScratch::allocate(const LayerDims& d, DType dtype, Device device) 
 }
 
 void attention_inputs_forward(LayerActivations& a, const TensorView& x, const LayerCompute& w, const LayerDims& d,
-                              const RopeTable& rope, int64_t position_offset) {
+                              const RopeTable& rope, int64_t position_offset, const TensorView& positions) {
   {
     ScopedSection section("rmsnorm");
     rmsnorm_forward(a.n1, a.rstd1, x, w.input_norm, d.eps);
@@ -238,8 +238,8 @@ void attention_inputs_forward(LayerActivations& a, const TensorView& x, const La
   const TensorView qkv[] = {a.q, a.k, a.v};
   linear_group_forward(qkv, a.n1, kQkvGroup, w, a);
   ScopedSection section("rope");
-  rope_forward(a.q.view().reshaped(heads_shape(d, d.H)), rope, position_offset);
-  rope_forward(a.k.view().reshaped(heads_shape(d, d.KV)), rope, position_offset);
+  rope_forward(a.q.view().reshaped(heads_shape(d, d.H)), rope, position_offset, positions);
+  rope_forward(a.k.view().reshaped(heads_shape(d, d.KV)), rope, position_offset, positions);
 }
 
 void attention_output_mlp_forward(TensorView out, LayerActivations& a, const TensorView& x, const LayerCompute& w,
@@ -265,18 +265,19 @@ void attention_output_mlp_forward(TensorView out, LayerActivations& a, const Ten
 }
 
 void layer_forward(TensorView out, LayerActivations& a, const TensorView& x, const LayerCompute& w,
-                   const LayerDims& d, const RopeTable& rope) {
-  attention_inputs_forward(a, x, w, d, rope, 0);
+                   const LayerDims& d, const RopeTable& rope, const RowSegments& segments) {
+  attention_inputs_forward(a, x, w, d, rope, 0, segments.positions);
   {
     ScopedSection section("attention");
     attention_forward(a.att.view().reshaped(heads_shape(d, d.H)), a.lse, a.q.view().reshaped(heads_shape(d, d.H)),
-                      a.k.view().reshaped(heads_shape(d, d.KV)), a.v.view().reshaped(heads_shape(d, d.KV)));
+                      a.k.view().reshaped(heads_shape(d, d.KV)), a.v.view().reshaped(heads_shape(d, d.KV)),
+                      segments.segment_start);
   }
   attention_output_mlp_forward(out, a, x, w, d);
 }
 
 void layer_backward(TensorView d_resid, LayerGradScratch& s, LayerActivations& a, const TensorView& x,
-                    const LayerCompute& w, const LayerDims& d, const RopeTable& rope) {
+                    const LayerCompute& w, const LayerDims& d, const RopeTable& rope, const RowSegments& segments) {
   // MLP: out = x2 + down(h), h = silu(gate) * up, gate/up = linear(n2), n2 = rmsnorm(x2).
   if (a.recomputes_elementwise) {
     ScopedSection section("elementwise recompute");
@@ -308,12 +309,12 @@ void layer_backward(TensorView d_resid, LayerGradScratch& s, LayerActivations& a
     ScopedSection section("attention bwd");
     attention_backward(s.dq.view().reshaped(q_heads), s.dk.view().reshaped(kv_heads), s.dv.view().reshaped(kv_heads),
                        s.d_att.view().reshaped(q_heads), a.q.view().reshaped(q_heads), a.k.view().reshaped(kv_heads),
-                       a.v.view().reshaped(kv_heads), a.att.view().reshaped(q_heads), a.lse);
+                       a.v.view().reshaped(kv_heads), a.att.view().reshaped(q_heads), a.lse, segments.segment_start);
   }
   {
     ScopedSection section("rope bwd");
-    rope_backward(s.dq.view().reshaped(q_heads), rope, 0);
-    rope_backward(s.dk.view().reshaped(kv_heads), rope, 0);
+    rope_backward(s.dq.view().reshaped(q_heads), rope, 0, segments.positions);
+    rope_backward(s.dk.view().reshaped(kv_heads), rope, 0, segments.positions);
   }
   if (a.recomputes_elementwise) {
     ScopedSection section("elementwise recompute");

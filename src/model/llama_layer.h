@@ -24,6 +24,14 @@ struct LayerDims {
 };
 LayerDims layer_dims(const LlamaConfig& config, int64_t batch, int64_t seq_len);
 
+// Packed rows (docs/packing.md): per token, where its example begins in its row and its position
+// within that example, both I32 [B, T] on the activations' device. Empty views: each row is one
+// sequence (plain causal attention, positions 0..T-1).
+struct RowSegments {
+  TensorView segment_start;  // ops/attention.h
+  TensorView positions;      // ops/rope.h
+};
+
 // The linear modules that read one input: q/k/v read input_layernorm's output, gate/up read
 // post_attention_layernorm's. A group's adapters run as one LoRA group (ops/lora.h), which reads
 // the shared input once.
@@ -100,20 +108,22 @@ struct LayerGradScratch {
   void allocate(const LayerDims& d, DType dtype, Device device = Device::CPU);
 };
 
-// n1 = rmsnorm(x); q, k, v = linear(n1) (+ LoRA); RoPE on q and k for positions offset + t.
+// n1 = rmsnorm(x); q, k, v = linear(n1) (+ LoRA); RoPE on q and k for positions offset + t (or
+// offset + positions[b, t] when given).
 void attention_inputs_forward(LayerActivations& a, const TensorView& x, const LayerCompute& w, const LayerDims& d,
-                              const RopeTable& rope, int64_t position_offset);
+                              const RopeTable& rope, int64_t position_offset, const TensorView& positions = {});
 // From a.att on: x2 = x + o_proj(att); n2 = rmsnorm(x2); out = x2 + down(silu(gate(n2)) * up(n2)).
 void attention_output_mlp_forward(TensorView out, LayerActivations& a, const TensorView& x, const LayerCompute& w,
                                   const LayerDims& d);
-// The whole layer with causal attention over the batch's own tokens (positions 0..T-1).
+// The whole layer with causal attention over the batch's own tokens (positions 0..T-1), or over
+// each example of a packed row.
 void layer_forward(TensorView out, LayerActivations& a, const TensorView& x, const LayerCompute& w,
-                   const LayerDims& d, const RopeTable& rope);
+                   const LayerDims& d, const RopeTable& rope, const RowSegments& segments = {});
 
 // d_resid: F32 [N, C], on entry the gradient of the layer's output, on return that of its input x.
 // Adds the gradients of trainable weights and adapters of w. With a.recomputes_elementwise it
 // first recomputes n1, n2 and h into the shared buffers (and rstd1, rstd2: the same values).
 void layer_backward(TensorView d_resid, LayerGradScratch& s, LayerActivations& a, const TensorView& x,
-                    const LayerCompute& w, const LayerDims& d, const RopeTable& rope);
+                    const LayerCompute& w, const LayerDims& d, const RopeTable& rope, const RowSegments& segments = {});
 
 }  // namespace fsdpq

@@ -81,6 +81,10 @@ void check_batch(const data::Batch& batch) {
   if (batch.input_ids.size() != n || batch.labels.size() != n)
     throw std::logic_error(fmt::format("LlamaModel: batch {} x {} has {} input ids and {} labels", batch.batch_size,
                                        batch.seq_len, batch.input_ids.size(), batch.labels.size()));
+  if (batch.packed() && (batch.segment_start.size() != n || batch.positions.size() != n))
+    throw std::logic_error(fmt::format("LlamaModel: packed batch {} x {} has {} segment starts and {} positions",
+                                       batch.batch_size, batch.seq_len, batch.segment_start.size(),
+                                       batch.positions.size()));
 }
 
 // A base weight that is never NF4 (embedding, norms, head): its compute view.
@@ -218,6 +222,14 @@ struct LlamaModel::Impl {
     auto recomputed = [&](int64_t i) { return checkpointing && i % options.checkpoint_every == 0; };
     const Tensor ids_storage = copy_to(i32_view(batch.input_ids, N), device);
     const TensorView ids = ids_storage.view();
+    // Packed rows: where each token's example begins and its position in it, on the device once.
+    Tensor starts_storage, positions_storage;
+    RowSegments segments;
+    if (batch.packed()) {
+      starts_storage = copy_to(i32_view(batch.segment_start, N).reshaped(Shape{B, T}), device);
+      positions_storage = copy_to(i32_view(batch.positions, N).reshaped(Shape{B, T}), device);
+      segments = {starts_storage.view(), positions_storage.view()};
+    }
 
     // The residual stream: stream[i] is layer i's input (two buffers in turn when nothing is kept).
     std::vector<Tensor> stream(static_cast<size_t>(train ? L + 1 : 2));
@@ -244,7 +256,8 @@ struct LlamaModel::Impl {
       offloaded_inputs.push_back(std::make_unique<HostStaging>());
     for (int64_t i = 0; i < L; ++i) {
       if (hooks) hooks->forward_begin(layer_unit(i));
-      layer_forward(stream_at(i + 1), activations_of(i), stream_at(i), layer_compute(i, train, step_key), d, rope);
+      layer_forward(stream_at(i + 1), activations_of(i), stream_at(i), layer_compute(i, train, step_key), d, rope,
+                    segments);
       if (recomputed(i)) shared_slot_holds = i;
       if (hooks) hooks->forward_end(layer_unit(i), backward_follows);
       if (offload_inputs) {
@@ -301,10 +314,10 @@ struct LlamaModel::Impl {
       // Checkpointing: rebuild a recomputed layer's activations (same dropout masks), unless the
       // shared buffer still holds them (the last recomputed layer's, from the forward).
       if (recomputed(i) && shared_slot_holds != i) {
-        layer_forward(recomputed_out, activations_of(i), stream_at(i), w, d, rope);
+        layer_forward(recomputed_out, activations_of(i), stream_at(i), w, d, rope, segments);
         shared_slot_holds = i;
       }
-      layer_backward(d_resid, scratch, activations_of(i), stream_at(i), w, d, rope);
+      layer_backward(d_resid, scratch, activations_of(i), stream_at(i), w, d, rope, segments);
       if (offload_inputs && i + 1 < L) stream_at(i + 1) = Tensor();  // its layer's backward is done
       if (hooks) hooks->backward_end(layer_unit(i));
     }

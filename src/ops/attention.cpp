@@ -40,6 +40,26 @@ AttentionDims check_dims(const char* op, const TensorView& q, const TensorView& 
   return d;
 }
 
+// segment_start (attention.h): I32 [B, T] on the operands' device; on the CPU its values are
+// checked too (0 <= start <= position), since a bad one would read keys outside the row.
+void check_segment_start(const char* op, const TensorView& segment_start, const AttentionDims& d) {
+  if (segment_start.data == nullptr) return;
+  check_dtype(op, "segment_start", segment_start, DType::I32);
+  check_shape(op, "segment_start", segment_start, Shape{d.B, d.T});
+  if (segment_start.device != Device::CPU) return;
+  const int32_t* start = segment_start.as<const int32_t>();
+  for (int64_t b = 0; b < d.B; ++b)
+    for (int64_t t = 0; t < d.T; ++t) {
+      const int32_t s = start[b * d.T + t];
+      check_that(s >= 0 && s <= t, "{}: segment_start[{}, {}] is {}; expected a start in [0, {}]", op, b, t, s, t);
+    }
+}
+
+// The first key query t of row b sees: its example's start, or 0 without segments.
+inline int64_t first_visible_key(const int32_t* segment_start, int64_t b, int64_t t, int64_t T) {
+  return segment_start != nullptr ? segment_start[b * T + t] : 0;
+}
+
 GpuAttentionKernels& gpu_attention_choice() {
   static GpuAttentionKernels choice = [] {
     const char* env = std::getenv("FSDPQ_ATTENTION");
@@ -101,15 +121,18 @@ inline void add_scaled(float* y, const float* x, float scale, int64_t n) {
 
 }  // namespace
 
-void attention_forward(TensorView out, TensorView lse, const TensorView& q, const TensorView& k, const TensorView& v) {
+void attention_forward(TensorView out, TensorView lse, const TensorView& q, const TensorView& k, const TensorView& v,
+                       const TensorView& segment_start) {
   constexpr const char* op = "attention_forward";
   const AttentionDims d = check_dims(op, q, k, v, lse);
   check_float(op, "out", out);
   check_shape(op, "out", out, q.shape);
-  if (runs_on_cuda(op, {out, lse, q, k, v}))
-    if constexpr (kWithCuda) return cuda_ops::attention_forward(out, lse, q, k, v);
+  check_segment_start(op, segment_start, d);
+  if (runs_on_cuda(op, {out, lse, q, k, v, segment_start}))
+    if constexpr (kWithCuda) return cuda_ops::attention_forward(out, lse, q, k, v, segment_start);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.D));
   float* lse_out = lse.as<float>();
+  const int32_t* starts = segment_start.data != nullptr ? segment_start.as<const int32_t>() : nullptr;
 
 #pragma omp parallel if (worth_parallel(d.B * d.H * d.T * d.T * d.D))
   {
@@ -124,20 +147,21 @@ void attention_forward(TensorView out, TensorView lse, const TensorView& q, cons
         o_panel.assign(static_cast<size_t>(d.T * d.D), 0.0f);
         for (int64_t t = 0; t < d.T; ++t) {
           const float* q_row = qp.data() + t * d.D;
+          const int64_t first = first_visible_key(starts, b, t, d.T);
           float max_score = -std::numeric_limits<float>::infinity();
-          for (int64_t j = 0; j <= t; ++j) {  // causal: query t sees keys 0..t
+          for (int64_t j = first; j <= t; ++j) {  // causal within the example: keys first..t
             scores[static_cast<size_t>(j)] = dot(q_row, kp.data() + j * d.D, d.D) * scale;
             max_score = std::max(max_score, scores[static_cast<size_t>(j)]);
           }
           float sum = 0.0f;
-          for (int64_t j = 0; j <= t; ++j) {
+          for (int64_t j = first; j <= t; ++j) {
             float& s = scores[static_cast<size_t>(j)];
             s = std::exp(s - max_score);
             sum += s;
           }
           float* o_row = o_panel.data() + t * d.D;
           const float inv_sum = 1.0f / sum;
-          for (int64_t j = 0; j <= t; ++j)
+          for (int64_t j = first; j <= t; ++j)
             add_scaled(o_row, vp.data() + j * d.D, scores[static_cast<size_t>(j)] * inv_sum, d.D);
           lse_out[(b * d.H + h) * d.T + t] = max_score + std::log(sum);
         }
@@ -147,7 +171,8 @@ void attention_forward(TensorView out, TensorView lse, const TensorView& q, cons
 }
 
 void attention_backward(TensorView dq, TensorView dk, TensorView dv, const TensorView& dout, const TensorView& q,
-                        const TensorView& k, const TensorView& v, const TensorView& out, const TensorView& lse) {
+                        const TensorView& k, const TensorView& v, const TensorView& out, const TensorView& lse,
+                        const TensorView& segment_start) {
   constexpr const char* op = "attention_backward";
   const AttentionDims d = check_dims(op, q, k, v, lse);
   check_float(op, "out", out);
@@ -160,10 +185,12 @@ void attention_backward(TensorView dq, TensorView dk, TensorView dv, const Tenso
   check_shape(op, "dq", dq, q.shape);
   check_shape(op, "dk", dk, k.shape);
   check_shape(op, "dv", dv, v.shape);
-  if (runs_on_cuda(op, {dq, dk, dv, dout, q, k, v, out, lse}))
-    if constexpr (kWithCuda) return cuda_ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse);
+  check_segment_start(op, segment_start, d);
+  if (runs_on_cuda(op, {dq, dk, dv, dout, q, k, v, out, lse, segment_start}))
+    if constexpr (kWithCuda) return cuda_ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, segment_start);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.D));
   const float* lse_in = lse.as<const float>();
+  const int32_t* starts = segment_start.data != nullptr ? segment_start.as<const int32_t>() : nullptr;
 
   // One task per (b, kv head): it owns dk/dv of that head and dq of the query heads of its group,
   // so no two threads write the same gradient and every sum keeps a fixed order.
@@ -189,7 +216,7 @@ void attention_backward(TensorView dq, TensorView dk, TensorView dv, const Tenso
             float* dq_row = dq_panel.data() + t * d.D;
             // With P = softmax(S): dS_tj = P_tj * (dO_t . V_j - dO_t . O_t).
             const float do_dot_o = dot(do_row, o_panel.data() + t * d.D, d.D);
-            for (int64_t j = 0; j <= t; ++j) {
+            for (int64_t j = first_visible_key(starts, b, t, d.T); j <= t; ++j) {
               const float* k_row = kp.data() + j * d.D;
               const float p = std::exp(dot(q_row, k_row, d.D) * scale - lse_row[t]);
               const float dp = dot(do_row, vp.data() + j * d.D, d.D);

@@ -1,5 +1,16 @@
 // Causal grouped-query scaled-dot-product attention (no padding mask: fsdp_qlora passes none).
 // Query head h reads kv head h / (H / KV); scores are scaled by 1/sqrt(D).
+//
+// Packed rows (docs/packing.md): a row may hold several examples side by side. segment_start, an
+// optional I32 [B, T] tensor on the operands' device, gives for each token the position in its row
+// where its example begins; key j is visible to query i of row b iff
+//   segment_start[b, i] <= j <= i,
+// so no token attends across an example boundary. Contract (the CPU op checks it, the GPU kernels
+// trust it: the collator builds it): 0 <= segment_start[b, i] <= i. Padding slots are best given
+// their own one-token segments (segment_start[b, i] = i). An empty view (data == nullptr) is plain
+// causal attention, bit for bit what it was before segments existed. The work skipped is the masked
+// part: the CPU reference costs Σ segment_len², the GPU kernels skip key tiles no query of a tile
+// can see.
 #pragma once
 #include "backend/tensor.h"
 
@@ -8,13 +19,15 @@ namespace fsdpq {
 // q: [B, T, H, D]; k, v: [B, T, KV, D]; out: [B, T, H, D] (F32, BF16 or F16, each independently).
 // lse: F32 [B, H, T], the logsumexp of each query row's scaled scores, saved for the backward.
 // Math in fp32; out is rounded once on store.
-void attention_forward(TensorView out, TensorView lse, const TensorView& q, const TensorView& k, const TensorView& v);
+void attention_forward(TensorView out, TensorView lse, const TensorView& q, const TensorView& k, const TensorView& v,
+                       const TensorView& segment_start = {});
 
 // Recomputes the probabilities from q, k and lse (flash-attention style: one query row of one
 // (b, h) at a time, never a whole score matrix) and writes dq, dk, dv (dk, dv summed over the
 // query heads that share a kv head). Needs the forward's out (for rowsum(dout * out)).
 void attention_backward(TensorView dq, TensorView dk, TensorView dv, const TensorView& dout, const TensorView& q,
-                        const TensorView& k, const TensorView& v, const TensorView& out, const TensorView& lse);
+                        const TensorView& k, const TensorView& v, const TensorView& out, const TensorView& lse,
+                        const TensorView& segment_start = {});
 
 // Which GPU kernels run attention. TensorCores takes kernels/attention_mma.cu wherever it applies
 // (q, k, v all BF16 or all F16, head dim 64 or 128, 16-byte aligned) and the fp32 SIMT kernels
@@ -29,6 +42,9 @@ void attention_backward(TensorView dq, TensorView dk, TensorView dv, const Tenso
 // deterministic backward (docs/cuda.md).
 // The environment's FSDPQ_ATTENTION (auto, mma, simt, cudnn, cudnn-nondeterministic, wgmma) sets
 // the choice at start-up; tests set it with set_gpu_attention_kernels.
+// With segment_start the SIMT and mma kernels run both passes, the wgmma kernel the forward; cuDNN
+// and the wgmma backward decline it and the pass falls through (ops/cuda/attention.cpp, one
+// condition per route; docs/packing.md).
 enum class GpuAttentionKernels { Auto, TensorCores, Simt, Cudnn, CudnnNondeterministic, Wgmma };
 GpuAttentionKernels gpu_attention_kernels();
 void set_gpu_attention_kernels(GpuAttentionKernels kernels);

@@ -33,12 +33,15 @@ void rmsnorm_backward(TensorView dx, TensorView dweight, const TensorView& dy, c
                       const TensorView& weight, const TensorView& rstd);
 
 // rope.h: rotates x in place by the table's angles (sign -1: the backward).
-void rope_rotate(const char* op, TensorView x, const RopeTable& table, int64_t position_offset, float sign);
+void rope_rotate(const char* op, TensorView x, const RopeTable& table, int64_t position_offset,
+                 const TensorView& positions, float sign);
 
 // attention.h (the tensor-core kernels where gpu_attention_kernels() and the operands allow)
-void attention_forward(TensorView out, TensorView lse, const TensorView& q, const TensorView& k, const TensorView& v);
+void attention_forward(TensorView out, TensorView lse, const TensorView& q, const TensorView& k, const TensorView& v,
+                       const TensorView& segment_start);
 void attention_backward(TensorView dq, TensorView dk, TensorView dv, const TensorView& dout, const TensorView& q,
-                        const TensorView& k, const TensorView& v, const TensorView& out, const TensorView& lse);
+                        const TensorView& k, const TensorView& v, const TensorView& out, const TensorView& lse,
+                        const TensorView& segment_start);
 
 // swiglu.h
 void swiglu_forward(TensorView h, const TensorView& gate, const TensorView& up);

@@ -59,8 +59,10 @@ void apply_llama3_scaling(std::vector<float>& inv_freq, const RopeScalingParams&
 }
 
 // Rotates each (i, i + D/2) pair by the table's angle; sign = -1 rotates the other way (backward).
+// positions: null (token t at position_offset + t) or [B, T] (at position_offset + positions[b, t]).
 template <class S>
-void rotate_pairs(TensorView x, const RopeTable& table, int64_t position_offset, float sign) {
+void rotate_pairs(TensorView x, const RopeTable& table, int64_t position_offset, const int32_t* positions,
+                  float sign) {
   const int64_t B = x.shape[0], T = x.shape[1], heads = x.shape[2], D = x.shape[3], half = D / 2;
   const float* cos_table = table.cos.data<float>();
   const float* sin_table = table.sin.data<float>();
@@ -68,8 +70,9 @@ void rotate_pairs(TensorView x, const RopeTable& table, int64_t position_offset,
 #pragma omp parallel for if (worth_parallel(x.numel())) collapse(2) schedule(static)
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) {
-      const float* cos_row = cos_table + (position_offset + t) * D;
-      const float* sin_row = sin_table + (position_offset + t) * D;
+      const int64_t position = position_offset + (positions != nullptr ? positions[b * T + t] : t);
+      const float* cos_row = cos_table + position * D;
+      const float* sin_row = sin_table + position * D;
       for (int64_t h = 0; h < heads; ++h) {
         S* v = data + ((b * T + t) * heads + h) * D;
         for (int64_t i = 0; i < half; ++i) {
@@ -82,7 +85,21 @@ void rotate_pairs(TensorView x, const RopeTable& table, int64_t position_offset,
     }
 }
 
-void rope_apply(TensorView x, const RopeTable& table, int64_t position_offset, float sign, const char* op) {
+// Per-token positions: I32 [B, T] on x's device, each (on the CPU) inside the table.
+void check_positions(const char* op, const TensorView& x, const RopeTable& table, int64_t position_offset,
+                     const TensorView& positions) {
+  check_dtype(op, "positions", positions, DType::I32);
+  check_shape(op, "positions", positions, Shape{x.shape[0], x.shape[1]});
+  if (positions.device != Device::CPU) return;
+  const int32_t* p = positions.as<const int32_t>();
+  for (int64_t i = 0; i < positions.numel(); ++i)
+    check_that(p[i] >= 0 && position_offset + p[i] < table.max_positions,
+               "{}: positions[{}, {}] is {}; with offset {} it must fall in the table's {} positions", op,
+               i / x.shape[1], i % x.shape[1], p[i], position_offset, table.max_positions);
+}
+
+void rope_apply(TensorView x, const RopeTable& table, int64_t position_offset, const TensorView& positions,
+                float sign, const char* op) {
   check_float(op, "x", x);
   check_that(x.shape.rank == 4, "{}: x must be [B, T, heads, D], got {}", op, x.shape.to_string());
   check_that(x.shape[3] == table.head_dim, "{}: x {} has head_dim {} but the table was built for {}", op,
@@ -90,9 +107,12 @@ void rope_apply(TensorView x, const RopeTable& table, int64_t position_offset, f
   check_that(position_offset >= 0 && position_offset + x.shape[1] <= table.max_positions,
              "{}: positions [{}, {}) exceed the table's {} positions", op, position_offset,
              position_offset + x.shape[1], table.max_positions);
-  if (runs_on_cuda(op, {x}))
-    if constexpr (kWithCuda) return cuda_ops::rope_rotate(op, x, table, position_offset, sign);
-  with_storage(x.dtype, op, [&](auto tag) { rotate_pairs<decltype(tag)>(x, table, position_offset, sign); });
+  if (positions.data != nullptr) check_positions(op, x, table, position_offset, positions);
+  if (runs_on_cuda(op, {x, positions}))
+    if constexpr (kWithCuda) return cuda_ops::rope_rotate(op, x, table, position_offset, positions, sign);
+  const int32_t* per_token = positions.as<const int32_t>();
+  with_storage(x.dtype, op,
+               [&](auto tag) { rotate_pairs<decltype(tag)>(x, table, position_offset, per_token, sign); });
 }
 
 }  // namespace
@@ -124,12 +144,12 @@ RopeTable make_rope_table(int64_t head_dim, int64_t max_positions, double theta,
   return table;
 }
 
-void rope_forward(TensorView x, const RopeTable& table, int64_t position_offset) {
-  rope_apply(x, table, position_offset, 1.0f, "rope_forward");
+void rope_forward(TensorView x, const RopeTable& table, int64_t position_offset, const TensorView& positions) {
+  rope_apply(x, table, position_offset, positions, 1.0f, "rope_forward");
 }
 
-void rope_backward(TensorView dx, const RopeTable& table, int64_t position_offset) {
-  rope_apply(dx, table, position_offset, -1.0f, "rope_backward");
+void rope_backward(TensorView dx, const RopeTable& table, int64_t position_offset, const TensorView& positions) {
+  rope_apply(dx, table, position_offset, positions, -1.0f, "rope_backward");
 }
 
 }  // namespace fsdpq

@@ -38,10 +38,14 @@ RopeTable make_rope_table(int64_t head_dim, int64_t max_positions, double theta,
 
 // In place on x [B, T, heads, D] (F32, BF16 or F16): token t sits at position position_offset + t.
 // Math in fp32 with the fp32 tables, one rounding to x's dtype per element.
-void rope_forward(TensorView x, const RopeTable& table, int64_t position_offset = 0);
+// positions: optional I32 [B, T] on x's device; given, token (b, t) sits at position_offset +
+// positions[b, t] instead (packed rows restart at 0 with each example: docs/packing.md). The CPU
+// checks that every position is in the table; on the GPU the caller guarantees it.
+void rope_forward(TensorView x, const RopeTable& table, int64_t position_offset = 0, const TensorView& positions = {});
 
 // In place on dx: the transpose of the forward rotation, i.e. the rotation by the opposite angle:
 //   dx = dy * cos - rotate_half(dy) * sin.
-void rope_backward(TensorView dx, const RopeTable& table, int64_t position_offset = 0);
+void rope_backward(TensorView dx, const RopeTable& table, int64_t position_offset = 0,
+                   const TensorView& positions = {});
 
 }  // namespace fsdpq

@@ -30,7 +30,7 @@ std::vector<int64_t> dims_of(const Shape& shape) {
 // and the like may change between runs.
 nlohmann::json compatibility(const TrainConfig& c, const RunPlan& plan) {
   const auto& m = plan.trained_model;  // with Llama-Pro's new blocks: the layers whose state is saved
-  return {
+  nlohmann::json j = {
       {"model",
        {{"hidden_size", m.hidden_size},
         {"intermediate_size", m.intermediate_size},
@@ -48,6 +48,10 @@ nlohmann::json compatibility(const TrainConfig& c, const RunPlan& plan) {
       {"train_examples", plan.dataset.train.size()},
       {"global_batch", plan.batches.global_batch},
   };
+  // With packing the saved position counts rows of context_length tokens (docs/packing.md).
+  // (Recorded only when on, so checkpoints made before packing existed still continue unpacked runs.)
+  if (c.packing) j["packing"] = {{"context_length", c.context_length}};
+  return j;
 }
 
 // "lora.rank: checkpoint 8, this run 16" for the first difference between two JSON trees.
@@ -72,6 +76,10 @@ void check_can_continue(const nlohmann::json& meta, const std::filesystem::path&
   if (meta.value("kind", "") != "fsdpq-training-checkpoint" || meta.value("version", 0) != kTrainingCheckpointVersion)
     fail("checkpoint '{}' is not a training checkpoint of this fsdpq (kind '{}', version {})", path.string(),
          meta.value("kind", "?"), meta.value("version", 0));
+  if (meta.at("compatibility").contains("packing") && !c.packing)
+    fail("checkpoint '{}' cannot continue this run: it was made with packing = true (its position counts packed "
+         "rows); resume with packing = true",
+         path.string());
   if (auto d = first_difference(meta.at("compatibility"), compatibility(c, plan), "")) {
     const std::string config_file = meta.value("config_file", "");
     fail("checkpoint '{}' cannot continue this run: {} (resume with the settings it was made with{})", path.string(),

@@ -103,8 +103,10 @@ namespace {
 // A step's sums over its micro-batches, then over the ranks (one all-reduce of the array).
 enum StepSum : int {
   kLossSum,        // each micro-batch's mean loss × its batch size, over those with target tokens
-  kSamples,        // every micro-batch's batch size
+  kSamples,        // every micro-batch's batch size (rows, when packed)
+  kExamples,       // the examples in them (batch size unpacked; more per row when packed)
   kTokens,         // batch size × sequence length (padding included, as fsdp_qlora counts)
+  kRealTokens,     // the examples' own tokens (padding is not work)
   kTargetTokens,   // the tokens the loss counted
   kScoredSamples,  // the batch sizes of the micro-batches with target tokens: the loss's weight
   kStepSums
@@ -137,7 +139,7 @@ class Trainer {
         gas_(c_.gradient_accumulation_steps),
         total_steps_(plan.batches.total_steps),
         schedule_(c_.choice.lr_scheduler, c_.lr,
-                  num_training_steps(c_.num_epochs, plan.batches.micro_batches_per_epoch, gas_), c_.min_lr_fraction),
+                  plan.batches.schedule_steps, c_.min_lr_fraction),
         sampler_(static_cast<int64_t>(plan.dataset.train.size()), world.size, world.rank,
                  static_cast<uint64_t>(c_.seed)) {
     doing_.emplace("loading the model (this rank's weights, fp32 masters and optimizer state)");
@@ -322,8 +324,12 @@ class Trainer {
 
   // The epoch's micro-batches from the position on; false when a preemption stopped the run.
   bool train_epoch() {
-    EpochBatches batches(plan_.dataset.train, sampler_, position_.epoch, c_.batch_size, plan_.tokenizer->pad_id(),
-                         c_.context_length, c_.pad_to_context_length, position_.samples_in_epoch / world_.size);
+    const BatchShape shape{.batch_size = c_.batch_size,
+                           .pad_id = plan_.tokenizer->pad_id(),
+                           .context_length = c_.context_length,
+                           .pad_to_context_length = c_.pad_to_context_length,
+                           .packing = c_.packing};
+    EpochBatches batches(plan_.dataset.train, sampler_, position_.epoch, shape, position_.samples_in_epoch);
     // Micro-batches past the last whole accumulation step of the epoch would never be stepped.
     const int64_t usable = batches.size() / gas_ * gas_;
     double sums[kStepSums] = {};
@@ -368,7 +374,9 @@ class Trainer {
       sums[kScoredSamples] += static_cast<double>(batch.batch_size);
     }
     sums[kSamples] += static_cast<double>(batch.batch_size);
+    sums[kExamples] += static_cast<double>(batch.examples);
     sums[kTokens] += static_cast<double>(batch.batch_size * batch.seq_len);
+    sums[kRealTokens] += static_cast<double>(batch.real_tokens);
     sums[kTargetTokens] += static_cast<double>(l.tokens);
     return seconds;
   }
@@ -404,6 +412,7 @@ class Trainer {
     trace_->span(fmt::format("step {}", position_.step + 1), "step", step_start, Clock::now(), {{"loss", r.loss}});
     memory_point("after_optimizer", position_.step + 1);
     const int64_t step = ++position_.step;
+    // Examples, or rows with packing: what EpochBatches skips when a run resumes mid-epoch.
     position_.samples_in_epoch += static_cast<int64_t>(c_.batch_size * gas_) * world_.size;
     if (step == 1) metrics_.write(memory_record("after_first_step", step, device_));
     if (step == first_step_ + 1 && section_times_enabled()) reset_section_times();  // the first step warms up
@@ -422,8 +431,16 @@ class Trainer {
                              {"tokens", static_cast<int64_t>(sums[kTokens])},
                              {"target_tokens", static_cast<int64_t>(sums[kTargetTokens])},
                              {"samples", sums[kSamples]},
+                             {"examples", static_cast<int64_t>(sums[kExamples])},
+                             {"real_tokens", static_cast<int64_t>(sums[kRealTokens])},
+                             {"padded_slots", static_cast<int64_t>(sums[kTokens] - sums[kRealTokens])},
+                             {"packing_efficiency", sums[kTokens] > 0 ? sums[kRealTokens] / sums[kTokens] : 0.0},
                              {"step_seconds", seconds},
-                             {"tokens_per_second", sums[kTokens] / seconds}};
+                             {"tokens_per_second", sums[kTokens] / seconds},
+                             {"real_tokens_per_second", sums[kRealTokens] / seconds}};
+    totals_.tokens += sums[kTokens];
+    totals_.real_tokens += sums[kRealTokens];
+    totals_.seconds += seconds;
     const CommTimes comm = fsdp_.take_times();  // this rank's (rank 0 writes the metrics)
     record["gather_wait_seconds"] = comm.gather_wait;
     record["reduce_seconds"] = comm.reduce;
@@ -534,7 +551,11 @@ class Trainer {
                         {"last_loss", outcome_.last_loss},
                         {"seconds", outcome_.seconds},
                         {"world_size", world_.size},
-                        {"peak_host_memory_bytes", peak}};
+                        {"peak_host_memory_bytes", peak},
+                        {"tokens", totals_.tokens},
+                        {"real_tokens", totals_.real_tokens},
+                        {"tokens_per_second", totals_.seconds > 0 ? totals_.tokens / totals_.seconds : 0.0},
+                        {"real_tokens_per_second", totals_.seconds > 0 ? totals_.real_tokens / totals_.seconds : 0.0}};
     if (device_ == Device::CUDA) {
       // The largest rank's, as fsdp_qlora reports torch.cuda.max_memory_allocated / reserved.
       const MemoryStats gpu_memory = cuda_memory_stats();
@@ -592,6 +613,10 @@ class Trainer {
   bool first_pass_ = false;
   int64_t first_step_ = 0;  // where this process began (after a resume, not 0)
   TrainingOutcome outcome_;
+  // This process's steps: their tokens (padding included), real tokens and seconds, for the summary.
+  struct {
+    double tokens = 0, real_tokens = 0, seconds = 0;
+  } totals_;
   std::optional<HostMemoryPurpose> doing_;  // what an out-of-memory message says the run was doing
 };
 

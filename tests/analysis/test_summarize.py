@@ -344,3 +344,24 @@ def test_header_with_bad_values_is_one_line_not_a_traceback(tmp_path, edit, word
     result = run_script("summarize.py", target.parent)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert result.stderr.splitlines()[0].startswith(f"summarize: {target}{words}"), result.stderr
+
+
+def test_throughput_counts_real_tokens_not_padding(tmp_path):
+    # A run whose records give real_tokens (every run since packing, docs/packing.md): the table's
+    # Tokens/s is their rate, not that of the padded slots.
+    source = os.path.join(RUNS, "cpu_tiny", "qlora_bs1_ctx256_np2", "metrics.jsonl")
+    target = tmp_path / "padded" / "metrics.jsonl"
+    target.parent.mkdir()
+    lines = []
+    for r in records(source):
+        if r["type"] == "step":
+            r["real_tokens"] = r["tokens"] // 3
+        lines.append(json.dumps(r))
+    target.write_text("\n".join(lines) + "\n")
+    result = run_script("summarize.py", target.parent)
+    assert result.returncode == 0, result.stderr
+    row = tables(result.stdout)["Throughput"][0]
+    steps = timed_steps(str(target))
+    seconds = sum(s["step_seconds"] for s in steps)
+    assert row["Tokens/s"] == f"{sum(s['tokens'] // 3 for s in steps) / seconds:,.0f}"
+    assert row["Tokens/s"] != f"{sum(s['tokens'] for s in steps) / seconds:,.0f}"

@@ -300,16 +300,16 @@ void perf_case(int64_t T, int64_t KV) {
   void *dout = g.dout.view().data, *dq = g.dq.view().data, *dk = g.dk.view().data, *dv = g.dv.view().data;
   float* lse = g.lse.data<float>();
   test::report_perf("attention mma fwd " + shape, 0, fwd, [&] {
-    cuda::attention_mma_forward(out, bf, lse, q, bf, k, bf, v, bf, c.B, c.T, c.H, c.KV, c.D, cuda::stream());
+    cuda::attention_mma_forward(out, bf, lse, q, bf, k, bf, v, bf, nullptr, c.B, c.T, c.H, c.KV, c.D, cuda::stream());
   });
   if (const std::string& why = cuda::attention_sm90a_unavailable(); !why.empty())
     std::printf("PERF attention wgmma fwd %s: declined: %s\n", shape.c_str(), why.c_str());
   else
     test::report_perf("attention wgmma fwd " + shape, 0, fwd, [&] {
-      cuda::attention_sm90a_forward(out, lse, q, k, v, bf, c.B, c.T, c.H, c.KV, c.D, cuda::stream());
+      cuda::attention_sm90a_forward(out, lse, q, k, v, bf, nullptr, c.B, c.T, c.H, c.KV, c.D, cuda::stream());
     });
   test::report_perf("attention mma bwd " + shape, 0, 2.5 * fwd, [&] {
-    cuda::attention_mma_backward(dq, bf, dk, bf, dv, bf, dout, bf, q, bf, k, bf, v, bf, out, bf, lse,
+    cuda::attention_mma_backward(dq, bf, dk, bf, dv, bf, dout, bf, q, bf, k, bf, v, bf, out, bf, lse, nullptr,
                                  workspace.data<float>(), c.B, c.T, c.H, c.KV, c.D, cuda::stream());
   });
   if (cuda::attention_sm90a_unavailable().empty()) {

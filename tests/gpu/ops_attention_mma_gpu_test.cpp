@@ -72,7 +72,7 @@ const Types kF16{DType::F16, DType::F16, DType::F32};
 void mma_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
                  const TensorView& v, const Case& c) {
   cuda::attention_mma_forward(out.data, kt(out.dtype), lse.as<float>(), q.data, kt(q.dtype), k.data, kt(k.dtype),
-                              v.data, kt(v.dtype), c.B, c.T, c.H, c.KV, c.D, cuda::stream());
+                              v.data, kt(v.dtype), nullptr, c.B, c.T, c.H, c.KV, c.D, cuda::stream());
 }
 
 void mma_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv, const TensorView& dout,
@@ -80,7 +80,7 @@ void mma_backward(const TensorView& dq, const TensorView& dk, const TensorView& 
                   const TensorView& lse, const TensorView& workspace, const Case& c) {
   cuda::attention_mma_backward(dq.data, kt(dq.dtype), dk.data, kt(dk.dtype), dv.data, kt(dv.dtype), dout.data,
                                kt(dout.dtype), q.data, kt(q.dtype), k.data, kt(k.dtype), v.data, kt(v.dtype),
-                               out.data, kt(out.dtype), lse.as<const float>(), workspace.as<float>(), c.B, c.T,
+                               out.data, kt(out.dtype), lse.as<const float>(), nullptr, workspace.as<float>(), c.B, c.T,
                                c.H, c.KV, c.D, cuda::stream());
 }
 
@@ -248,14 +248,14 @@ TEST(GpuOpsAttentionMma, Perf) {
     test::report_perf("attention_forward (SIMT) " + shape, 0, fwd_flops, [&] {
       cuda::attention_forward(out.view().data, cuda::KType::BF16, lse.data<float>(), q.view().data,
                               cuda::KType::BF16, k.view().data, cuda::KType::BF16, v.view().data, cuda::KType::BF16,
-                              c.B, c.T, c.H, c.KV, c.D, cuda::stream());
+                              /*segment_start=*/nullptr, c.B, c.T, c.H, c.KV, c.D, cuda::stream());
     });
     test::report_perf("attention_backward (SIMT) " + shape, 0, 2.5 * fwd_flops, [&] {
       cuda::attention_backward(dq.view().data, cuda::KType::F32, dk.view().data, cuda::KType::F32, dv.view().data,
                                cuda::KType::F32, dout.view().data, cuda::KType::F32, q.view().data,
                                cuda::KType::BF16, k.view().data, cuda::KType::BF16, v.view().data,
                                cuda::KType::BF16, out.view().data, cuda::KType::BF16, lse.data<float>(),
-                               ws.data<float>(), c.B, c.T, c.H, c.KV, c.D, cuda::stream());
+                               /*segment_start=*/nullptr, ws.data<float>(), c.B, c.T, c.H, c.KV, c.D, cuda::stream());
     });
   }
 }

@@ -375,6 +375,30 @@ TEST(GpuOpsRope, ForwardAndBackwardMatchCpu) {
   EXPECT_THROW(rope_forward(gx, table, 1), std::logic_error);
 }
 
+// Packed rows: per-token positions (each example restarts at 0), against the CPU.
+TEST(GpuOpsRope, PerTokenPositionsMatchCpu) {
+  use_gpu();
+  for (const RopeCase& c : kRopeCases) {
+    const RopeTable table = make_rope_table(c.D, c.offset + c.T + 5, 10000.0);
+    Tensor positions = Tensor::empty(Shape{c.B, c.T}, DType::I32);
+    for (int64_t b = 0; b < c.B; ++b)  // positions restart every few tokens, as examples of a packed row do
+      for (int64_t t = 0; t < c.T; ++t) positions.data<int32_t>()[b * c.T + t] = static_cast<int32_t>(t % (b + 3 + 8 * (t / 50 % 3)));
+    Tensor gpositions = on_gpu(positions);
+    for (DType t : kFloatTypes) {
+      const std::string what = fmt::format("rope positions [{}, {}, {}, {}] offset {} {}", c.B, c.T, c.heads, c.D,
+                                           c.offset, name_of(t));
+      Tensor x = random_tensor(Shape{c.B, c.T, c.heads, c.D}, t, 43);
+      Tensor gx = on_gpu(x);
+      rope_forward(x, table, c.offset, positions);
+      rope_forward(gx, table, c.offset, gpositions);
+      expect_close(gx, x, tol_for(t, 1e-6), what + " forward");
+      rope_backward(x, table, c.offset, positions);
+      rope_backward(gx, table, c.offset, gpositions);
+      expect_close(gx, x, tol_for(t, 1e-6), what + " backward");
+    }
+  }
+}
+
 TEST(GpuOpsRope, Perf) {
   use_gpu();
   const RopeTable table = make_rope_table(128, 4096, 10000.0);

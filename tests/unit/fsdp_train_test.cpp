@@ -449,6 +449,79 @@ TEST_F(Checkpoints, ResumesAtOtherWorldSizesWithTheSameGlobalBatch) {
   expect_same_as_reference("ck_1to4", false);
 }
 
+// ---- Packing (docs/packing.md) ----------------------------------------------------------------
+
+// 4 rows of up to 256 tokens per step (about three demo examples a row), a checkpoint every 2 steps.
+const std::string kPacked = " --packing true --context_length 256";
+
+void expect_same_losses(const fs::path& got_dir, const fs::path& want_dir, bool bit_identical) {
+  const auto want = losses_by_step(want_dir), got = losses_by_step(got_dir);
+  ASSERT_EQ(want.size(), 8u);
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [step, loss] : want) {
+    if (bit_identical)
+      EXPECT_EQ(got.at(step), loss) << "step " << step;
+    else
+      EXPECT_NEAR(got.at(step), loss, 1e-5 * loss) << "step " << step;
+  }
+  const double d = max_relative_difference(saved_weights(got_dir), saved_weights(want_dir));
+  EXPECT_LE(d, bit_identical ? 0.0 : 2.0 / 128.0);
+}
+
+// The same rows per step at 1, 2 and 4 ranks (dealt by tokens, one row per micro-batch): the same
+// objective, as the unpacked Equivalence test argues; and the metrics report the real tokens.
+TEST_F(Checkpoints, PackedRunsAgreeAtAnyWorldSizeAndReportRealTokens) {
+  auto r = mpirun(1, run_args(1, "pk_np1", kPacked));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (int ranks : {2, 4}) {
+    const std::string out = "pk_np" + std::to_string(ranks);
+    r = mpirun(ranks, run_args(ranks, out, kPacked));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    SCOPED_TRACE(out);
+    expect_same_losses(dir_ / out, dir_ / "pk_np1", false);
+  }
+  for (const auto& step : of_type(read_jsonl(dir_ / "pk_np1" / "metrics.jsonl"), "step")) {
+    const double tokens = step.at("tokens").get<double>(), real = step.at("real_tokens").get<double>();
+    EXPECT_GT(real, 0.0);
+    EXPECT_EQ(step.at("padded_slots").get<double>(), tokens - real);
+    EXPECT_GT(step.at("packing_efficiency").get<double>(), 0.8) << "rows are padded to the longest row only";
+    EXPECT_NEAR(step.at("real_tokens_per_second").get<double>() / step.at("tokens_per_second").get<double>(),
+                real / tokens, 1e-9);
+    // samples are the rows; examples what they hold (about three a row here).
+    EXPECT_GT(step.at("examples").get<double>(), step.at("samples").get<double>());
+  }
+  const auto summary = of_type(read_jsonl(dir_ / "pk_np1" / "metrics.jsonl"), "summary").at(0);
+  EXPECT_GT(summary.at("real_tokens_per_second").get<double>(), 0.0);
+  EXPECT_LE(summary.at("real_tokens_per_second").get<double>(), summary.at("tokens_per_second").get<double>());
+}
+
+// Killed after step 5 and resumed from the step-4 checkpoint: the same rows follow, bit for bit on
+// the same world size, within summation-order rounding on another; an unpacked run refuses it.
+// (Mixing the two would continue from the wrong place: one position counts rows, the other examples.)
+TEST_F(Checkpoints, PackedRunResumesExactlyMidEpoch) {
+  auto r = mpirun(2, run_args(2, "pk_ref", kPacked));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = mpirun(2, run_args(2, "pk_kill", kPacked), "FSDPQ_INJECT_FAULT=1:after_step_5:kill");
+  ASSERT_NE(r.exit_code, 0) << r.output;
+  EXPECT_EQ(test::read_file(dir_ / "pk_kill" / "checkpoints" / "latest"), "step-00000004.h5\n");
+  fs::copy(dir_ / "pk_kill", dir_ / "pk_kill_np1", fs::copy_options::recursive);
+  r = mpirun(2, run_args(2, "pk_kill", kPacked + " --resume auto"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_same_losses(dir_ / "pk_kill", dir_ / "pk_ref", true);
+
+  r = mpirun(1, run_args(1, "pk_kill_np1", kPacked + " --resume auto"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_same_losses(dir_ / "pk_kill_np1", dir_ / "pk_ref", false);
+
+  r = mpirun(2, run_args(2, "pk_ref", " --context_length 256 --resume pk_ref/checkpoints/step-00000004.h5"));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("made with packing = true"), std::string::npos) << r.output;
+  // ...and a packed run refuses an unpacked run's checkpoint (its position counts examples).
+  r = mpirun(2, run_args(2, "pk_from_unpacked", kPacked + " --resume ck_ref/checkpoints/step-00000004.h5"));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("packing: not in the checkpoint"), std::string::npos) << r.output;
+}
+
 TEST_F(Checkpoints, PreemptionSignalOnOneRankCheckpointsEveryRankAndExits75) {
   // Rank 1 alone gets SIGUSR1 after step 3 (as from Slurm's --signal): all ranks stop after that
   // step with a checkpoint of it, exit 75, and the requeued job finishes the run.

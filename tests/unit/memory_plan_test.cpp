@@ -483,6 +483,18 @@ TEST(PlanCommand, PrintsTheGuideAndRecommends) {
   EXPECT_NE(none.output.find("Nothing fits in 4 GiB per GPU"), std::string::npos) << none.output;
 }
 
+// What the batch counts, and when packing pays (docs/packing.md).
+TEST(PlanCommand, SaysWhatTheBatchCountsWithAndWithoutPacking) {
+  const auto unpacked = plan("inputs/dummy_7b.ini --gpus 1 --gpu-mem 80");
+  ASSERT_EQ(unpacked.exit_code, 0) << unpacked.output;
+  EXPECT_NE(unpacked.output.find("The batch counts examples"), std::string::npos) << unpacked.output;
+  EXPECT_NE(unpacked.output.find("packing = true pays"), std::string::npos) << unpacked.output;
+  const auto packed = plan("inputs/dummy_7b.ini --gpus 1 --gpu-mem 80 --packing true");
+  ASSERT_EQ(packed.exit_code, 0) << packed.output;
+  EXPECT_NE(packed.output.find("Packing is on: the batch counts rows"), std::string::npos) << packed.output;
+  EXPECT_EQ(packed.output.find("The batch counts examples"), std::string::npos) << packed.output;
+}
+
 TEST(PlanCommand, BadFlagsAreClearErrors) {
   const std::pair<const char*, const char*> cases[] = {
       {"inputs/dummy_7b.ini --gpus 0", "plan: --gpus '0': expected an integer from 1 to 1048576"},

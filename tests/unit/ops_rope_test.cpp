@@ -1,3 +1,4 @@
+#include "backend/cuda_backend.h"
 #include "ops/rope.h"
 #include "ops_test_support.h"
 
@@ -132,6 +133,51 @@ TEST(OpsRope, PositionsBeyondTheTableAreALogicError) {
   EXPECT_THROW(rope_forward(x, table, 2), std::logic_error);
   Tensor wrong_dim = random_tensor(Shape{1, 3, 1, 6}, DType::F32, 36);
   EXPECT_THROW(rope_forward(wrong_dim, table), std::logic_error);
+}
+
+// Packed rows: per-token positions restart at 0 with each example.
+TEST(OpsRope, PerTokenPositionsRotateEachTokenAtItsOwnPosition) {
+  const int64_t B = 2, T = 6, heads = 3, D = 16;
+  const RopeTable table = make_rope_table(D, 8, 10000.0);
+  Tensor x = random_tensor(Shape{B, T, heads, D}, DType::BF16, 37);
+  Tensor positions = Tensor::empty(Shape{B, T}, DType::I32);
+  const int32_t given[B * T] = {0, 1, 2, 0, 1, 0, /* row 1: */ 0, 1, 2, 3, 4, 5};
+  std::copy(given, given + B * T, positions.data<int32_t>());
+  Tensor packed = copy_to(x, Device::CPU);
+  rope_forward(packed, table, 1, positions);
+  const int64_t width = heads * D;
+  for (int64_t token = 0; token < B * T; ++token) {
+    // The token alone, at offset 1 + its position: the same bits.
+    Tensor alone = Tensor::empty(Shape{1, 1, heads, D}, DType::BF16);
+    std::copy_n(x.data<uint16_t>() + token * width, width, alone.data<uint16_t>());
+    rope_forward(alone, table, 1 + given[token]);
+    for (int64_t i = 0; i < width; ++i)
+      EXPECT_EQ(packed.data<uint16_t>()[token * width + i], alone.data<uint16_t>()[i]) << "token " << token;
+  }
+  // Row 1's positions are 0..T-1: what the op does without positions.
+  Tensor plain = copy_to(x, Device::CPU);
+  rope_forward(plain, table, 1);
+  for (int64_t i = T * width; i < 2 * T * width; ++i) EXPECT_EQ(packed.data<uint16_t>()[i], plain.data<uint16_t>()[i]);
+  // The backward undoes the forward at the same positions.
+  Tensor y = random_tensor(Shape{B, T, heads, D}, DType::F32, 38), back = copy_to(y, Device::CPU);
+  rope_forward(back, table, 0, positions);
+  rope_backward(back, table, 0, positions);
+  EXPECT_LE(test::max_abs_diff(to_doubles(back), to_doubles(y)), 1e-6);
+}
+
+TEST(OpsRope, BadPerTokenPositionsAreLogicErrors) {
+  const RopeTable table = make_rope_table(8, 4, 10000.0);
+  Tensor x = random_tensor(Shape{1, 3, 1, 8}, DType::F32, 39);
+  Tensor positions = Tensor::empty(Shape{1, 3}, DType::I32);
+  const int32_t ok[] = {0, 1, 3}, beyond[] = {0, 1, 4}, negative[] = {0, -1, 0};
+  std::copy(ok, ok + 3, positions.data<int32_t>());
+  EXPECT_NO_THROW(rope_forward(x, table, 0, positions));
+  EXPECT_THROW(rope_forward(x, table, 1, positions), std::logic_error);  // 1 + 3 is past the table
+  std::copy(beyond, beyond + 3, positions.data<int32_t>());
+  EXPECT_THROW(rope_forward(x, table, 0, positions), std::logic_error);
+  std::copy(negative, negative + 3, positions.data<int32_t>());
+  EXPECT_THROW(rope_backward(x, table, 0, positions), std::logic_error);
+  EXPECT_THROW(rope_forward(x, table, 0, Tensor::empty(Shape{1, 2}, DType::I32)), std::logic_error);
 }
 
 }  // namespace

@@ -39,8 +39,8 @@ std::set<size_t> read_by_the_training_loop(const RunLength& run, const data::Exa
         (sampler.num_samples() + run.batch_size - 1) / run.batch_size / run.gradient_accumulation_steps;
     for (int64_t epoch = first_step / steps_per_epoch; epoch < run.num_epochs && step < run.total_steps; ++epoch) {
       const int64_t samples_in_epoch = epoch == first_step / steps_per_epoch ? (first_step % steps_per_epoch) * global_batch : 0;
-      EpochBatches batches(examples, sampler, epoch, run.batch_size, -1, 1 << 20, false,
-                           samples_in_epoch / run.world_size);
+      EpochBatches batches(examples, sampler, epoch, BatchShape{run.batch_size, -1, 1 << 20, false, false},
+                           samples_in_epoch);
       const int64_t usable = batches.size() / run.gradient_accumulation_steps * run.gradient_accumulation_steps;
       for (int64_t i = 0; i < usable && step < run.total_steps; ++i) {
         const data::Batch batch = batches.batch(i);

@@ -3,6 +3,11 @@
 // mma and simt) and fit (ops/cuda/attention_wgmma.h), the tensor-core kernels (kernels/attention_mma.cuh) where they are
 // chosen and fit, else the SIMT ones (kernels/attention.cuh). ops/attention.cpp checks the
 // arguments and holds the CPU reference.
+//
+// Packed rows (segment_start, ops/attention.h): the SIMT and mma kernels take them in both passes,
+// the wgmma kernel in the forward. A route without them declines a segmented pass through its
+// constant below and the pass falls through to the next: on Hopper a packed forward runs on
+// wgmma, its backward on mma; cuDNN takes none yet.
 #include "kernels/attention.cuh"
 #include "kernels/attention_mma.cuh"
 #include "ops/attention.h"
@@ -27,6 +32,14 @@ Dims dims_of(const char* op, const TensorView& q, const TensorView& k) {
   return d;
 }
 
+// Which routes run packed rows (segment_start given); the rest decline and the pass falls through.
+constexpr bool kCudnnAcceptsSegments = false;
+constexpr bool kWgmmaForwardAcceptsSegments = true;
+constexpr bool kWgmmaBackwardAcceptsSegments = false;
+constexpr bool kMmaAcceptsSegments = true;
+
+bool segmented(const TensorView& segment_start) { return segment_start.data != nullptr; }
+
 // The tensor-core kernels take a pass unless the SIMT ones are chosen (gpu_attention_kernels) and when
 // its types, head dim and pointer alignment (16-byte vector loads) suit them; `dout` is null in the forward.
 bool use_mma_attention(const char* op, const Dims& d, const TensorView& q, const TensorView& k, const TensorView& v,
@@ -39,40 +52,53 @@ bool use_mma_attention(const char* op, const Dims& d, const TensorView& q, const
 
 }  // namespace
 
-void attention_forward(TensorView out, TensorView lse, const TensorView& q, const TensorView& k, const TensorView& v) {
+void attention_forward(TensorView out, TensorView lse, const TensorView& q, const TensorView& k, const TensorView& v,
+                       const TensorView& segment_start) {
   constexpr const char* op = "attention_forward";
   const Dims d = dims_of(op, q, k);
-  if (cudnn_attention_chosen() && cudnn_attention_forward(out, lse, q, k, v)) return;
-  if (wgmma_attention_chosen() && wgmma_attention_forward(out, lse, q, k, v)) return;
-  if (use_mma_attention(op, d, q, k, v, out, nullptr)) {
+  const bool packed = segmented(segment_start);
+  if ((!packed || kCudnnAcceptsSegments) && cudnn_attention_chosen() && cudnn_attention_forward(out, lse, q, k, v))
+    return;
+  if ((!packed || kWgmmaForwardAcceptsSegments) && wgmma_attention_chosen() &&
+      wgmma_attention_forward(out, lse, q, k, v, segment_start))
+    return;
+  if ((!packed || kMmaAcceptsSegments) && use_mma_attention(op, d, q, k, v, out, nullptr)) {
     cuda::attention_mma_forward(out.data, ktype(op, out), lse.as<float>(), q.data, ktype(op, q), k.data, ktype(op, k),
-                                v.data, ktype(op, v), d.B, d.T, d.H, d.KV, d.D, cuda::stream());
+                                v.data, ktype(op, v), segment_start.as<const int32_t>(), d.B, d.T, d.H, d.KV, d.D,
+                                cuda::stream());
     return;
   }
   cuda::attention_forward(out.data, ktype(op, out), lse.as<float>(), q.data, ktype(op, q), k.data, ktype(op, k),
-                          v.data, ktype(op, v), d.B, d.T, d.H, d.KV, d.D, cuda::stream());
+                          v.data, ktype(op, v), segment_start.as<const int32_t>(), d.B, d.T, d.H, d.KV, d.D,
+                          cuda::stream());
 }
 
 void attention_backward(TensorView dq, TensorView dk, TensorView dv, const TensorView& dout, const TensorView& q,
-                        const TensorView& k, const TensorView& v, const TensorView& out, const TensorView& lse) {
+                        const TensorView& k, const TensorView& v, const TensorView& out, const TensorView& lse,
+                        const TensorView& segment_start) {
   constexpr const char* op = "attention_backward";
   const Dims d = dims_of(op, q, k);
-  if (cudnn_attention_chosen() && cudnn_attention_backward(dq, dk, dv, dout, q, k, v, out, lse)) return;
-  if (wgmma_attention_chosen() && wgmma_attention_backward(dq, dk, dv, dout, q, k, v, out, lse)) return;
+  const bool packed = segmented(segment_start);
+  if ((!packed || kCudnnAcceptsSegments) && cudnn_attention_chosen() &&
+      cudnn_attention_backward(dq, dk, dv, dout, q, k, v, out, lse))
+    return;
+  if ((!packed || kWgmmaBackwardAcceptsSegments) && wgmma_attention_chosen() &&
+      wgmma_attention_backward(dq, dk, dv, dout, q, k, v, out, lse))
+    return;
   // rowsum(dout * out) per query row, the one temporary (B * H * T floats).
   Tensor drow = Tensor::empty(Shape{d.B, d.H, d.T}, DType::F32, Device::CUDA);
-  if (use_mma_attention(op, d, q, k, v, out, dout.data)) {
+  if ((!packed || kMmaAcceptsSegments) && use_mma_attention(op, d, q, k, v, out, dout.data)) {
     // drow (B * H * T floats) is the mma backward's workspace too (attention_mma_workspace_floats).
     cuda::attention_mma_backward(dq.data, ktype(op, dq), dk.data, ktype(op, dk), dv.data, ktype(op, dv), dout.data,
                                  ktype(op, dout), q.data, ktype(op, q), k.data, ktype(op, k), v.data, ktype(op, v),
-                                 out.data, ktype(op, out), lse.as<const float>(), drow.data<float>(), d.B, d.T, d.H,
-                                 d.KV, d.D, cuda::stream());
+                                 out.data, ktype(op, out), lse.as<const float>(), segment_start.as<const int32_t>(),
+                                 drow.data<float>(), d.B, d.T, d.H, d.KV, d.D, cuda::stream());
     return;
   }
   cuda::attention_backward(dq.data, ktype(op, dq), dk.data, ktype(op, dk), dv.data, ktype(op, dv), dout.data,
                            ktype(op, dout), q.data, ktype(op, q), k.data, ktype(op, k), v.data, ktype(op, v),
-                           out.data, ktype(op, out), lse.as<const float>(), drow.data<float>(), d.B, d.T, d.H, d.KV,
-                           d.D, cuda::stream());
+                           out.data, ktype(op, out), lse.as<const float>(), segment_start.as<const int32_t>(),
+                           drow.data<float>(), d.B, d.T, d.H, d.KV, d.D, cuda::stream());
 }
 
 }  // namespace fsdpq::cuda_ops

@@ -48,10 +48,11 @@ std::string why_not(const char* op, const TensorView& out, const TensorView& lse
 }  // namespace
 
 bool wgmma_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
-                             const TensorView& v) {
+                             const TensorView& v, const TensorView& segment_start) {
   constexpr const char* op = "attention_forward";
   if (const std::string why = why_not(op, out, lse, q, k, v); !why.empty()) return decline(Pass::Forward, why);
-  cuda::attention_sm90a_forward(out.data, lse.as<float>(), q.data, k.data, v.data, ktype(op, q), q.shape[0],
+  cuda::attention_sm90a_forward(out.data, lse.as<float>(), q.data, k.data, v.data, ktype(op, q),
+                                segment_start.as<const int32_t>(), q.shape[0],
                                 q.shape[1], q.shape[2], k.shape[2], q.shape[3], cuda::stream());
   count_ran(Pass::Forward);
   return true;

@@ -23,12 +23,14 @@ inline bool wgmma_attention_chosen() {
 }
 
 // True when the wgmma kernel ran the forward; false when it declined and queued nothing. The
-// caller has checked the op's shapes and devices.
+// caller has checked the op's shapes and devices. segment_start: packed rows (ops/attention.h), or
+// an empty view.
 bool wgmma_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
-                             const TensorView& v);
+                             const TensorView& v, const TensorView& segment_start = {});
 
 // True when the wgmma kernels ran the backward (their workspace allocated here); false when they
-// declined and queued nothing.
+// declined and queued nothing. It takes no packed rows yet: a caller with segment_start does not
+// call it (ops/cuda/attention.cpp).
 bool wgmma_attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv, const TensorView& dout,
                               const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                               const TensorView& lse);
