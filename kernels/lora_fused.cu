@@ -16,14 +16,15 @@ namespace {
 using namespace mma_fragments;
 
 constexpr int kThreads = 128;
-constexpr int kRows = 64;                             // rows of M per step (16 per warp)
-constexpr int kLdRank = kLoraFusedMaxRank + 8;        // a [rows][Σ rank] tile of dxa in shared memory
-constexpr int kGradCols = 128;                        // dx columns per block (input grad)
+constexpr int kRows = static_cast<int>(lora_fused::kRows);  // rows of M per step (16 per warp)
+constexpr int kLdRank = kLoraFusedMaxRank + 8;              // a [rows][Σ rank] tile of dxa in shared memory
+constexpr int kGradCols = static_cast<int>(lora_fused::kWidthMultiple);  // dx columns per block (input grad)
 constexpr int kLdGradCols = kGradCols + 8;
-constexpr int kTileK = 64;                            // columns of x per step (down, weight grad)
+constexpr int kTileK = static_cast<int>(lora_fused::kTileK);  // columns of x per step (down, weight grad)
 constexpr int kLdTileK = kTileK + 8;
-constexpr int kChunkRows = 1024;                      // rows of M per weight-grad block: its partial sum
-constexpr int kMaxNTiles = kLoraFusedMaxRank / 8;     // 8-column output tiles of xa (down)
+constexpr int kChunkRows = static_cast<int>(lora_fused::kChunkRows);  // rows of M per weight-grad partial sum
+constexpr int kMaxNTiles = kLoraFusedMaxRank / 8;  // 8-column output tiles of xa (down)
+static_assert(kRows == 4 * 16 && lora_fused::kRankMultiple == 16 && kChunkRows % kRows == 0);
 
 // What an adapter multiplies in place of x[e]: the CPU's dropout (ops/lora.cpp), rounded to T.
 template <class T>
@@ -323,43 +324,24 @@ void with_16bit(KType type, Fn&& fn) {
     fn(__half{});
 }
 
-int64_t row_tiles(int64_t M) { return (M + kRows - 1) / kRows; }
-
-// The down kernel's split of `in`: enough blocks for a large GPU (>= 512), whole kTileK steps.
-// Fixed by the sizes alone, so the sum order is the same on every GPU.
-int64_t down_k_per_split(int64_t M, int64_t in) {
-  const int64_t steps = in / kTileK, want = (512 + row_tiles(M) - 1) / row_tiles(M);
-  const int64_t splits = want < 1 ? 1 : (want > steps ? steps : want);
-  return (steps + splits - 1) / splits * kTileK;
-}
-
-int64_t down_splits(int64_t M, int64_t in) {
-  const int64_t per = down_k_per_split(M, in);
-  return (in + per - 1) / per;
-}
-
-int64_t weight_grad_chunks(int64_t M) { return (M + kChunkRows - 1) / kChunkRows; }
+using lora_fused::down_k_per_split;
+using lora_fused::down_splits;
+using lora_fused::row_tiles;
+using lora_fused::weight_grad_chunks;
 
 }  // namespace
 
 bool lora_fused_supported(KType type, int64_t in, const LoraFusedGroup& g) {
   if (type != KType::BF16 && type != KType::F16) return false;
-  if (in <= 0 || in % kGradCols != 0 || g.count < 1 || g.count > kLoraFusedMaxAdapters) return false;
+  if (g.count < 1 || g.count > kLoraFusedMaxAdapters) return false;
+  int64_t ranks[kLoraFusedMaxAdapters] = {};
   int total = 0;
   for (int i = 0; i < g.count; ++i) {
-    if (g.rank[i] <= 0 || g.rank[i] % 16 != 0 || g.first[i] != total || g.A[i] == nullptr) return false;
+    if (g.first[i] != total || g.A[i] == nullptr) return false;
+    ranks[i] = g.rank[i];
     total += g.rank[i];
   }
-  return total == g.total_rank && total <= kLoraFusedMaxRank;
-}
-
-int64_t lora_fused_down_workspace_floats(int64_t M, int64_t in, int total_rank) {
-  const int64_t splits = down_splits(M, in);
-  return splits > 1 ? splits * M * total_rank : 0;
-}
-
-int64_t lora_fused_weight_grad_workspace_floats(int64_t M, int64_t in, int total_rank) {
-  return weight_grad_chunks(M) * total_rank * in;
+  return total == g.total_rank && lora_fused::takes(in, ranks, static_cast<size_t>(g.count));
 }
 
 void lora_fused_down(void* xa, KType xa_type, const void* x, KType type, const LoraFusedGroup& g, int64_t M, int64_t in,

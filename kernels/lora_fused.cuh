@@ -14,11 +14,12 @@
 #include <cstdint>
 
 #include "kernels/kernel_types.cuh"
+#include "kernels/lora_fused_shape.h"
 
 namespace fsdpq::cuda {
 
-inline constexpr int kLoraFusedMaxAdapters = 4;
-inline constexpr int kLoraFusedMaxRank = 256;  // Σ rank of a group
+inline constexpr int kLoraFusedMaxAdapters = lora_fused::kMaxAdapters;
+inline constexpr int kLoraFusedMaxRank = static_cast<int>(lora_fused::kMaxTotalRank);
 
 struct LoraFusedGroup {
   int count = 0;
@@ -31,14 +32,10 @@ struct LoraFusedGroup {
   float keep_scale = 1.0f;                     // 1 / (1 - p)
 };
 
-// Whether the kernels take a group: x, A (and dxa) of one 16-bit type; every rank a multiple of 16,
-// Σ rank ≤ 256; in a multiple of 128; every base pointer 16-byte aligned (checked by the caller).
+// Whether the kernels take a group: x, A (and dxa) of one 16-bit type, and the group's ranks and
+// width as lora_fused::takes (kernels/lora_fused_shape.h) says; every base pointer 16-byte aligned
+// (checked by the caller). The scratch they need: lora_fused::*_workspace_floats.
 bool lora_fused_supported(KType type, int64_t in, const LoraFusedGroup& group);
-
-// fp32 scratch the down kernel needs (its split-K partial sums; 0 when it needs none).
-int64_t lora_fused_down_workspace_floats(int64_t M, int64_t in, int total_rank);
-// fp32 scratch the weight-grad kernel needs (its split-M partial sums).
-int64_t lora_fused_weight_grad_workspace_floats(int64_t M, int64_t in, int total_rank);
 
 void lora_fused_down(void* xa, KType xa_type, const void* x, KType type, const LoraFusedGroup& group, int64_t M,
                      int64_t in, float* workspace, cudaStream_t stream);

@@ -49,7 +49,7 @@ bool lora_fused_forward(TensorView xa, const TensorView& x, std::span<const Lora
   const cuda::LoraFusedGroup g = fused_group(x, sites, mask, {});
   if (g.count == 0) return false;
   const int64_t M = x.shape.rows(), in = x.shape.last();
-  const int64_t floats = cuda::lora_fused_down_workspace_floats(M, in, g.total_rank);
+  const int64_t floats = lora_fused::down_workspace_floats(M, in, g.total_rank);
   Tensor workspace = floats > 0 ? Tensor::empty(Shape{floats}, DType::F32, Device::CUDA) : Tensor();
   cuda::lora_fused_down(xa.data, ktype("lora_forward", xa), x.data, ktype("lora_forward", x), g, M, in,
                         floats > 0 ? workspace.data<float>() : nullptr, cuda::stream());
@@ -63,7 +63,7 @@ bool lora_fused_backward_input(TensorView dx, std::span<const TensorView> dAs, c
   if (g.count == 0) return false;
   const int64_t M = x.shape.rows(), in = x.shape.last();
   Tensor workspace =
-      Tensor::empty(Shape{cuda::lora_fused_weight_grad_workspace_floats(M, in, g.total_rank)}, DType::F32, Device::CUDA);
+      Tensor::empty(Shape{lora_fused::weight_grad_workspace_floats(M, in, g.total_rank)}, DType::F32, Device::CUDA);
   std::vector<float*> grads;
   for (const TensorView& dA : dAs) grads.push_back(dA.as<float>());
   const cuda::KType type = ktype("lora_backward", x);
