@@ -32,6 +32,12 @@ void embedding_backward(TensorView dtable, const TensorView& ids, const TensorVi
 void rmsnorm_forward(TensorView y, TensorView rstd, const TensorView& x, const TensorView& weight, float eps);
 void rmsnorm_backward(TensorView dx, TensorView dweight, const TensorView& dy, const TensorView& x,
                       const TensorView& weight, const TensorView& rstd);
+// rmsnorm.h's fused pairs (frozen weight only, for the backward); false, with nothing queued, where
+// the rows do not fit the fused kernels (the op then runs the pair).
+bool residual_rmsnorm_forward(TensorView x2, TensorView y, TensorView rstd, const TensorView& residual,
+                              const TensorView& weight, float eps);
+bool rmsnorm_backward_add(TensorView d_acc, const TensorView& dy, const TensorView& x, const TensorView& weight,
+                          const TensorView& rstd);
 
 // rope.h: rotates x in place by the table's angles (sign -1: the backward).
 void rope_rotate(const char* op, TensorView x, const RopeTable& table, int64_t position_offset, float sign);
