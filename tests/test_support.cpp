@@ -82,4 +82,18 @@ CommandResult run_fsdpq(const std::string& args) {
   return run_command(std::string("'") + FSDPQ_BINARY + "' " + args);
 }
 
+std::string quoted(const std::string& text) {
+  std::string out = "'";
+  for (char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+std::string error_message(const std::string& output) {
+  const std::string prefix = "fsdpq: error: ";
+  auto pos = output.find(prefix);
+  if (pos == std::string::npos) return output;
+  auto end = output.find('\n', pos);
+  return output.substr(pos + prefix.size(), end == std::string::npos ? std::string::npos : end - pos - prefix.size());
+}
+
 }  // namespace fsdpq::test

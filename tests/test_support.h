@@ -28,6 +28,11 @@ struct CommandResult {
 CommandResult run_command(const std::string& command);
 // Runs the fsdpq binary built beside the tests with the given (already quoted) arguments.
 CommandResult run_fsdpq(const std::string& args);
+// `text` (a path, say) quoted for /bin/sh.
+std::string quoted(const std::string& text);
+// The message of the error line fsdpq printed, without its "fsdpq: error: " prefix, or the whole
+// output when there is none.
+std::string error_message(const std::string& output);
 
 // The message of the UserError that `f` throws, or "<no error>" when it throws none.
 template <class F>

@@ -30,13 +30,7 @@ ParsedFlags parse_flags(const std::string& command, const std::vector<FlagSpec>&
     if (!starts_with(arg, "--"))
       fail("{}: unexpected argument '{}' (flags look like --name value; see fsdpq {} --help)", command, arg,
            command);
-    std::string name = arg.substr(2), value;
-    bool inline_value = false;
-    if (auto eq = name.find('='); eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-      inline_value = true;
-    }
+    auto [name, value, inline_value] = split_flag_word(arg);
     const FlagSpec* spec = nullptr;
     for (const auto& s : specs)
       if (s.name == name) spec = &s;
@@ -59,6 +53,23 @@ ParsedFlags parse_flags(const std::string& command, const std::vector<FlagSpec>&
   for (const auto& s : specs)
     if (s.required && !out.has(s.name)) fail("{}: --{} {} is required", command, s.name, s.value_name);
   return out;
+}
+
+bool wants_help(const std::vector<std::string>& args) {
+  for (const auto& a : args)
+    if (a == "--help" || a == "-h") return true;
+  return false;
+}
+
+FlagWord split_flag_word(const std::string& arg) {
+  FlagWord word;
+  word.name = arg.substr(2);
+  if (auto eq = word.name.find('='); eq != std::string::npos) {
+    word.value = word.name.substr(eq + 1);
+    word.name = word.name.substr(0, eq);
+    word.has_value = true;
+  }
+  return word;
 }
 
 std::string flags_help(const std::string& usage, const std::vector<FlagSpec>& specs) {

@@ -28,4 +28,17 @@ ParsedFlags parse_flags(const std::string& command, const std::vector<FlagSpec>&
                         const std::vector<std::string>& args);
 std::string flags_help(const std::string& usage, const std::vector<FlagSpec>& specs);
 
+// Whether --help or -h is among a subcommand's arguments (it then prints its usage and stops).
+bool wants_help(const std::vector<std::string>& args);
+
+// A command-line word "--name" or "--name=value" taken apart (the subcommands' flags, the train
+// command line's settings, plan's flags).
+struct FlagWord {
+  std::string name;
+  std::string value;       // what follows the first '=', if any
+  bool has_value = false;  // the word carried its value ("--name=value")
+};
+// `arg` starts with "--".
+FlagWord split_flag_word(const std::string& arg);
+
 }  // namespace fsdpq

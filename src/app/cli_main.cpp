@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "app/arg_parser.h"
 #include "app/commands.h"
 #include "config/config_loader.h"
 #include "config/options.h"
@@ -72,13 +73,7 @@ TrainArgs parse_train_args(const std::vector<std::string>& args) {
       out.config_path = arg;
       continue;
     }
-    std::string key = arg.substr(2), value;
-    bool has_value = false;
-    if (auto eq = key.find('='); eq != std::string::npos) {
-      value = key.substr(eq + 1);
-      key = key.substr(0, eq);
-      has_value = true;
-    }
+    auto [key, value, has_value] = split_flag_word(arg);
     if (key == "print-config" || key == "print_config") {
       out.print_config = true;
       continue;

@@ -236,12 +236,6 @@ void generate(const GenerateOptions& o) {
                gen_s);
 }
 
-bool wants_help(const std::vector<std::string>& args) {
-  for (const auto& a : args)
-    if (a == "--help" || a == "-h") return true;
-  return false;
-}
-
 }  // namespace
 
 int run_generate_command(const World& world, const std::vector<std::string>& args) {

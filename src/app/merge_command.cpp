@@ -5,7 +5,6 @@
 // on a machine with a few GB of RAM.
 #include <fmt/format.h>
 #include <omp.h>
-#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -20,6 +19,7 @@
 #include "app/arg_parser.h"
 #include "app/commands.h"
 #include "io/model_files.h"
+#include "io/output_directory.h"
 #include "io/peft_adapter.h"
 #include "model/llama_config.h"
 #include "model/model_source.h"
@@ -45,16 +45,6 @@ const std::vector<FlagSpec> kMergeFlags = {
 // Files of an HF model directory besides the weights that a merged model keeps as they are.
 const char* const kCopiedFiles[] = {"generation_config.json", "tokenizer.model", "tokenizer.json",
                                     "tokenizer_config.json", "special_tokens_map.json"};
-
-struct StagingDir {
-  fs::path path;
-  bool committed = false;
-  ~StagingDir() {
-    if (committed || path.empty()) return;
-    std::error_code ignored;
-    fs::remove_all(path, ignored);
-  }
-};
 
 std::string read_text_file(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -164,22 +154,14 @@ struct MergeOptions {
 };
 
 // The output directory: absolute, never the model or adapter itself, empty unless overwriting.
-fs::path check_output_dir(const MergeOptions& options, bool& exists) {
-  fs::path target = fs::absolute(options.out).lexically_normal();
-  if (!target.has_filename()) target = target.parent_path();
-  if (target.filename().empty() || target == target.root_path())
-    fail("merge: '{}' cannot be an output directory", options.out.string());
+fs::path check_output_dir(const MergeOptions& options) {
+  const fs::path target = output_directory_target(options.out, "merge");
   std::error_code ec;
   for (const fs::path& input : {options.model, options.adapter})
     if (fs::exists(target, ec) && fs::equivalent(target, input, ec))
       fail("merge: --out {} is the same directory as the input '{}'; write the merged model elsewhere",
            options.out.string(), input.string());
-  exists = fs::exists(target, ec);
-  if (exists) {
-    if (!fs::is_directory(target, ec)) fail("merge: '{}' exists and is not a directory", options.out.string());
-    if (!fs::is_empty(target, ec) && !options.overwrite)
-      fail("merge: output directory '{}' is not empty; choose another or pass --overwrite", options.out.string());
-  }
+  check_output_directory_free(target, options.out, options.overwrite, "merge", "pass --overwrite");
   return target;
 }
 
@@ -195,18 +177,7 @@ void merge(const MergeOptions& options) {
   const std::map<std::string, AdaptedLinear> adapted = match_adapter(config, adapter, options.model, options.adapter);
   const float scaling = static_cast<float>(adapter.config.scaling());
 
-  bool exists = false;
-  const fs::path target = check_output_dir(options, exists);
-  const fs::path parent = target.parent_path();
-  std::error_code ec;
-  fs::create_directories(parent, ec);
-  if (ec || !fs::is_directory(parent))
-    fail("merge: cannot create '{}': {}", parent.string(), ec ? ec.message() : "not a directory");
-  StagingDir staging;
-  staging.path = parent / fmt::format(".{}.partial-{}", target.filename().string(), ::getpid());
-  fs::remove_all(staging.path, ec);
-  if (!fs::create_directory(staging.path, ec))
-    fail("merge: cannot create '{}': {}", staging.path.string(), ec.message());
+  StagedDirectory staging(check_output_dir(options), "merge");
 
   // Weights, in HF order, all bf16. Only the linear being merged is held in memory.
   const std::vector<TensorSpec> specs = hf_tensor_specs(config);
@@ -233,33 +204,29 @@ void merge(const MergeOptions& options) {
     uint16_t* dst = reinterpret_cast<uint16_t*>(chunk.data());
     for (size_t i = 0; i < count; ++i) dst[i] = float_to_bf16(load_element(source_bytes, info.dtype, first + i));
   };
-  write_model_weights(staging.path, specs, fill, options.max_shard_bytes);
+  write_model_weights(staging.path(), specs, fill, options.max_shard_bytes);
   cached = {};
 
   // config.json as given (keeps every field transformers reads), now describing bf16 weights.
   nlohmann::json hf_config = nlohmann::json::parse(read_text_file(options.model / "config.json"));
   hf_config["torch_dtype"] = "bfloat16";
   if (hf_config.contains("dtype")) hf_config["dtype"] = "bfloat16";  // transformers 5's name
-  write_file_atomically(staging.path / "config.json", hf_config.dump(2) + "\n");
+  write_file_atomically(staging.path() / "config.json", hf_config.dump(2) + "\n");
+  std::error_code ec;
   for (const char* file : kCopiedFiles) {
     if (!fs::is_regular_file(options.model / file, ec)) continue;
-    fs::copy_file(options.model / file, staging.path / file, ec);
-    if (ec) fail("merge: cannot copy '{}' into '{}': {}", (options.model / file).string(), staging.path.string(), ec.message());
+    fs::copy_file(options.model / file, staging.path() / file, ec);
+    if (ec)
+      fail("merge: cannot copy '{}' into '{}': {}", (options.model / file).string(), staging.path().string(),
+           ec.message());
   }
 
-  swap_directory_into_place(staging.path, target, "merge");
-  staging.committed = true;
+  staging.commit();
 
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   log::info("merge: folded {} LoRA pairs (r = {}, scaling lora_alpha / r = {}) into {} and wrote {} in {:.1f} s",
             adapted.size(), adapter.config.r, adapter.config.scaling(), options.model.string(), options.out.string(),
             seconds);
-}
-
-bool wants_help(const std::vector<std::string>& args) {
-  for (const auto& a : args)
-    if (a == "--help" || a == "-h") return true;
-  return false;
 }
 
 }  // namespace

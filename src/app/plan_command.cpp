@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "app/arg_parser.h"
 #include "app/commands.h"
 #include "config/train_config.h"
 #include "plan/memory_plan.h"
@@ -66,13 +67,7 @@ PlanFlags parse_plan_flags(const std::vector<std::string>& args) {
       f.rest.push_back(arg);
       continue;
     }
-    std::string name = arg.substr(2), value;
-    bool has_value = false;
-    if (auto eq = name.find('='); eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-      has_value = true;
-    }
+    auto [name, value, has_value] = split_flag_word(arg);
     std::string flag = name;
     for (char& ch : flag)
       if (ch == '_') ch = '-';
@@ -178,11 +173,10 @@ std::string format_plan(const TrainConfig& c, const PlanInput& input, const Plan
 }  // namespace
 
 int run_plan_command(const World& world, const std::vector<std::string>& args) {
-  for (const auto& a : args)
-    if (a == "--help" || a == "-h") {
-      log::info("{}", kPlanHelp);
-      return kExitOk;
-    }
+  if (wants_help(args)) {
+    log::info("{}", kPlanHelp);
+    return kExitOk;
+  }
   PlanFlags flags;
   run_on_all_ranks(world, [&] { flags = parse_plan_flags(args); });
   const ResolvedConfig resolved = resolve_train_arguments(world, flags.rest);

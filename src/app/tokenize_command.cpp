@@ -26,12 +26,6 @@ const std::vector<FlagSpec> kTokenizeFlags = {
     {"time", "", "report on stderr how long encoding took (bench/tokenizer_speed.py uses it)"},
 };
 
-bool wants_help(const std::vector<std::string>& args) {
-  for (const auto& a : args)
-    if (a == "--help" || a == "-h") return true;
-  return false;
-}
-
 struct TokenizeOptions {
   bool add_bos = false;
   bool pieces = false;

@@ -32,12 +32,6 @@ void require_single_rank(const World& world, const std::string& command) {
   if (world.size > 1) fail("fsdpq {} writes files and runs as one process, not under mpirun/srun with {} ranks", command, world.size);
 }
 
-bool wants_help(const std::vector<std::string>& args) {
-  for (const auto& a : args)
-    if (a == "--help" || a == "-h") return true;
-  return false;
-}
-
 const std::vector<FlagSpec> kInitModelFlags = {
     {"preset", "NAME", "model shape: " + join(preset_names(), ", "), true},
     {"out", "DIR", "directory to create (config.json, safetensors, generation_config.json)", true},

@@ -1,18 +1,16 @@
 #include "data/synthetic.h"
 
-#include <cerrno>
-#include <cstring>
 #include <fmt/ranges.h>
 
 #include <algorithm>
 #include <array>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 
 #include "util/error.h"
 #include "util/strings.h"
+#include "util/write_via_temp.h"
 
 namespace fsdpq::data {
 namespace fs = std::filesystem;
@@ -186,30 +184,16 @@ std::vector<Record> make_synthetic_records(int64_t samples, uint64_t seed) {
 }
 
 void write_jsonl(const fs::path& path, const std::vector<Record>& records) {
-  fs::path tmp = path;
-  tmp += ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) fail("cannot write '{}': {}", tmp.string(), std::strerror(errno));
+  write_via_temp(path, [&](std::ostream& out) {
     for (const Record& record : records) {
       nlohmann::json object(record.fields);
       try {
         out << object.dump(-1, ' ', false, nlohmann::json::error_handler_t::strict) << '\n';
       } catch (const nlohmann::json::type_error&) {
-        fail("cannot write '{}': record {} has a field that is not valid UTF-8", path.string(),
-             record.line);
+        fail("cannot write '{}': record {} has a field that is not valid UTF-8", path.string(), record.line);
       }
     }
-    out.close();
-    if (!out) fail("cannot write '{}': {}", tmp.string(), std::strerror(errno));
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    const std::string why = ec.message();
-    fs::remove(tmp, ec);
-    fail("cannot move '{}' into place at '{}': {}", tmp.string(), path.string(), why);
-  }
+  });
 }
 
 }  // namespace fsdpq::data

@@ -17,6 +17,7 @@
 #include "data/sentencepiece_spec.h"
 #include "util/error.h"
 #include "util/strings.h"
+#include "util/write_via_temp.h"
 
 namespace fsdpq::data {
 namespace fs = std::filesystem;
@@ -254,24 +255,6 @@ std::vector<std::string> training_sentences(const fs::path& input) {
   return sentences;
 }
 
-void write_file_atomically(const fs::path& path, const std::string& bytes) {
-  fs::path tmp = path;
-  tmp += ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    out.close();
-    if (!out) fail("cannot write '{}': {}", tmp.string(), std::strerror(errno));
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    const std::string why = ec.message();
-    fs::remove(tmp, ec);
-    fail("cannot move the trained tokenizer into place at '{}': {}", path.string(), why);
-  }
-}
-
 }  // namespace
 
 void train_tokenizer(const fs::path& input, const fs::path& output_model, int vocab_size) {
@@ -315,7 +298,10 @@ void train_tokenizer(const fs::path& input, const fs::path& output_model, int vo
   if (!status.ok())
     fail("cannot train a {}-piece tokenizer on '{}' ({} sentences): {}", vocab_size, input.string(),
          sentences.size(), status_message(status));
-  write_file_atomically(output_model, model_proto);
+  write_via_temp(
+      output_model,
+      [&](std::ostream& out) { out.write(model_proto.data(), static_cast<std::streamsize>(model_proto.size())); },
+      "the trained tokenizer");
 }
 
 }  // namespace fsdpq::data

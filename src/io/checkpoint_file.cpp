@@ -289,6 +289,104 @@ void sync_file(const fs::path& path, const std::string& where) {
   if (rc != 0) fail("{}: cannot sync '{}' to storage: {}", where, path.string(), std::strerror(err));
 }
 
+// This rank's slices of a tensor of `numel` elements: each inside it, none overlapping another.
+void check_slices(std::span<const FloatSlice> slices, int64_t numel, int rank, const std::string& where) {
+  std::vector<std::pair<int64_t, int64_t>> ranges;  // [begin, end) of this rank's slices
+  for (const FloatSlice& slice : slices) {
+    const int64_t count = static_cast<int64_t>(slice.values.size());
+    if (slice.offset < 0 || slice.offset > numel || count > numel - slice.offset)
+      throw std::logic_error(fmt::format("{}: rank {}'s slice [{}, {}) is outside its {} elements", where, rank,
+                                         slice.offset, slice.offset + count, numel));
+    if (count > 0) ranges.emplace_back(slice.offset, slice.offset + count);
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i)
+    if (ranges[i].first < ranges[i - 1].second)
+      throw std::logic_error(fmt::format("{}: rank {}'s slices [{}, {}) and [{}, {}) overlap", where, rank,
+                                         ranges[i - 1].first, ranges[i - 1].second, ranges[i].first, ranges[i].second));
+}
+
+// Every element exactly once across the ranks of `comm`: the count alone would miss an overlap that
+// hides a gap of the same size; the index sum catches that (but for contrived patterns of both).
+// Collective; every rank sees the same sums, so all throw together (and set `agreed_failure`).
+void check_slices_cover_the_tensor(MPI_Comm comm, bool& agreed_failure, std::span<const FloatSlice> slices,
+                                   int64_t numel, const std::vector<int64_t>& shape, const std::string& where) {
+  uint64_t coverage[2] = {0, 0};
+  for (const FloatSlice& slice : slices) {
+    coverage[0] += slice.values.size();
+    coverage[1] += index_sum(slice.offset, static_cast<int64_t>(slice.values.size()));
+  }
+  MPI_Allreduce(MPI_IN_PLACE, coverage, 2, MPI_UINT64_T, MPI_SUM, comm);
+  if (coverage[0] == static_cast<uint64_t>(numel) && coverage[1] == triangular(static_cast<uint64_t>(numel))) return;
+  agreed_failure = true;
+  if (coverage[0] != static_cast<uint64_t>(numel))
+    throw std::logic_error(fmt::format("{}: the ranks' slices hold {} elements in all, but its shape {} has {}: "
+                                       "together they must cover every element exactly once",
+                                       where, coverage[0], shape_text(shape), numel));
+  throw std::logic_error(fmt::format("{}: the ranks' slices overlap and leave a gap: together they must cover "
+                                     "every element exactly once",
+                                     where));
+}
+
+// A 1-D fp32 dataset of `numel` elements named `name` in `file`. Collective in parallel HDF5.
+Dataset create_tensor_dataset(hid_t file, const std::string& name, int64_t numel, const std::string& where) {
+  const hsize_t dims = static_cast<hsize_t>(numel);
+  Dataspace space(H5Screate_simple(1, &dims, nullptr));
+  PropertyList dcpl(H5Pcreate(H5P_DATASET_CREATE));
+  // Every element is written below: filling the dataset with zeros first would write it twice.
+  H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);
+  Dataset dataset(H5Dcreate2(file, name.c_str(), H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
+  if (!dataset.valid()) fail("{}: cannot create its dataset{}", where, hdf5_reason());
+  return dataset;
+}
+
+// Writes this rank's `pieces` into `dataset` with `calls` collective H5Dwrite calls (the most any
+// rank needs): a rank with fewer pieces makes up the difference with empty selections, and one
+// whose write failed keeps calling too. Returns the first error, or an empty string.
+std::string write_pieces_collectively(const Dataset& dataset, const std::vector<Piece>& pieces, uint64_t calls,
+                                      const std::string& where) {
+  PropertyList dxpl(H5Pcreate(H5P_DATASET_XFER));
+  H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE);
+  Dataspace file_space(H5Dget_space(dataset.get()));
+  std::string error;
+  const float unused = 0;  // the buffer of an empty write
+  for (uint64_t k = 0; k < calls; ++k) {
+    const hsize_t count = k < pieces.size() ? static_cast<hsize_t>(pieces[k].count) : 1;
+    Dataspace memory_space(H5Screate_simple(1, &count, nullptr));
+    const float* data = &unused;
+    bool selected = false;
+    if (k < pieces.size()) {
+      const hsize_t start = static_cast<hsize_t>(pieces[k].offset);
+      selected = H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr) >= 0;
+      if (!selected && error.empty()) error = fmt::format("{}: cannot select elements{}", where, hdf5_reason());
+      data = pieces[k].data;
+    }
+    if (!selected) {
+      H5Sselect_none(file_space.get());
+      H5Sselect_none(memory_space.get());
+    }
+    if (H5Dwrite(dataset.get(), H5T_NATIVE_FLOAT, memory_space.get(), file_space.get(), dxpl.get(), data) < 0 &&
+        error.empty())
+      error = k < pieces.size() ? fmt::format("{}: cannot write elements [{}, {}){}", where, pieces[k].offset,
+                                              pieces[k].offset + pieces[k].count, hdf5_reason())
+                                : fmt::format("{}: cannot take part in a collective write{}", where, hdf5_reason());
+  }
+  return error;
+}
+
+// The tensor's "shape" and "checksum" attributes, then closes its dataset. Collective.
+void finish_tensor_dataset(Dataset& dataset, const std::vector<int64_t>& shape, uint64_t checksum,
+                           const std::string& where) {
+  const hsize_t rank = shape.size();
+  Dataspace shape_space(H5Screate_simple(1, &rank, nullptr));
+  const int64_t none = 0;  // the buffer of a scalar's empty shape
+  write_attribute(dataset.get(), "shape", H5T_STD_I64LE, H5T_NATIVE_INT64, shape_space.get(),
+                  shape.empty() ? &none : shape.data(), where);
+  Dataspace scalar(H5Screate(H5S_SCALAR));
+  write_attribute(dataset.get(), "checksum", H5T_STD_U64LE, H5T_NATIVE_UINT64, scalar.get(), &checksum, where);
+  if (H5Dclose(dataset.release()) < 0) fail("{}: cannot close its dataset{}", where, hdf5_reason());
+}
+
 }  // namespace
 
 // ---- Checksum and names ----------------------------------------------------------------------------
@@ -375,100 +473,27 @@ void CheckpointWriter::write_tensor(const std::string& name, const std::vector<i
     std::optional<int64_t> n = checked_numel(shape);
     if (!n) throw std::logic_error(fmt::format("{}: shape {} has a negative dimension or too many elements", where, shape_text(shape)));
     numel = *n;
-    std::vector<std::pair<int64_t, int64_t>> ranges;  // [begin, end) of this rank's slices
-    for (const FloatSlice& slice : slices) {
-      const int64_t count = static_cast<int64_t>(slice.values.size());
-      if (slice.offset < 0 || slice.offset > numel || count > numel - slice.offset)
-        throw std::logic_error(fmt::format("{}: rank {}'s slice [{}, {}) is outside its {} elements", where, rank_,
-                                           slice.offset, slice.offset + count, numel));
-      if (count > 0) ranges.emplace_back(slice.offset, slice.offset + count);
-    }
-    std::sort(ranges.begin(), ranges.end());
-    for (size_t i = 1; i < ranges.size(); ++i)
-      if (ranges[i].first < ranges[i - 1].second)
-        throw std::logic_error(fmt::format("{}: rank {}'s slices [{}, {}) and [{}, {}) overlap", where, rank_,
-                                           ranges[i - 1].first, ranges[i - 1].second, ranges[i].first, ranges[i].second));
+    check_slices(slices, numel, rank_, where);
   });
-
-  // Every element exactly once across the ranks: the count alone would miss an overlap that hides
-  // a gap of the same size; the index sum catches that (but for contrived patterns of both).
-  uint64_t coverage[2] = {0, 0};
-  for (const FloatSlice& slice : slices) {
-    coverage[0] += slice.values.size();
-    coverage[1] += index_sum(slice.offset, static_cast<int64_t>(slice.values.size()));
-  }
-  MPI_Allreduce(MPI_IN_PLACE, coverage, 2, MPI_UINT64_T, MPI_SUM, comm_);
-  if (coverage[0] != static_cast<uint64_t>(numel) || coverage[1] != triangular(static_cast<uint64_t>(numel))) {
-    agreed_failure_ = true;  // every rank sees the same sums and throws here
-    if (coverage[0] != static_cast<uint64_t>(numel))
-      throw std::logic_error(fmt::format("{}: the ranks' slices hold {} elements in all, but its shape {} has {}: "
-                                         "together they must cover every element exactly once",
-                                         where, coverage[0], shape_text(shape), numel));
-    throw std::logic_error(fmt::format("{}: the ranks' slices overlap and leave a gap: together they must cover "
-                                       "every element exactly once",
-                                       where));
-  }
+  check_slices_cover_the_tensor(comm_, agreed_failure_, slices, numel, shape, where);
 
   Dataset dataset;
-  agree(comm_, agreed_failure_, [&] {
-    const hsize_t dims = static_cast<hsize_t>(numel);
-    Dataspace space(H5Screate_simple(1, &dims, nullptr));
-    PropertyList dcpl(H5Pcreate(H5P_DATASET_CREATE));
-    // Every element is written below: filling the dataset with zeros first would write it twice.
-    H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);
-    dataset = Dataset(H5Dcreate2(file_, name.c_str(), H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
-    if (!dataset.valid()) fail("{}: cannot create its dataset{}", where, hdf5_reason());
-  });
+  agree(comm_, agreed_failure_, [&] { dataset = create_tensor_dataset(file_, name, numel, where); });
 
-  // Collective transfer lets MPI-IO merge the ranks' interleaved slices into large writes. Every
-  // rank must then make the same number of H5Dwrite calls: ranks with fewer pieces make up the
-  // difference with empty selections, and a rank whose write failed keeps calling too.
+  // Collective transfer lets MPI-IO merge the ranks' interleaved slices into large writes; every
+  // rank must then make the same number of H5Dwrite calls.
   const std::vector<Piece> pieces = split_into_pieces(slices, max_io_elements_);
   uint64_t calls = pieces.size();
   MPI_Allreduce(MPI_IN_PLACE, &calls, 1, MPI_UINT64_T, MPI_MAX, comm_);
   agree(comm_, agreed_failure_, [&] {
-    PropertyList dxpl(H5Pcreate(H5P_DATASET_XFER));
-    H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE);
-    Dataspace file_space(H5Dget_space(dataset.get()));
-    std::string error;
-    const float unused = 0;  // the buffer of an empty write
-    for (uint64_t k = 0; k < calls; ++k) {
-      const hsize_t count = k < pieces.size() ? static_cast<hsize_t>(pieces[k].count) : 1;
-      Dataspace memory_space(H5Screate_simple(1, &count, nullptr));
-      const float* data = &unused;
-      bool selected = false;
-      if (k < pieces.size()) {
-        const hsize_t start = static_cast<hsize_t>(pieces[k].offset);
-        selected = H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr) >= 0;
-        if (!selected && error.empty()) error = fmt::format("{}: cannot select elements{}", where, hdf5_reason());
-        data = pieces[k].data;
-      }
-      if (!selected) {
-        H5Sselect_none(file_space.get());
-        H5Sselect_none(memory_space.get());
-      }
-      if (H5Dwrite(dataset.get(), H5T_NATIVE_FLOAT, memory_space.get(), file_space.get(), dxpl.get(), data) < 0 &&
-          error.empty())
-        error = k < pieces.size() ? fmt::format("{}: cannot write elements [{}, {}){}", where, pieces[k].offset,
-                                                pieces[k].offset + pieces[k].count, hdf5_reason())
-                                  : fmt::format("{}: cannot take part in a collective write{}", where, hdf5_reason());
-    }
+    const std::string error = write_pieces_collectively(dataset, pieces, calls, where);
     if (!error.empty()) throw UserError(error);
   });
 
   uint64_t checksum = 0;
   for (const FloatSlice& slice : slices) checksum += checksum_elements(slice.offset, slice.values);
   MPI_Allreduce(MPI_IN_PLACE, &checksum, 1, MPI_UINT64_T, MPI_SUM, comm_);
-  agree(comm_, agreed_failure_, [&] {
-    const hsize_t rank = shape.size();
-    Dataspace shape_space(H5Screate_simple(1, &rank, nullptr));
-    const int64_t none = 0;  // the buffer of a scalar's empty shape
-    write_attribute(dataset.get(), "shape", H5T_STD_I64LE, H5T_NATIVE_INT64, shape_space.get(),
-                    shape.empty() ? &none : shape.data(), where);
-    Dataspace scalar(H5Screate(H5S_SCALAR));
-    write_attribute(dataset.get(), "checksum", H5T_STD_U64LE, H5T_NATIVE_UINT64, scalar.get(), &checksum, where);
-    if (H5Dclose(dataset.release()) < 0) fail("{}: cannot close its dataset{}", where, hdf5_reason());
-  });
+  agree(comm_, agreed_failure_, [&] { finish_tensor_dataset(dataset, shape, checksum, where); });
   names_.push_back(name);
 }
 

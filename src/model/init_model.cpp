@@ -1,14 +1,13 @@
 #include "model/init_model.h"
 
 #include <omp.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "data/tokenizer.h"
 #include "io/model_files.h"
+#include "io/output_directory.h"
 #include "io/tokenizer_files.h"
 #include "util/bf16.h"
 #include "util/error.h"
@@ -17,17 +16,6 @@
 namespace fsdpq {
 namespace fs = std::filesystem;
 namespace {
-
-inline float float_of(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-inline uint32_t bits_of(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
 
 // Threefry-2x32 with 20 rounds (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3",
 // SC'11; JAX's default generator): a keyed bijection of a 64-bit counter, made only of adds,
@@ -70,17 +58,17 @@ StreamKey stream_key(uint64_t seed, uint64_t stream) {
 // every machine. Written without branches; selects are bit masks.
 inline void box_muller(uint32_t x0, uint32_t x1, float scale, float& z0, float& z1) {
   // ln u1 = e ln 2 + ln m with m in [sqrt(1/2), sqrt(2)), ln m = 2 atanh(s), s = (m - 1) / (m + 1).
-  const uint32_t bits = bits_of(static_cast<float>((x0 >> 8) + 1) * (1.0f / 16777216.0f));
+  const uint32_t bits = float_bits(static_cast<float>((x0 >> 8) + 1) * (1.0f / 16777216.0f));
   const uint32_t above_sqrt2 = (bits & 0x7fffffu) > 0x3504f3u;
   const int32_t e = static_cast<int32_t>(bits >> 23) - 127 + static_cast<int32_t>(above_sqrt2);
-  const float m = float_of(((bits & 0x7fffffu) | 0x3f800000u) - (above_sqrt2 << 23));
+  const float m = bits_float(((bits & 0x7fffffu) | 0x3f800000u) - (above_sqrt2 << 23));
   const float s = (m - 1.0f) / (m + 1.0f);
   const float s2 = s * s;
   const float ln = static_cast<float>(e) * 0.693147180559945f +
                    2.0f * s * (1.0f + s2 * (1.0f / 3 + s2 * (1.0f / 5 + s2 * (1.0f / 7 + s2 * (1.0f / 9)))));
   // sqrt(y) = y / sqrt(y): reciprocal square root from the classic bit estimate plus three Newton steps.
   const float y = -2.0f * ln + 0.0f;  // + 0 turns -0 into +0
-  float g = float_of(0x5f3759dfu - (bits_of(y) >> 1));
+  float g = bits_float(0x5f3759dfu - (float_bits(y) >> 1));
   g = g * (1.5f - 0.5f * y * g * g);
   g = g * (1.5f - 0.5f * y * g * g);
   g = g * (1.5f - 0.5f * y * g * g);
@@ -91,19 +79,19 @@ inline void box_muller(uint32_t x0, uint32_t x1, float scale, float& z0, float& 
   const float xx = x * x;
   const float sin_x = x * (1.0f + xx * (-1.0f / 6 + xx * (1.0f / 120 + xx * (-1.0f / 5040))));
   const float cos_x = 1.0f + xx * (-0.5f + xx * (1.0f / 24 + xx * (-1.0f / 720 + xx * (1.0f / 40320))));
-  const uint32_t sin_phi = bits_of((sin_x + cos_x) * 0.707106781186547524f);
-  const uint32_t cos_phi = bits_of((cos_x - sin_x) * 0.707106781186547524f);
+  const uint32_t sin_phi = float_bits((sin_x + cos_x) * 0.707106781186547524f);
+  const uint32_t cos_phi = float_bits((cos_x - sin_x) * 0.707106781186547524f);
   // Rotate by q quarter turns: odd q swaps sin and cos; the signs follow the quadrant.
   const uint32_t swap = 0u - (q & 1u);
   const uint32_t cos_t = ((sin_phi & swap) | (cos_phi & ~swap)) ^ (((q ^ (q >> 1)) & 1u) << 31);
   const uint32_t sin_t = ((cos_phi & swap) | (sin_phi & ~swap)) ^ ((q >> 1) << 31);
-  z0 = r * float_of(cos_t);
-  z1 = r * float_of(sin_t);
+  z0 = r * bits_float(cos_t);
+  z1 = r * bits_float(sin_t);
 }
 
 // Round to nearest even; the values are finite, so no NaN case.
 inline uint16_t bf16_of(float f) {
-  const uint32_t u = bits_of(f);
+  const uint32_t u = float_bits(f);
   return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
@@ -156,17 +144,6 @@ std::unique_ptr<data::Tokenizer> checked_tokenizer(const fs::path& tokenizer, in
   return loaded;
 }
 
-// Removes the staging directory unless the model was moved into place.
-struct StagingDir {
-  fs::path path;
-  bool committed = false;
-  ~StagingDir() {
-    if (committed || path.empty()) return;
-    std::error_code ignored;
-    fs::remove_all(path, ignored);
-  }
-};
-
 }  // namespace
 
 void threefry2x32_20(uint32_t key0, uint32_t key1, uint32_t& x0, uint32_t& x1) { threefry2x32(key0, key1, x0, x1); }
@@ -212,34 +189,17 @@ void init_model(LlamaConfig config, const fs::path& out_dir, const InitModelOpti
   }
   if (options.max_shard_bytes == 0) fail("init-model: max_shard_bytes must be positive");
 
-  fs::path target = fs::absolute(out_dir).lexically_normal();
-  if (!target.has_filename()) target = target.parent_path();  // "out/" → "out"
-  if (target.filename().empty() || target == target.root_path())
-    fail("init-model: '{}' cannot be an output directory", out_dir.string());
-  std::error_code ec;
-  const bool exists = fs::exists(target, ec);
-  if (exists) {
-    if (!fs::is_directory(target, ec)) fail("init-model: '{}' exists and is not a directory", out_dir.string());
-    if (!fs::is_empty(target, ec) && !options.overwrite)
-      fail("init-model: output directory '{}' is not empty; choose another or allow overwriting it", out_dir.string());
-  }
-  const fs::path parent = target.parent_path();
-  fs::create_directories(parent, ec);
-  if (ec || !fs::is_directory(parent))
-    fail("init-model: cannot create '{}': {}", parent.string(), ec ? ec.message() : "not a directory");
-
-  StagingDir staging;
-  staging.path = parent / fmt::format(".{}.partial-{}", target.filename().string(), ::getpid());
-  fs::remove_all(staging.path, ec);
-  if (!fs::create_directory(staging.path, ec)) fail("init-model: cannot create '{}': {}", staging.path.string(), ec.message());
+  const fs::path target = output_directory_target(out_dir, "init-model");
+  check_output_directory_free(target, out_dir, options.overwrite, "init-model", "allow overwriting it");
+  StagedDirectory staging(target, "init-model");
 
   const nlohmann::json hf_config = to_hf_json(config);
-  write_file_atomically(staging.path / "config.json", hf_config.dump(2) + "\n");
+  write_file_atomically(staging.path() / "config.json", hf_config.dump(2) + "\n");
   const nlohmann::json generation = {{"_from_model_config", true},
                                      {"bos_token_id", hf_config["bos_token_id"]},
                                      {"eos_token_id", hf_config["eos_token_id"]}};
-  write_file_atomically(staging.path / "generation_config.json", generation.dump(2) + "\n");
-  if (!options.tokenizer_model.empty()) copy_tokenizer_files(options.tokenizer_model, staging.path, "init-model");
+  write_file_atomically(staging.path() / "generation_config.json", generation.dump(2) + "\n");
+  if (!options.tokenizer_model.empty()) copy_tokenizer_files(options.tokenizer_model, staging.path(), "init-model");
 
   const std::vector<TensorSpec> specs = hf_tensor_specs(config);
   uint64_t total = 0, done = 0;
@@ -254,10 +214,9 @@ void init_model(LlamaConfig config, const fs::path& out_dir, const InitModelOpti
     done += chunk.size();
     if (options.progress) options.progress(done, total);
   };
-  write_model_weights(staging.path, specs, fill, options.max_shard_bytes);
+  write_model_weights(staging.path(), specs, fill, options.max_shard_bytes);
 
-  swap_directory_into_place(staging.path, target, "init-model");
-  staging.committed = true;
+  staging.commit();
 }
 
 }  // namespace fsdpq

@@ -63,39 +63,37 @@ CrossEntropyResult cross_entropy_forward_backward(const TensorView& logits, cons
   check_label_range(label, rows, T, V);
 
   std::vector<double> row_loss(static_cast<size_t>(rows), 0.0);
-  with_storage(logits.dtype, op, [&](auto in_tag) {
-    with_storage(dlogits.dtype, op, [&](auto out_tag) {
-      using InT = decltype(in_tag);
-      using OutT = decltype(out_tag);
+  with_storages({logits.dtype, dlogits.dtype}, op, [&](auto in_tag, auto out_tag) {
+    using InT = decltype(in_tag);
+    using OutT = decltype(out_tag);
 #pragma omp parallel if (worth_parallel(rows * V))
-      {
-        std::vector<float> values(static_cast<size_t>(V));  // this thread's one fp32 row
+    {
+      std::vector<float> values(static_cast<size_t>(V));  // this thread's one fp32 row
 #pragma omp for schedule(static)
-        for (int64_t row = 0; row < rows; ++row) {
-          const int32_t target = shifted_target(label, row, T);
-          OutT* grad = dlogits.as<OutT>() + row * V;
-          if (target == kIgnoreIndex) {
-            std::fill(grad, grad + V, from_f32<OutT>(0.0f));
-            continue;
-          }
-          const InT* in = logits.as<const InT>() + row * V;
-          float max_value = -std::numeric_limits<float>::infinity();
-          for (int64_t i = 0; i < V; ++i) {
-            values[static_cast<size_t>(i)] = to_f32(in[i]);
-            max_value = std::max(max_value, values[static_cast<size_t>(i)]);
-          }
-          float sum = 0.0f;
-          for (int64_t i = 0; i < V; ++i) sum += std::exp(values[static_cast<size_t>(i)] - max_value);
-          const float log_sum = std::log(sum);
-          row_loss[static_cast<size_t>(row)] = static_cast<double>(max_value + log_sum - values[static_cast<size_t>(target)]);
-          // softmax_i = exp(v_i - max - log_sum); written after the row was read, so grad may alias in.
-          for (int64_t i = 0; i < V; ++i) {
-            const float p = std::exp(values[static_cast<size_t>(i)] - max_value - log_sum);
-            grad[i] = from_f32<OutT>(grad_scale * (i == target ? p - 1.0f : p));
-          }
+      for (int64_t row = 0; row < rows; ++row) {
+        const int32_t target = shifted_target(label, row, T);
+        OutT* grad = dlogits.as<OutT>() + row * V;
+        if (target == kIgnoreIndex) {
+          std::fill(grad, grad + V, from_f32<OutT>(0.0f));
+          continue;
+        }
+        const InT* in = logits.as<const InT>() + row * V;
+        float max_value = -std::numeric_limits<float>::infinity();
+        for (int64_t i = 0; i < V; ++i) {
+          values[static_cast<size_t>(i)] = to_f32(in[i]);
+          max_value = std::max(max_value, values[static_cast<size_t>(i)]);
+        }
+        float sum = 0.0f;
+        for (int64_t i = 0; i < V; ++i) sum += std::exp(values[static_cast<size_t>(i)] - max_value);
+        const float log_sum = std::log(sum);
+        row_loss[static_cast<size_t>(row)] = static_cast<double>(max_value + log_sum - values[static_cast<size_t>(target)]);
+        // softmax_i = exp(v_i - max - log_sum); written after the row was read, so grad may alias in.
+        for (int64_t i = 0; i < V; ++i) {
+          const float p = std::exp(values[static_cast<size_t>(i)] - max_value - log_sum);
+          grad[i] = from_f32<OutT>(grad_scale * (i == target ? p - 1.0f : p));
         }
       }
-    });
+    }
   });
 
   CrossEntropyResult result;

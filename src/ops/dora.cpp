@@ -189,20 +189,18 @@ void dora_scale_columns(TensorView out, const TensorView& in, const TensorView& 
   if (runs_on_cuda(op, {out, in, g}))
     if constexpr (kWithCuda) return cuda_ops::dora_scale_columns(out, in, g, offset, accumulate);
   const float* scale = g.as<const float>();
-  with_storage(in.dtype, op, [&](auto in_tag) {
-    with_storage(out.dtype, op, [&](auto out_tag) {
-      using I = decltype(in_tag);
-      using O = decltype(out_tag);
-      const I* src = in.as<const I>();
-      O* dst = out.as<O>();
+  with_storages({in.dtype, out.dtype}, op, [&](auto in_tag, auto out_tag) {
+    using I = decltype(in_tag);
+    using O = decltype(out_tag);
+    const I* src = in.as<const I>();
+    O* dst = out.as<O>();
 #pragma omp parallel for if (worth_parallel(rows * cols)) schedule(static)
-      for (int64_t t = 0; t < rows; ++t)
-        for (int64_t j = 0; j < cols; ++j) {
-          const int64_t e = t * cols + j;
-          const float scaled = to_f32(src[e]) * (scale[j] + offset);
-          dst[e] = from_f32<O>(accumulate ? to_f32(dst[e]) + scaled : scaled);
-        }
-    });
+    for (int64_t t = 0; t < rows; ++t)
+      for (int64_t j = 0; j < cols; ++j) {
+        const int64_t e = t * cols + j;
+        const float scaled = to_f32(src[e]) * (scale[j] + offset);
+        dst[e] = from_f32<O>(accumulate ? to_f32(dst[e]) + scaled : scaled);
+      }
   });
 }
 
@@ -219,19 +217,17 @@ void dora_magnitude_backward(TensorView dm, const TensorView& dy, const TensorVi
     if constexpr (kWithCuda) return cuda_ops::dora_magnitude_backward(dm, dy, z, norm);
   const float* n = norm.as<const float>();
   float* out = dm.as<float>();
-  with_storage(dy.dtype, op, [&](auto dy_tag) {
-    with_storage(z.dtype, op, [&](auto z_tag) {
-      using D = decltype(dy_tag);
-      using Z = decltype(z_tag);
-      const D* g = dy.as<const D>();
-      const Z* v = z.as<const Z>();
+  with_storages({dy.dtype, z.dtype}, op, [&](auto dy_tag, auto z_tag) {
+    using D = decltype(dy_tag);
+    using Z = decltype(z_tag);
+    const D* g = dy.as<const D>();
+    const Z* v = z.as<const Z>();
 #pragma omp parallel for if (worth_parallel(rows * cols)) schedule(static)
-      for (int64_t j = 0; j < cols; ++j) {
-        float sum = 0.0f;  // fp32, rows in order, as the kernel's columns are summed
-        for (int64_t t = 0; t < rows; ++t) sum += to_f32(g[t * cols + j]) * to_f32(v[t * cols + j]);
-        out[j] += sum / n[j];
-      }
-    });
+    for (int64_t j = 0; j < cols; ++j) {
+      float sum = 0.0f;  // fp32, rows in order, as the kernel's columns are summed
+      for (int64_t t = 0; t < rows; ++t) sum += to_f32(g[t * cols + j]) * to_f32(v[t * cols + j]);
+      out[j] += sum / n[j];
+    }
   });
 }
 

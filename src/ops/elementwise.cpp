@@ -30,10 +30,8 @@ void unary(const char* op, TensorView out, const TensorView& in, Body&& body) {
   check_cpu_float(op, "output", out);
   check_cpu_float(op, "input", in);
   check_numel(op, "input", in, out.numel());
-  with_storage(out.dtype, op, [&](auto out_tag) {
-    with_storage(in.dtype, op, [&](auto in_tag) {
-      body(out.as<decltype(out_tag)>(), in.as<const decltype(in_tag)>(), out.numel());
-    });
+  with_storages({out.dtype, in.dtype}, op, [&](auto out_tag, auto in_tag) {
+    body(out.as<decltype(out_tag)>(), in.as<const decltype(in_tag)>(), out.numel());
   });
 }
 

@@ -24,38 +24,41 @@ void check_ids(const char* op, const TensorView& ids, int64_t vocab) {
            vocab, vocab - 1);
 }
 
+// What both directions check before they pick a device: a [V, C] table (or its gradient), I32
+// ids, and one row of C per id (the output, or its gradient).
+void check_lookup(const char* op, const char* table_name, const TensorView& table, const char* rows_name,
+                  const TensorView& rows, const TensorView& ids) {
+  check_that(table.shape.rank == 2, "{}: {} must be [V, C], got {}", op, table_name, table.shape.to_string());
+  check_shape(op, rows_name, rows, Shape{ids.numel(), table.shape[1]});
+  check_that(ids.dtype == DType::I32, "{}: ids is {}; expected I32", op, ids.describe());
+}
+
 }  // namespace
 
 void embedding_forward(TensorView out, const TensorView& ids, const TensorView& table) {
   constexpr const char* op = "embedding_forward";
   check_float(op, "table", table);
   check_float(op, "out", out);
-  check_that(table.shape.rank == 2, "{}: table must be [V, C], got {}", op, table.shape.to_string());
-  check_shape(op, "out", out, Shape{ids.numel(), table.shape[1]});
-  check_that(ids.dtype == DType::I32, "{}: ids is {}; expected I32", op, ids.describe());
+  check_lookup(op, "table", table, "out", out, ids);
   if (runs_on_cuda(op, {out, ids, table}))
     if constexpr (kWithCuda) return cuda_ops::embedding_forward(out, ids, table);
   check_cpu_float(op, "table", table);
   check_cpu_float(op, "out", out);
-  check_that(table.shape.rank == 2, "{}: table must be [V, C], got {}", op, table.shape.to_string());
   const int64_t vocab = table.shape[0], channels = table.shape[1], tokens = ids.numel();
-  check_shape(op, "out", out, Shape{tokens, channels});
   check_ids(op, ids, vocab);
   const int32_t* id = ids.as<const int32_t>();
 
-  with_storage(table.dtype, op, [&](auto table_tag) {
+  with_storages({table.dtype, out.dtype}, op, [&](auto table_tag, auto out_tag) {
     using TableT = decltype(table_tag);
-    with_storage(out.dtype, op, [&](auto out_tag) {
-      using OutT = decltype(out_tag);
-      const TableT* src = table.as<const TableT>();
-      OutT* dst = out.as<OutT>();
+    using OutT = decltype(out_tag);
+    const TableT* src = table.as<const TableT>();
+    OutT* dst = out.as<OutT>();
 #pragma omp parallel for if (worth_parallel(tokens * channels)) schedule(static)
-      for (int64_t n = 0; n < tokens; ++n) {
-        const TableT* row = src + static_cast<int64_t>(id[n]) * channels;
-        OutT* out_row = dst + n * channels;
-        for (int64_t c = 0; c < channels; ++c) out_row[c] = from_f32<OutT>(to_f32(row[c]));
-      }
-    });
+    for (int64_t n = 0; n < tokens; ++n) {
+      const TableT* row = src + static_cast<int64_t>(id[n]) * channels;
+      OutT* out_row = dst + n * channels;
+      for (int64_t c = 0; c < channels; ++c) out_row[c] = from_f32<OutT>(to_f32(row[c]));
+    }
   });
 }
 
@@ -63,16 +66,12 @@ void embedding_backward(TensorView dtable, const TensorView& ids, const TensorVi
   constexpr const char* op = "embedding_backward";
   check_that(dtable.dtype == DType::F32, "{}: dtable is {}; expected F32", op, dtable.describe());
   check_float(op, "dout", dout);
-  check_that(dtable.shape.rank == 2, "{}: dtable must be [V, C], got {}", op, dtable.shape.to_string());
-  check_shape(op, "dout", dout, Shape{ids.numel(), dtable.shape[1]});
-  check_that(ids.dtype == DType::I32, "{}: ids is {}; expected I32", op, ids.describe());
+  check_lookup(op, "dtable", dtable, "dout", dout, ids);
   if (runs_on_cuda(op, {dtable, ids, dout}))
     if constexpr (kWithCuda) return cuda_ops::embedding_backward(dtable, ids, dout);
   check_dtype(op, "dtable", dtable, DType::F32);
   check_cpu_float(op, "dout", dout);
-  check_that(dtable.shape.rank == 2, "{}: dtable must be [V, C], got {}", op, dtable.shape.to_string());
   const int64_t vocab = dtable.shape[0], channels = dtable.shape[1], tokens = ids.numel();
-  check_shape(op, "dout", dout, Shape{tokens, channels});
   check_ids(op, ids, vocab);
   const int32_t* id = ids.as<const int32_t>();
   float* grad = dtable.as<float>();

@@ -61,30 +61,26 @@ void rmsnorm_forward(TensorView y, TensorView rstd, const TensorView& x, const T
     if constexpr (kWithCuda) return cuda_ops::rmsnorm_forward(y, rstd, x, weight, eps);
   float* rstd_out = rstd.as<float>();
 
-  with_storage(x.dtype, op, [&](auto x_tag) {
+  with_storages({x.dtype, weight.dtype, y.dtype}, op, [&](auto x_tag, auto w_tag, auto y_tag) {
     using XT = decltype(x_tag);
-    with_storage(weight.dtype, op, [&](auto w_tag) {
-      using WT = decltype(w_tag);
-      with_storage(y.dtype, op, [&](auto y_tag) {
-        using YT = decltype(y_tag);
-        const XT* xs = x.as<const XT>();
-        const WT* w = weight.as<const WT>();
-        YT* ys = y.as<YT>();
-        const int64_t C = layout.channels;
+    using WT = decltype(w_tag);
+    using YT = decltype(y_tag);
+    const XT* xs = x.as<const XT>();
+    const WT* w = weight.as<const WT>();
+    YT* ys = y.as<YT>();
+    const int64_t C = layout.channels;
 #pragma omp parallel for if (worth_parallel(layout.rows * C)) schedule(static)
-        for (int64_t r = 0; r < layout.rows; ++r) {
-          const XT* x_row = xs + r * C;
-          YT* y_row = ys + r * C;
-          const float variance = sum_of_squares(x_row, C) / static_cast<float>(C);
-          const float inv_rms = 1.0f / std::sqrt(variance + eps);
-          rstd_out[r] = inv_rms;
-          for (int64_t c = 0; c < C; ++c) {
-            const float normalized = round_to<XT>(to_f32(x_row[c]) * inv_rms);  // n.to(input_dtype)
-            y_row[c] = from_f32<YT>(to_f32(w[c]) * normalized);
-          }
-        }
-      });
-    });
+    for (int64_t r = 0; r < layout.rows; ++r) {
+      const XT* x_row = xs + r * C;
+      YT* y_row = ys + r * C;
+      const float variance = sum_of_squares(x_row, C) / static_cast<float>(C);
+      const float inv_rms = 1.0f / std::sqrt(variance + eps);
+      rstd_out[r] = inv_rms;
+      for (int64_t c = 0; c < C; ++c) {
+        const float normalized = round_to<XT>(to_f32(x_row[c]) * inv_rms);  // n.to(input_dtype)
+        y_row[c] = from_f32<YT>(to_f32(w[c]) * normalized);
+      }
+    }
   });
 }
 
@@ -106,56 +102,50 @@ void rmsnorm_backward(TensorView dx, TensorView dweight, const TensorView& dy, c
   const float* inv_rms = rstd.as<const float>();
   float* dw = dweight.as<float>();
 
-  with_storage(x.dtype, op, [&](auto x_tag) {
+  with_storages({x.dtype, weight.dtype, dy.dtype, dx.dtype}, op, [&](auto x_tag, auto w_tag, auto dy_tag, auto dx_tag) {
     using XT = decltype(x_tag);
-    with_storage(weight.dtype, op, [&](auto w_tag) {
-      using WT = decltype(w_tag);
-      with_storage(dy.dtype, op, [&](auto dy_tag) {
-        using DYT = decltype(dy_tag);
-        with_storage(dx.dtype, op, [&](auto dx_tag) {
-          using DXT = decltype(dx_tag);
-          const XT* xs = x.as<const XT>();
-          const WT* w = weight.as<const WT>();
-          const DYT* dys = dy.as<const DYT>();
-          DXT* dxs = dx.as<DXT>();
-          const int64_t C = layout.channels, rows = layout.rows;
+    using WT = decltype(w_tag);
+    using DYT = decltype(dy_tag);
+    using DXT = decltype(dx_tag);
+    const XT* xs = x.as<const XT>();
+    const WT* w = weight.as<const WT>();
+    const DYT* dys = dy.as<const DYT>();
+    DXT* dxs = dx.as<DXT>();
+    const int64_t C = layout.channels, rows = layout.rows;
 
-          // dweight first: dx may alias dy, and dweight needs dy. Threads own column blocks
-          // (rows are summed in order), so the result is deterministic.
-          constexpr int64_t kColumnBlock = 64;
-          const int64_t blocks = with_dweight ? (C + kColumnBlock - 1) / kColumnBlock : 0;
+    // dweight first: dx may alias dy, and dweight needs dy. Threads own column blocks
+    // (rows are summed in order), so the result is deterministic.
+    constexpr int64_t kColumnBlock = 64;
+    const int64_t blocks = with_dweight ? (C + kColumnBlock - 1) / kColumnBlock : 0;
 #pragma omp parallel for if (worth_parallel(rows * C)) schedule(static)
-          for (int64_t block = 0; block < blocks; ++block) {
-            const int64_t c0 = block * kColumnBlock, c1 = std::min(C, c0 + kColumnBlock);
-            float sums[kColumnBlock] = {};
-            for (int64_t r = 0; r < rows; ++r) {
-              const XT* x_row = xs + r * C;
-              const DYT* dy_row = dys + r * C;
-              for (int64_t c = c0; c < c1; ++c)
-                sums[c - c0] += to_f32(dy_row[c]) * round_to<XT>(to_f32(x_row[c]) * inv_rms[r]);
-            }
-            for (int64_t c = c0; c < c1; ++c) dw[c] += sums[c - c0];
-          }
+    for (int64_t block = 0; block < blocks; ++block) {
+      const int64_t c0 = block * kColumnBlock, c1 = std::min(C, c0 + kColumnBlock);
+      float sums[kColumnBlock] = {};
+      for (int64_t r = 0; r < rows; ++r) {
+        const XT* x_row = xs + r * C;
+        const DYT* dy_row = dys + r * C;
+        for (int64_t c = c0; c < c1; ++c)
+          sums[c - c0] += to_f32(dy_row[c]) * round_to<XT>(to_f32(x_row[c]) * inv_rms[r]);
+      }
+      for (int64_t c = c0; c < c1; ++c) dw[c] += sums[c - c0];
+    }
 
-          // With n = x * rstd and g = dy * weight: dx = rstd * (g - n * mean(g * n)).
+    // With n = x * rstd and g = dy * weight: dx = rstd * (g - n * mean(g * n)).
 #pragma omp parallel for if (worth_parallel(rows * C)) schedule(static)
-          for (int64_t r = 0; r < rows; ++r) {
-            const XT* x_row = xs + r * C;
-            const DYT* dy_row = dys + r * C;
-            DXT* dx_row = dxs + r * C;
-            const float s = inv_rms[r];
-            float dot = 0.0f;
-            for (int64_t c = 0; c < C; ++c) dot += to_f32(dy_row[c]) * to_f32(w[c]) * (to_f32(x_row[c]) * s);
-            const float mean_dot = dot / static_cast<float>(C);
-            for (int64_t c = 0; c < C; ++c) {
-              const float g = to_f32(dy_row[c]) * to_f32(w[c]);
-              const float n = to_f32(x_row[c]) * s;
-              dx_row[c] = from_f32<DXT>(s * (g - n * mean_dot));
-            }
-          }
-        });
-      });
-    });
+    for (int64_t r = 0; r < rows; ++r) {
+      const XT* x_row = xs + r * C;
+      const DYT* dy_row = dys + r * C;
+      DXT* dx_row = dxs + r * C;
+      const float s = inv_rms[r];
+      float dot = 0.0f;
+      for (int64_t c = 0; c < C; ++c) dot += to_f32(dy_row[c]) * to_f32(w[c]) * (to_f32(x_row[c]) * s);
+      const float mean_dot = dot / static_cast<float>(C);
+      for (int64_t c = 0; c < C; ++c) {
+        const float g = to_f32(dy_row[c]) * to_f32(w[c]);
+        const float n = to_f32(x_row[c]) * s;
+        dx_row[c] = from_f32<DXT>(s * (g - n * mean_dot));
+      }
+    }
   });
 }
 

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include <cstddef>
 #include <stdexcept>
 #include <type_traits>
 
@@ -50,6 +51,26 @@ decltype(auto) with_storage(DType dtype, const char* op, Fn&& fn) {
     default: break;
   }
   throw std::logic_error(fmt::format("{}: unsupported dtype {} (the CPU ops take F32, BF16 or F16)", op, dtype_name(dtype)));
+}
+
+namespace storage_detail {
+template <size_t I, size_t N, class Fn, class... Tags>
+decltype(auto) with_storages_from(const DType (&dtypes)[N], const char* op, Fn& fn, Tags... tags) {
+  if constexpr (I == N)
+    return fn(tags...);
+  else
+    return with_storage(dtypes[I], op, [&](auto tag) -> decltype(auto) {
+      return with_storages_from<I + 1>(dtypes, op, fn, tags..., tag);
+    });
+}
+}  // namespace storage_detail
+
+// with_storage for several tensors at once: fn(Storage1{}, Storage2{}, ...) with the storage type
+// of each of `dtypes`, in order (the first unsupported one throws), so that an op whose operands
+// may each be F32, BF16 or F16 gets one loop per combination without nesting a dispatch per operand.
+template <size_t N, class Fn>
+decltype(auto) with_storages(const DType (&dtypes)[N], const char* op, Fn&& fn) {
+  return storage_detail::with_storages_from<0>(dtypes, op, fn);
 }
 
 }  // namespace fsdpq

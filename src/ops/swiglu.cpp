@@ -27,22 +27,18 @@ void swiglu_forward(TensorView h, const TensorView& gate, const TensorView& up) 
   if (runs_on_cuda(op, {h, gate, up}))
     if constexpr (kWithCuda) return cuda_ops::swiglu_forward(h, gate, up);
   const int64_t n = gate.numel();
-  with_storage(gate.dtype, op, [&](auto g_tag) {
-    with_storage(up.dtype, op, [&](auto u_tag) {
-      with_storage(h.dtype, op, [&](auto h_tag) {
-        using GT = decltype(g_tag);
-        using UT = decltype(u_tag);
-        using HT = decltype(h_tag);
-        const GT* g = gate.as<const GT>();
-        const UT* u = up.as<const UT>();
-        HT* out = h.as<HT>();
+  with_storages({gate.dtype, up.dtype, h.dtype}, op, [&](auto g_tag, auto u_tag, auto h_tag) {
+    using GT = decltype(g_tag);
+    using UT = decltype(u_tag);
+    using HT = decltype(h_tag);
+    const GT* g = gate.as<const GT>();
+    const UT* u = up.as<const UT>();
+    HT* out = h.as<HT>();
 #pragma omp parallel for if (worth_parallel(n)) schedule(static)
-        for (int64_t i = 0; i < n; ++i) {
-          const float x = to_f32(g[i]);
-          out[i] = from_f32<HT>(silu(x) * to_f32(u[i]));
-        }
-      });
-    });
+    for (int64_t i = 0; i < n; ++i) {
+      const float x = to_f32(g[i]);
+      out[i] = from_f32<HT>(silu(x) * to_f32(u[i]));
+    }
   });
 }
 
@@ -67,24 +63,22 @@ void swiglu_backward(TensorView dgate, TensorView dup, const TensorView& dh, con
   // Elementwise with mixed dtypes: each operand's dtype is fixed for the whole call, so the
   // activations (gate, up) and the gradients (dh, dgate, dup) are dispatched as two groups.
   const int64_t n = gate.numel();
-  with_storage(gate.dtype, op, [&](auto a_tag) {
-    with_storage(dh.dtype, op, [&](auto d_tag) {
-      using AT = decltype(a_tag);
-      using DT = decltype(d_tag);
-      const AT* g = gate.as<const AT>();
-      const AT* u = up.as<const AT>();
-      const DT* dy = dh.as<const DT>();
-      DT* dg = dgate.as<DT>();
-      DT* du = dup.as<DT>();
+  with_storages({gate.dtype, dh.dtype}, op, [&](auto a_tag, auto d_tag) {
+    using AT = decltype(a_tag);
+    using DT = decltype(d_tag);
+    const AT* g = gate.as<const AT>();
+    const AT* u = up.as<const AT>();
+    const DT* dy = dh.as<const DT>();
+    DT* dg = dgate.as<DT>();
+    DT* du = dup.as<DT>();
 #pragma omp parallel for if (worth_parallel(n)) schedule(static)
-      for (int64_t i = 0; i < n; ++i) {
-        const float x = to_f32(g[i]), y = to_f32(u[i]), grad = to_f32(dy[i]);
-        const float s = sigmoid(x);
-        const float dsilu = s * (1.0f + x * (1.0f - s));
-        dg[i] = from_f32<DT>(grad * y * dsilu);
-        du[i] = from_f32<DT>(grad * silu(x));
-      }
-    });
+    for (int64_t i = 0; i < n; ++i) {
+      const float x = to_f32(g[i]), y = to_f32(u[i]), grad = to_f32(dy[i]);
+      const float s = sigmoid(x);
+      const float dsilu = s * (1.0f + x * (1.0f - s));
+      dg[i] = from_f32<DT>(grad * y * dsilu);
+      du[i] = from_f32<DT>(grad * silu(x));
+    }
   });
 }
 

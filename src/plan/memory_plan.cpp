@@ -145,21 +145,67 @@ UnitBytes unit_bytes(const PlanInput& p, const UnitShape& u, int shard_size, boo
 
 int64_t state_buffers(OptimizerKind kind) { return static_cast<int64_t>(optimizer_state_names(kind).size()); }
 
+// The largest buffers the adapter ops allocate for themselves in a layer's forward and backward.
+struct OpTemporaries {
+  int64_t forward = 0, backward = 0;
+};
+
+// What LoRA's ops allocate for themselves (src/ops/lora.cpp, matmul.cpp, model/llama_layer.cpp), per
+// group of modules that share an input. Forward: with dropout, each adapter's dropped copy of the
+// input (one pass writes them all); without, the stacked A. Backward: the group's d(xa) (fp32
+// [N, Σr]) throughout, with each module's dy cast to the compute dtype in turn (GPU, where the
+// activation gradients are fp32: fp16), then for
+// the dA and dx GEMMs d(xa) rounded (GPU) beside the dropped copies, or beside one dx_dropped
+// (fp32 [N, in]) at a time, or beside the stacked A and dA. A group the fused LoRA kernels take
+// (GPU, 16-bit, dropout: ops/lora.h) writes no dropped copy: only their fp32 partial sums
+// (kernels/lora_fused_shape.h), the forward's split-K ones and the backward's per-chunk dA.
+OpTemporaries lora_temporaries(const PlanInput& p, const std::vector<Linear>& lin, int64_t N) {
+  const bool gpu = p.on_gpu, dropout = p.lora_dropout > 0;
+  const int64_t a = static_cast<int64_t>(dtype_size(p.activation));
+  const int64_t g = static_cast<int64_t>(dtype_size(activation_grad_dtype(p.activation)));
+  auto R = [&](int64_t bytes) { return rounded(gpu, bytes); };
+  const bool cast = gpu && p.activation != DType::F32;  // d(xa) is rounded for the GEMMs against A
+  const bool dy_cast_needed = cast && g == kF32;
+  const bool fused_kernels = cast && dropout && gpu_lora_kernels() == GpuLoraKernels::Fused;
+  OpTemporaries t;
+  for (int group_index = 0; group_index < kLinearGroups; ++group_index) {
+    const std::span<const int> group = group_modules(group_index);
+    int64_t adapters = 0, rank = 0, dy_cast = 0;
+    std::vector<int64_t> ranks;
+    const int64_t in = lin[static_cast<size_t>(group[0])].in;
+    for (int m : group) {
+      const Linear& l = lin[static_cast<size_t>(m)];
+      if (dy_cast_needed) dy_cast = std::max(dy_cast, R(N * l.out * a));
+      if (l.rank > 0) ++adapters, rank += l.rank, ranks.push_back(l.rank);
+    }
+    t.backward = std::max(t.backward, dy_cast);
+    if (adapters == 0) continue;
+    const bool fused = fused_kernels && lora_fused::takes(in, ranks.data(), ranks.size());
+    const int64_t stacked = adapters > 1 ? R(rank * in * a) : 0;
+    const int64_t dropped_copies = adapters * R(N * in * a);
+    t.forward = std::max(t.forward, fused     ? R(lora_fused::down_workspace_floats(N, in, rank) * kF32)
+                                    : dropout ? dropped_copies
+                                              : stacked);
+    const int64_t dxa = R(N * rank * kF32), dxa_cast = cast ? R(N * rank * a) : 0;
+    const int64_t input_phase = fused     ? R(lora_fused::weight_grad_workspace_floats(N, in, rank) * kF32)
+                                : dropout ? std::max(dropped_copies, R(N * in * kF32))
+                                          : stacked + (adapters > 1 ? R(rank * in * kF32) : 0);
+    t.backward = std::max(t.backward, dxa + std::max(dy_cast, dxa_cast + input_phase));
+  }
+  return t;
+}
+
 // What a DoRA linear's ops allocate for themselves (src/ops/dora.cpp, and the LoRA op it calls
 // as a group of one), the largest over the adapted modules. Forward: the weight norm's fp32 block
 // of rows (at most kDoraNormChunkBytes) and then g, the dropped input copy (dropout: DoRA's and
 // LoRA's own). Backward: g and dy ⊙ g, then with dropout (g − 1) ⊙ dy and the fp32 gradient at the
 // dropped input, or LoRA's d(xa) (fp32, rounded on the GPU) beside its dropped copy or dx_dropped.
-struct DoraTemporaries {
-  int64_t forward = 0, backward = 0;
-};
-
-DoraTemporaries dora_temporaries(const PlanInput& p, const std::vector<Linear>& lin, int64_t N) {
+OpTemporaries dora_temporaries(const PlanInput& p, const std::vector<Linear>& lin, int64_t N) {
   const bool gpu = p.on_gpu, dropout = p.lora_dropout > 0;
   const int64_t a = static_cast<int64_t>(dtype_size(p.activation));
   const int64_t g = static_cast<int64_t>(dtype_size(activation_grad_dtype(p.activation)));
   auto R = [&](int64_t bytes) { return rounded(gpu, bytes); };
-  DoraTemporaries t;
+  OpTemporaries t;
   for (const Linear& l : lin) {
     if (l.rank == 0) continue;
     const int64_t norm_block = R(dora_norm_chunk_rows(l.out, l.in) * l.in * kF32), scale = R(l.out * kF32);
@@ -172,6 +218,55 @@ DoraTemporaries dora_temporaries(const PlanInput& p, const std::vector<Linear>& 
     t.backward = std::max(t.backward, scale + dy_g + std::max(base_dropped, lora));
   }
   return t;
+}
+
+// LayerActivations::allocate: what one decoder layer keeps for its backward.
+int64_t layer_activation_bytes(const PlanInput& p, const std::vector<Linear>& lin, int64_t N) {
+  const LlamaConfig& m = p.model;
+  const int64_t B = p.setting.batch_size, T = p.context_length;
+  const int64_t C = m.hidden_size, H = m.num_attention_heads, KV = m.num_key_value_heads, D = m.head_dim;
+  const int64_t I = m.intermediate_size;
+  const int64_t a = static_cast<int64_t>(dtype_size(p.activation));
+  Bytes layer{p.on_gpu};
+  layer.add(N * C * a);            // n1
+  layer.add(N * kF32);             // rstd1
+  layer.add(N * H * D * a);        // q
+  layer.add(N * KV * D * a, 2);    // k, v
+  layer.add(N * H * D * a);        // att
+  layer.add(B * H * T * kF32);     // lse
+  layer.add(N * C * a, 2);         // x2, n2
+  layer.add(N * kF32);             // rstd2
+  layer.add(N * I * a, 3);         // gate, up, h
+  // xa: one [N, Σr] per group of modules that share an input (model/llama_layer.h); under DoRA
+  // one [N, r] per module instead, beside its output before the magnitude scales it z [N, out]
+  // and its weight norm (fp32 [out]).
+  for (int g = 0; g < kLinearGroups && !p.dora; ++g) {
+    const std::span<const int> group = group_modules(g);  // indices into linear_module_names()
+    int64_t rank = 0;
+    for (int module : group) rank += lin[static_cast<size_t>(module)].rank;
+    if (rank > 0) layer.add(N * rank * a);
+  }
+  for (const Linear& l : lin)
+    if (p.dora && l.rank > 0) {
+      layer.add(N * l.rank * a);
+      layer.add(N * l.out * a);
+      layer.add(l.out * kF32);
+    }
+  return layer.sum;
+}
+
+// LayerGradScratch::allocate: one layer's activation gradients during its backward.
+int64_t layer_grad_scratch_bytes(const PlanInput& p, int64_t N) {
+  const LlamaConfig& m = p.model;
+  const int64_t C = m.hidden_size, H = m.num_attention_heads, KV = m.num_key_value_heads, D = m.head_dim;
+  const int64_t I = m.intermediate_size;
+  const int64_t g = static_cast<int64_t>(dtype_size(activation_grad_dtype(p.activation)));
+  Bytes scratch{p.on_gpu};
+  scratch.add(N * C * g);             // d_norm
+  scratch.add(N * H * D * g, 2);      // d_att, dq
+  scratch.add(N * KV * D * g, 2);     // dk, dv
+  scratch.add(N * I * g, 3);          // dh, dgate, dup
+  return scratch.sum;
 }
 
 }  // namespace
@@ -205,42 +300,14 @@ ActivationBytes activation_bytes(const PlanInput& p) {
   const LlamaConfig& m = p.model;
   const bool gpu = p.on_gpu;
   const int64_t B = p.setting.batch_size, T = p.context_length, N = B * T, L = m.num_hidden_layers;
-  const int64_t C = m.hidden_size, H = m.num_attention_heads, KV = m.num_key_value_heads, D = m.head_dim;
-  const int64_t I = m.intermediate_size, V = m.vocab_size;
+  const int64_t C = m.hidden_size, D = m.head_dim, V = m.vocab_size;
   const int64_t a = static_cast<int64_t>(dtype_size(p.activation));
-  const bool half = p.activation != DType::F32;  // GEMMs on the GPU cast fp32 operands to it
   const int64_t g = static_cast<int64_t>(dtype_size(activation_grad_dtype(p.activation)));
   const std::vector<Linear> lin = linears(p);
   auto R = [&](int64_t bytes) { return rounded(gpu, bytes); };
   ActivationBytes x;
 
-  // LayerActivations::allocate
-  Bytes layer{gpu};
-  layer.add(N * C * a);            // n1
-  layer.add(N * kF32);             // rstd1
-  layer.add(N * H * D * a);        // q
-  layer.add(N * KV * D * a, 2);    // k, v
-  layer.add(N * H * D * a);        // att
-  layer.add(B * H * T * kF32);     // lse
-  layer.add(N * C * a, 2);         // x2, n2
-  layer.add(N * kF32);             // rstd2
-  layer.add(N * I * a, 3);         // gate, up, h
-  // xa: one [N, Σr] per group of modules that share an input (model/llama_layer.h); under DoRA
-  // one [N, r] per module instead, beside its output before the magnitude scales it z [N, out]
-  // and its weight norm (fp32 [out]).
-  for (int g = 0; g < kLinearGroups && !p.dora; ++g) {
-    const std::span<const int> group = group_modules(g);  // indices into linear_module_names()
-    int64_t rank = 0;
-    for (int m : group) rank += lin[static_cast<size_t>(m)].rank;
-    if (rank > 0) layer.add(N * rank * a);
-  }
-  for (const Linear& l : lin)
-    if (p.dora && l.rank > 0) {
-      layer.add(N * l.rank * a);
-      layer.add(N * l.out * a);
-      layer.add(l.out * kF32);
-    }
-  x.layer = layer.sum;
+  x.layer = layer_activation_bytes(p, lin, N);
   // Checkpointing keeps the activations of the layers it does not recompute (every
   // checkpoint_every-th is), plus one buffer the recomputed layers share.
   const int64_t every = p.setting.checkpoint_every;
@@ -264,56 +331,11 @@ ActivationBytes activation_bytes(const PlanInput& p) {
   x.lm_head = normed + final_rstd + d_normed + logits;
 
   // LayerGradScratch::allocate, d_resid, the recompute's output.
-  Bytes scratch{gpu};
-  scratch.add(N * C * g);             // d_norm
-  scratch.add(N * H * D * g, 2);      // d_att, dq
-  scratch.add(N * KV * D * g, 2);     // dk, dv
-  scratch.add(N * I * g, 3);          // dh, dgate, dup
   const int64_t recompute = p.setting.gradient_checkpointing ? one_input : 0;
-  x.grad_scratch = scratch.sum + d_resid + recompute + final_rstd;
+  x.grad_scratch = layer_grad_scratch_bytes(p, N) + d_resid + recompute + final_rstd;
 
-  // What ops allocate for themselves (src/ops/lora.cpp, matmul.cpp, model/llama_layer.cpp), per
-  // group of modules that share an input. Forward: with dropout, each adapter's dropped copy of the
-  // input (one pass writes them all); without, the stacked A. Backward: the group's d(xa) (fp32
-  // [N, Σr]) throughout, with each module's dy cast to the compute dtype in turn (GPU, where the
-  // activation gradients are fp32: fp16), then for
-  // the dA and dx GEMMs d(xa) rounded (GPU) beside the dropped copies, or beside one dx_dropped
-  // (fp32 [N, in]) at a time, or beside the stacked A and dA. A group the fused LoRA kernels take
-  // (GPU, 16-bit, dropout: ops/lora.h) writes no dropped copy: only their fp32 partial sums
-  // (kernels/lora_fused_shape.h), the forward's split-K ones and the backward's per-chunk dA.
-  const bool dropout = p.lora_dropout > 0;
-  const bool fused_kernels = gpu && half && dropout && gpu_lora_kernels() == GpuLoraKernels::Fused;
-  const bool cast = gpu && half;         // d(xa) is rounded for the GEMMs against A
-  const bool dy_cast_needed = cast && g == kF32;
-  int64_t forward_temp = 0, backward_temp = 0;
-  for (int g = 0; g < kLinearGroups; ++g) {
-    const std::span<const int> group = group_modules(g);
-    int64_t adapters = 0, rank = 0, dy_cast = 0;
-    std::vector<int64_t> ranks;
-    const int64_t in = lin[static_cast<size_t>(group[0])].in;
-    for (int m : group) {
-      const Linear& l = lin[static_cast<size_t>(m)];
-      if (dy_cast_needed) dy_cast = std::max(dy_cast, R(N * l.out * a));
-      if (l.rank > 0) ++adapters, rank += l.rank, ranks.push_back(l.rank);
-    }
-    backward_temp = std::max(backward_temp, dy_cast);
-    if (adapters == 0) continue;
-    const bool fused = fused_kernels && lora_fused::takes(in, ranks.data(), ranks.size());
-    const int64_t stacked = adapters > 1 ? R(rank * in * a) : 0;
-    const int64_t dropped_copies = adapters * R(N * in * a);
-    forward_temp = std::max(forward_temp, fused     ? R(lora_fused::down_workspace_floats(N, in, rank) * kF32)
-                                          : dropout ? dropped_copies
-                                                    : stacked);
-    const int64_t dxa = R(N * rank * kF32), dxa_cast = cast ? R(N * rank * a) : 0;
-    const int64_t input_phase = fused     ? R(lora_fused::weight_grad_workspace_floats(N, in, rank) * kF32)
-                                : dropout ? std::max(dropped_copies, R(N * in * kF32))
-                                          : stacked + (adapters > 1 ? R(rank * in * kF32) : 0);
-    backward_temp = std::max(backward_temp, dxa + std::max(dy_cast, dxa_cast + input_phase));
-  }
-  if (p.dora) {
-    const DoraTemporaries t = dora_temporaries(p, lin, N);
-    forward_temp = t.forward, backward_temp = t.backward;
-  }
+  const OpTemporaries temporaries = p.dora ? dora_temporaries(p, lin, N) : lora_temporaries(p, lin, N);
+  const int64_t forward_temp = temporaries.forward, backward_temp = temporaries.backward;
   x.op_temporary = std::max(forward_temp, backward_temp);
 
   // Gradients the engine allocates per unit at its backward (fp32, whole): the layer's, and the

@@ -56,6 +56,15 @@ class Cli : public ::testing::Test {
   static test::CommandResult shell(const std::string& command) {
     return run_command("cd '" + dir_.string() + "' && " + command);
   }
+  // Runs `fsdpq ARGS` on 2 ranks under mpirun in the suite's folder. `env` ("NAME=value"), when
+  // given, reaches every rank; a positive `timeout_s` ends a job that hangs.
+  static test::CommandResult under_mpirun(const std::string& args, const std::string& env = "", int timeout_s = 0) {
+    std::string command = env.empty() ? "" : env + " ";
+    if (timeout_s > 0) command += "timeout " + std::to_string(timeout_s) + " ";
+    command += std::string(MPIEXEC) + " --allow-run-as-root --oversubscribe";
+    if (!env.empty()) command += " -x " + env.substr(0, env.find('='));
+    return shell(command + " -np 2 '" + FSDPQ_BINARY + "' " + args);
+  }
   // A dry run on the tiny model with the byte tokenizer and `extra` settings.
   static test::CommandResult dry_run(const std::string& extra) {
     return fsdpq("--dry_run --model_name model --tokenizer_path builtin:bytes " + extra);
@@ -226,8 +235,7 @@ TEST_F(Cli, ARunThatCannotFitInHostMemoryIsRefusedBeforeLoading) {
   EXPECT_NE(r.output.find("warning: host memory: the 1 rank(s)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("(a dry run only warns: the job may run on other machines)"), std::string::npos);
 
-  r = shell("FSDPQ_HOST_ROOT=" + small.string() + " " + MPIEXEC + " --allow-run-as-root --oversubscribe -x " +
-            "FSDPQ_HOST_ROOT -np 2 '" + FSDPQ_BINARY + "' " + run + " --batch_size 1");
+  r = under_mpirun(run + " --batch_size 1", "FSDPQ_HOST_ROOT=" + small.string());
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_EQ(count(r.output, "fsdpq: error"), 1u) << r.output;
   EXPECT_NE(error_line(r.output).find("host memory: the 2 rank(s) of this run on host "), std::string::npos)
@@ -357,17 +365,15 @@ INSTANTIATE_TEST_SUITE_P(
 // Several ranks: a bad setting gives one message (from rank 0), and a failure on one rank
 // ends every rank promptly with that rank's message, never a hang.
 TEST_F(Cli, UnderMpirunOneMessageForABadConfig) {
-  auto r = shell(std::string(MPIEXEC) + " --allow-run-as-root --oversubscribe -np 2 '" + FSDPQ_BINARY +
-                 "' --dry_run --model_name model --tokenizer_path builtin:bytes --dataset dummy --world_size 3");
+  auto r = under_mpirun("--dry_run --model_name model --tokenizer_path builtin:bytes --dataset dummy --world_size 3");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_EQ(count(r.output, "fsdpq: error"), 1u) << r.output;
   EXPECT_EQ(error_line(r.output), "fsdpq: error: world_size = 3 (command line): the job runs 2 rank(s) (mpirun)");
 }
 
 TEST_F(Cli, UnderMpirunAStartupFailureOnOneRankIsReportedOnce) {
-  auto r = shell("FSDPQ_INJECT_FAULT=1:load_data " + std::string(MPIEXEC) +
-                 " --allow-run-as-root --oversubscribe -x FSDPQ_INJECT_FAULT -np 2 '" + FSDPQ_BINARY +
-                 "' --dry_run --model_name model --tokenizer_path builtin:bytes --dataset dummy");
+  auto r = under_mpirun("--dry_run --model_name model --tokenizer_path builtin:bytes --dataset dummy",
+                        "FSDPQ_INJECT_FAULT=1:load_data");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_EQ(count(r.output, "fsdpq: error"), 1u) << r.output;
   EXPECT_EQ(error_line(r.output),
@@ -389,9 +395,8 @@ TEST_F(Cli, UnderSrunRanksComeFromSlurm) {
 TEST_F(Cli, UnderMpirunAFailureOnOneRankEndsTheJobPromptly) {
   auto start = std::chrono::steady_clock::now();
   // rank 0 waits in a barrier that rank 1 never reaches: only an abort ends the job.
-  auto r = shell("FSDPQ_INJECT_FAULT=1:after_plan timeout 120 " + std::string(MPIEXEC) +
-                 " --allow-run-as-root --oversubscribe -x FSDPQ_INJECT_FAULT -np 2 '" + FSDPQ_BINARY +
-                 "' --dry_run --model_name model --tokenizer_path builtin:bytes --dataset dummy");
+  auto r = under_mpirun("--dry_run --model_name model --tokenizer_path builtin:bytes --dataset dummy",
+                        "FSDPQ_INJECT_FAULT=1:after_plan", 120);
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.exit_code, 124) << "the job hung until timeout killed it";

@@ -8,14 +8,9 @@
 namespace fsdpq {
 namespace {
 namespace fs = std::filesystem;
+using test::quoted;
 using test::run_fsdpq;
 
-// `text` quoted for /bin/sh.
-std::string quoted(const std::string& text) {
-  std::string out = "'";
-  for (char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
 
 // The tiny byte-level BPE of tests/data with a tokenizer_config.json naming EOS.
 fs::path tiny_bpe_folder() {

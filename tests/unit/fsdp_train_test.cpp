@@ -24,6 +24,7 @@
 
 #include "io/model_files.h"
 #include "io/safetensors.h"
+#include "metrics_records.h"
 #include "test_support.h"
 #include "util/bf16.h"
 
@@ -31,25 +32,10 @@ namespace fsdpq {
 namespace {
 
 namespace fs = std::filesystem;
+using test::of_type;
+using test::read_jsonl;
 using test::run_command;
-
-std::vector<nlohmann::json> read_jsonl(const fs::path& path, const std::string& type) {
-  std::vector<nlohmann::json> lines;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line))
-    if (!line.empty()) {
-      auto j = nlohmann::json::parse(line);
-      if (j.at("type") == type) lines.push_back(j);
-    }
-  return lines;
-}
-
-std::vector<double> losses(const fs::path& out) {
-  std::vector<double> l;
-  for (const auto& s : read_jsonl(out / "metrics.jsonl", "step")) l.push_back(s.at("loss").get<double>());
-  return l;
-}
+using test::step_losses;
 
 using Weights = std::map<std::string, std::vector<float>>;
 
@@ -151,7 +137,7 @@ TEST_P(Equivalence, SameLossesAndWeightsAtOneTwoAndFourRanks) {
   const std::string base = "eq_" + tag + "_np1";
   auto r = mpirun(1, args(type, 1, base));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const std::vector<double> want = losses(dir_ / base);
+  const std::vector<double> want = step_losses(dir_ / base);
   ASSERT_EQ(want.size(), 6u) << r.output;
   const Weights want_weights = saved_weights(dir_ / base);
   ASSERT_FALSE(want_weights.empty());
@@ -170,7 +156,7 @@ TEST_P(Equivalence, SameLossesAndWeightsAtOneTwoAndFourRanks) {
       if (ranks == 4 && std::string(strategy) == "full_shard") extra += " --use_cpu_offload true";
       r = mpirun(ranks, args(type, ranks, out) + extra);
       ASSERT_EQ(r.exit_code, 0) << r.output;
-      const std::vector<double> got = losses(dir_ / out);
+      const std::vector<double> got = step_losses(dir_ / out);
       ASSERT_EQ(got.size(), want.size());
       for (size_t k = 0; k < got.size(); ++k) EXPECT_NEAR(got[k], want[k], 1e-5 * std::fabs(want[k])) << "step " << k + 1;
       const double weight_difference = max_relative_difference(saved_weights(dir_ / out), want_weights);
@@ -183,11 +169,11 @@ TEST_P(Equivalence, SameLossesAndWeightsAtOneTwoAndFourRanks) {
 
       // Under full sharding each rank holds ~1/W of the parameters (padding aside).
       if (std::string(strategy) == "full_shard") {
-        for (const auto& step : read_jsonl(dir_ / out / "metrics.jsonl", "step")) {
+        for (const auto& step : of_type(read_jsonl(dir_ / out / "metrics.jsonl"), "step")) {
           EXPECT_GT(step.at("gather_wait_seconds").get<double>(), 0.0) << "full_shard gathers every unit";
           EXPECT_GT(step.at("reduce_seconds").get<double>(), 0.0);
         }
-        auto header = read_jsonl(dir_ / out / "metrics.jsonl", "header").at(0);
+        auto header = of_type(read_jsonl(dir_ / out / "metrics.jsonl"), "header").at(0);
         const auto& b = header.at("shard_bytes");
         const double frozen = b.at("frozen"), trainable = b.at("trainable");
         const double model_frozen = b.at("model_frozen"), model_trainable = b.at("model_trainable");
@@ -261,7 +247,7 @@ TEST_F(FsdpTrain, AFailureOnOneRankWhileLoadingAUnitEndsEveryRankWithItsMessage)
 // checkpoint it resumed from appear twice, the resumed run's last).
 std::map<int64_t, double> losses_by_step(const fs::path& out) {
   std::map<int64_t, double> l;
-  for (const auto& s : read_jsonl(out / "metrics.jsonl", "step")) l[s.at("step").get<int64_t>()] = s.at("loss").get<double>();
+  for (const auto& s : of_type(read_jsonl(out / "metrics.jsonl"), "step")) l[s.at("step").get<int64_t>()] = s.at("loss").get<double>();
   return l;
 }
 
@@ -297,8 +283,11 @@ class Checkpoints : public FsdpTrain {
     auto r = mpirun(2, run_args(2, "ck_ref"));
     ASSERT_EQ(r.exit_code, 0) << r.output;
   }
-  static void expect_same_as_reference(const std::string& out, bool bit_identical) {
-    const auto want = losses_by_step(dir_ / "ck_ref"), got = losses_by_step(dir_ / out);
+  // `out`'s losses at every step and its saved weights against `reference`'s: bit for bit, or within
+  // the tolerances of another summation order (another world size).
+  static void expect_same_as_reference(const std::string& out, bool bit_identical,
+                                       const std::string& reference = "ck_ref") {
+    const auto want = losses_by_step(dir_ / reference), got = losses_by_step(dir_ / out);
     ASSERT_EQ(want.size(), 8u);
     ASSERT_EQ(got.size(), want.size());
     for (const auto& [step, loss] : want) {
@@ -307,11 +296,36 @@ class Checkpoints : public FsdpTrain {
       else
         EXPECT_NEAR(got.at(step), loss, 1e-5 * loss) << "step " << step;
     }
-    const double d = max_relative_difference(saved_weights(dir_ / out), saved_weights(dir_ / "ck_ref"));
+    const double d = max_relative_difference(saved_weights(dir_ / out), saved_weights(dir_ / reference));
     if (bit_identical)
       EXPECT_EQ(d, 0.0);
     else
       EXPECT_LE(d, 2.0 / 128.0);
+  }
+  // A 2-rank run of `overrides` killed (SIGKILL on rank 1) after step 5, which leaves the step-4
+  // checkpoint the latest, then resumed on `resume_ranks` ranks; `resumed` gets that run's result.
+  static void kill_after_step_5_and_resume(const std::string& out, const std::string& overrides, int resume_ranks,
+                                           test::CommandResult& resumed) {
+    auto r = mpirun(2, run_args(2, out, overrides), "FSDPQ_INJECT_FAULT=1:after_step_5:kill");
+    ASSERT_NE(r.exit_code, 0) << r.output;
+    EXPECT_EQ(test::read_file(dir_ / out / "checkpoints" / "latest"), "step-00000004.h5\n");
+    resumed = mpirun(resume_ranks, run_args(resume_ranks, out, overrides + " --resume auto"));
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  }
+  // A train type's run resumes bit-identically: the uninterrupted 2-rank run `NAME_ref`, then for
+  // each of `resume_ranks` a run killed after step 5 and resumed on that many ranks (`NAME_kill_npR`),
+  // with the reference's losses and saved weights.
+  static void expect_resumes_bit_identically(const std::string& name, const std::string& overrides,
+                                             const std::vector<int>& resume_ranks) {
+    const std::string reference = name + "_ref";
+    auto r = mpirun(2, run_args(2, reference, overrides));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    for (int ranks : resume_ranks) {
+      SCOPED_TRACE("resumed on " + std::to_string(ranks) + " rank(s)");
+      const std::string out = name + "_kill_np" + std::to_string(ranks);
+      ASSERT_NO_FATAL_FAILURE(kill_after_step_5_and_resume(out, overrides, ranks, r));
+      ASSERT_NO_FATAL_FAILURE(expect_same_as_reference(out, true, reference));
+    }
   }
 };
 
@@ -324,17 +338,14 @@ TEST_F(Checkpoints, WrittenOnScheduleWithALatestMarkerAndPruned) {
 
 TEST_F(Checkpoints, KilledRankResumesBitIdentically) {
   // SIGKILL on rank 1 after step 5: the job dies; the step-4 checkpoint is the last complete one.
-  auto r = mpirun(2, run_args(2, "ck_kill"), "FSDPQ_INJECT_FAULT=1:after_step_5:kill");
-  ASSERT_NE(r.exit_code, 0) << r.output;
-  EXPECT_EQ(test::read_file(dir_ / "ck_kill" / "checkpoints" / "latest"), "step-00000004.h5\n");
-  r = mpirun(2, run_args(2, "ck_kill", "--resume auto"));
-  ASSERT_EQ(r.exit_code, 0) << r.output;
+  test::CommandResult r;
+  ASSERT_NO_FATAL_FAILURE(kill_after_step_5_and_resume("ck_kill", "", 2, r));
   EXPECT_NE(r.output.find("resuming from ck_kill/checkpoints/step-00000004.h5"), std::string::npos) << r.output;
   expect_same_as_reference("ck_kill", true);
   // Step 5 ran twice; its first record is marked superseded, so every step is logged once.
   std::vector<int64_t> steps, superseded;
-  for (const auto& s : read_jsonl(dir_ / "ck_kill" / "metrics.jsonl", "step")) steps.push_back(s.at("step"));
-  for (const auto& s : read_jsonl(dir_ / "ck_kill" / "metrics.jsonl", "superseded")) superseded.push_back(s.at("step"));
+  for (const auto& s : of_type(read_jsonl(dir_ / "ck_kill" / "metrics.jsonl"), "step")) steps.push_back(s.at("step"));
+  for (const auto& s : of_type(read_jsonl(dir_ / "ck_kill" / "metrics.jsonl"), "superseded")) superseded.push_back(s.at("step"));
   EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}));
   EXPECT_EQ(superseded, std::vector<int64_t>{5});
 }
@@ -343,21 +354,7 @@ TEST_F(Checkpoints, KilledRankResumesBitIdentically) {
 // checkpoint, on the same or another world size, to the uninterrupted run's losses and adapters
 // (the base is quantised again at start-up to the same bytes at any world size).
 TEST_F(Checkpoints, HqqLoraResumesBitIdenticallyAtAnyWorldSize) {
-  const std::string hqq = " --train_type hqq_lora --n_bits 2";
-  auto r = mpirun(2, run_args(2, "ck_hqq_ref", hqq));
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  for (int resume_ranks : {2, 1}) {
-    const std::string out = "ck_hqq_kill_np" + std::to_string(resume_ranks);
-    r = mpirun(2, run_args(2, out, hqq), "FSDPQ_INJECT_FAULT=1:after_step_5:kill");
-    ASSERT_NE(r.exit_code, 0) << r.output;
-    EXPECT_EQ(test::read_file(dir_ / out / "checkpoints" / "latest"), "step-00000004.h5\n");
-    r = mpirun(resume_ranks, run_args(resume_ranks, out, hqq + " --resume auto"));
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    const auto want = losses_by_step(dir_ / "ck_hqq_ref"), got = losses_by_step(dir_ / out);
-    ASSERT_EQ(got.size(), 8u);
-    for (const auto& [step, loss] : want) EXPECT_EQ(got.at(step), loss) << "step " << step << " resumed on " << resume_ranks;
-    EXPECT_EQ(max_relative_difference(saved_weights(dir_ / out), saved_weights(dir_ / "ck_hqq_ref")), 0.0);
-  }
+  expect_resumes_bit_identically("ck_hqq", " --train_type hqq_lora --n_bits 2", {2, 1});
 }
 
 // hqq_dora (2-bit) resumes like hqq_lora: the magnitude vectors are sharded, checkpointed and
@@ -367,26 +364,15 @@ TEST_F(Checkpoints, HqqLoraResumesBitIdenticallyAtAnyWorldSize) {
 TEST_F(Checkpoints, HqqDoraResumesBitIdentically) {
   for (const std::string dropout : {"0", "0.1"}) {
     SCOPED_TRACE("lora_dropout " + dropout);
-    const std::string dora = " --train_type hqq_dora --n_bits 2 --lora_dropout " + dropout;
-    const std::string ref = "ck_dora_ref_" + dropout;
-    auto r = mpirun(2, run_args(2, ref, dora));
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    for (int resume_ranks : dropout == "0" ? std::vector<int>{2, 1} : std::vector<int>{2}) {
-      const std::string out = "ck_dora_kill_" + dropout + "_np" + std::to_string(resume_ranks);
-      r = mpirun(2, run_args(2, out, dora), "FSDPQ_INJECT_FAULT=1:after_step_5:kill");
-      ASSERT_NE(r.exit_code, 0) << r.output;
-      EXPECT_EQ(test::read_file(dir_ / out / "checkpoints" / "latest"), "step-00000004.h5\n");
-      r = mpirun(resume_ranks, run_args(resume_ranks, out, dora + " --resume auto"));
-      ASSERT_EQ(r.exit_code, 0) << r.output;
-      const auto want = losses_by_step(dir_ / ref), got = losses_by_step(dir_ / out);
-      ASSERT_EQ(got.size(), 8u);
-      for (const auto& [step, loss] : want) EXPECT_EQ(got.at(step), loss) << "step " << step << " resumed on " << resume_ranks;
-      const Weights saved = saved_weights(dir_ / out);
-      EXPECT_EQ(max_relative_difference(saved, saved_weights(dir_ / ref)), 0.0);
-      size_t magnitudes = 0;
-      for (const auto& [name, values] : saved) magnitudes += name.find("lora_magnitude_vector") != std::string::npos;
-      EXPECT_GT(magnitudes, 0u) << "the saved adapter holds the DoRA magnitudes";
-    }
+    const std::string name = "ck_dora_" + dropout;
+    ASSERT_NO_FATAL_FAILURE(expect_resumes_bit_identically(
+        name, " --train_type hqq_dora --n_bits 2 --lora_dropout " + dropout,
+        dropout == "0" ? std::vector<int>{2, 1} : std::vector<int>{2}));
+    // The resumed runs saved exactly the reference's tensors, so its adapter speaks for theirs.
+    size_t magnitudes = 0;
+    for (const auto& [tensor, values] : saved_weights(dir_ / (name + "_ref")))
+      magnitudes += tensor.find("lora_magnitude_vector") != std::string::npos;
+    EXPECT_GT(magnitudes, 0u) << "the saved adapter holds the DoRA magnitudes";
   }
 }
 
@@ -394,23 +380,10 @@ TEST_F(Checkpoints, HqqDoraResumesBitIdentically) {
 // step-4 checkpoint on the same or another world size (the frozen layers are quantised again, to
 // the same bytes), to the uninterrupted run's losses and saved model.
 TEST_F(Checkpoints, LlamaProResumesBitIdenticallyAtAnyWorldSize) {
-  const std::string llama_pro = " --train_type bnb_llama_pro --llama_pro_num_new_blocks 2";
-  auto r = mpirun(2, run_args(2, "ck_pro_ref", llama_pro));
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  for (int resume_ranks : {2, 1}) {
-    const std::string out = "ck_pro_kill_np" + std::to_string(resume_ranks);
-    r = mpirun(2, run_args(2, out, llama_pro), "FSDPQ_INJECT_FAULT=1:after_step_5:kill");
-    ASSERT_NE(r.exit_code, 0) << r.output;
-    EXPECT_EQ(test::read_file(dir_ / out / "checkpoints" / "latest"), "step-00000004.h5\n");
-    r = mpirun(resume_ranks, run_args(resume_ranks, out, llama_pro + " --resume auto"));
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    const auto want = losses_by_step(dir_ / "ck_pro_ref"), got = losses_by_step(dir_ / out);
-    ASSERT_EQ(got.size(), 8u);
-    for (const auto& [step, loss] : want) EXPECT_EQ(got.at(step), loss) << "step " << step << " resumed on " << resume_ranks;
-    EXPECT_EQ(max_relative_difference(saved_weights(dir_ / out), saved_weights(dir_ / "ck_pro_ref")), 0.0);
-  }
+  ASSERT_NO_FATAL_FAILURE(
+      expect_resumes_bit_identically("ck_pro", " --train_type bnb_llama_pro --llama_pro_num_new_blocks 2", {2, 1}));
   // A checkpoint of another expansion (or of LoRA) cannot continue this run.
-  r = mpirun(1, run_args(1, "ck_pro_ref", " --train_type bnb_llama_pro --llama_pro_num_new_blocks 1 --resume auto"));
+  auto r = mpirun(1, run_args(1, "ck_pro_ref", " --train_type bnb_llama_pro --llama_pro_num_new_blocks 1 --resume auto"));
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("cannot continue this run: model.num_hidden_layers: checkpoint 4, this run 3"),
             std::string::npos)
@@ -427,7 +400,7 @@ TEST_F(Checkpoints, Fp16LossScalerStateResumesExactlyAndRanksSkipTogether) {
   const std::string fp16 = " --precision fp16_autocast --loss_scale_init 1048576 --loss_scale_growth_interval 2";
   auto scales = [](const std::string& out) {
     std::map<int64_t, std::pair<double, bool>> s;
-    for (const auto& j : read_jsonl(dir_ / out / "metrics.jsonl", "step"))
+    for (const auto& j : of_type(read_jsonl(dir_ / out / "metrics.jsonl"), "step"))
       s[j.at("step").get<int64_t>()] = {j.at("loss_scale").get<double>(), j.at("skipped").get<bool>()};
     return s;
   };
@@ -440,10 +413,7 @@ TEST_F(Checkpoints, Fp16LossScalerStateResumesExactlyAndRanksSkipTogether) {
   EXPECT_GE(skipped, 1) << "2^20 must overflow at first";
   EXPECT_LE(skipped, 6) << "and fit after a few halvings";
 
-  r = mpirun(2, run_args(2, "ck_fp16", fp16), "FSDPQ_INJECT_FAULT=1:after_step_5:kill");
-  ASSERT_NE(r.exit_code, 0) << r.output;
-  r = mpirun(2, run_args(2, "ck_fp16", fp16 + " --resume auto"));
-  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_NO_FATAL_FAILURE(kill_after_step_5_and_resume("ck_fp16", fp16, 2, r));
   EXPECT_EQ(scales("ck_fp16"), want);
   EXPECT_EQ(losses_by_step(dir_ / "ck_fp16"), losses_by_step(dir_ / "ck_fp16_ref"));
   EXPECT_EQ(max_relative_difference(saved_weights(dir_ / "ck_fp16"), saved_weights(dir_ / "ck_fp16_ref")), 0.0);
@@ -622,7 +592,7 @@ TEST_F(Checkpoints, ResumingAtTheLastStepTrainsNothingAndKeepsTheLastLoss) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("nothing left to train: the run is at step 8 and ends at step 8 (max_steps = 8)"),
             std::string::npos) << r.output;
-  const auto summary = read_jsonl(dir_ / "ck_end" / "metrics.jsonl", "summary");
+  const auto summary = of_type(read_jsonl(dir_ / "ck_end" / "metrics.jsonl"), "summary");
   ASSERT_EQ(summary.size(), 1u);
   EXPECT_EQ(summary[0].at("last_loss").get<double>(), losses_by_step(dir_ / "ck_ref").at(8));
   EXPECT_EQ(r.output.find("→ 0.0000"), std::string::npos) << r.output;
@@ -671,7 +641,7 @@ TEST_F(FsdpTrain, AStalledRankEndsTheJobNamingItAndASlowOneDoesNot) {
       EXPECT_NE(r.output.find("in all-reduce on 'world'; waiting longer, since:\n  rank 1 ("), std::string::npos)
           << r.output;
       EXPECT_NE(r.output.find("): still working: training, step 2 (last progress "), std::string::npos) << r.output;
-      EXPECT_EQ(losses(dir_ / "watchdog_slow").size(), 4u);
+      EXPECT_EQ(step_losses(dir_ / "watchdog_slow").size(), 4u);
     }
   }
 }
@@ -685,9 +655,9 @@ TEST_F(FsdpTrain, ARunDirectoryHoldsOneRunAtATime) {
   ASSERT_EQ(run_command("cd '" + dir_.string() + "' && ('" + FSDPQ_BINARY + "' " + args("lora", 1, out, 100000) +
                         " --num_epochs 1000 > one_dir.log 2>&1 &)").exit_code, 0);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (losses(dir_ / out).empty() && std::chrono::steady_clock::now() < deadline)
+  while (step_losses(dir_ / out).empty() && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  ASSERT_FALSE(losses(dir_ / out).empty()) << test::read_file(dir_ / "one_dir.log");
+  ASSERT_FALSE(step_losses(dir_ / out).empty()) << test::read_file(dir_ / "one_dir.log");
   auto second = mpirun(1, args("lora", 1, out, 2));
   auto resumed = mpirun(1, args("lora", 1, out, 2) + " --resume auto");
   run_command("pkill -KILL -f -- '^" + std::string(FSDPQ_BINARY) + " .*--output_dir " + out + "( |$)'; true");
@@ -699,7 +669,7 @@ TEST_F(FsdpTrain, ARunDirectoryHoldsOneRunAtATime) {
 
   // The killed run's directory now holds a previous run: a fresh run is refused ...
   std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the kernel releases the lock with the process
-  const size_t logged = losses(dir_ / out).size();
+  const size_t logged = step_losses(dir_ / out).size();
   auto fresh = mpirun(1, args("lora", 1, out, 2));
   EXPECT_EQ(fresh.exit_code, 2) << fresh.output;
   EXPECT_NE(fresh.output.find("output_dir '" + out + "' holds a previous run (metrics.jsonl with " +
@@ -708,14 +678,14 @@ TEST_F(FsdpTrain, ARunDirectoryHoldsOneRunAtATime) {
       << fresh.output;
   EXPECT_NE(fresh.output.find("`--resume auto` continues it, `--overwrite true` replaces it"), std::string::npos)
       << fresh.output;
-  EXPECT_EQ(losses(dir_ / out).size(), logged) << "nothing of the previous run was touched";
+  EXPECT_EQ(step_losses(dir_ / out).size(), logged) << "nothing of the previous run was touched";
   // ... and replaced on request.
   auto replaced = mpirun(1, args("lora", 1, out, 2) + " --overwrite true");
   EXPECT_EQ(replaced.exit_code, 0) << replaced.output;
   EXPECT_NE(replaced.output.find("overwrite = true: removed the previous run's files"), std::string::npos)
       << replaced.output;
-  EXPECT_EQ(read_jsonl(dir_ / out / "metrics.jsonl", "header").size(), 1u);
-  EXPECT_EQ(losses(dir_ / out).size(), 2u);
+  EXPECT_EQ(of_type(read_jsonl(dir_ / out / "metrics.jsonl"), "header").size(), 1u);
+  EXPECT_EQ(step_losses(dir_ / out).size(), 2u);
 }
 
 TEST_F(FsdpTrain, AnUnusableOutputOrCheckpointDirectoryStopsTheRunBeforeLoading) {
@@ -757,7 +727,7 @@ TEST_F(FsdpTrain, ProfileWritesAPerRankTraceAndMemoryRecords) {
     EXPECT_GT(count["reduce"], 0);
   }
   std::map<std::string, int> memory_at;
-  for (const auto& m : read_jsonl(dir_ / "profiled" / "metrics.jsonl", "memory")) memory_at[m.at("at")]++;
+  for (const auto& m : of_type(read_jsonl(dir_ / "profiled" / "metrics.jsonl"), "memory")) memory_at[m.at("at")]++;
   EXPECT_EQ(memory_at["before_forward_backward"], 6);
   EXPECT_EQ(memory_at["after_forward_backward"], 6);
   EXPECT_EQ(memory_at["after_forward"], 6);

@@ -5,29 +5,22 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <random>
 #include <regex>
 
 #include "io/peft_adapter.h"
 #include "model/llama_config.h"
+#include "random_adapter.h"
 #include "test_support.h"
+#include "tiny_model_suite.h"
 
 namespace fsdpq {
 namespace {
 
 namespace fs = std::filesystem;
+using test::error_message;
+using test::quoted;
 using test::run_command;
 using test::run_fsdpq;
-
-std::string quoted(const fs::path& p) { return "'" + p.string() + "'"; }
-
-std::string error_message(const std::string& output) {
-  const std::string prefix = "fsdpq: error: ";
-  auto pos = output.find(prefix);
-  if (pos == std::string::npos) return output;
-  auto end = output.find('\n', pos);
-  return output.substr(pos + prefix.size(), end == std::string::npos ? std::string::npos : end - pos - prefix.size());
-}
 
 struct Generation {
   int exit_code = -1;
@@ -37,14 +30,9 @@ struct Generation {
   std::string stopped;
 };
 
-class Generate : public ::testing::Test {
+class Generate : public test::TinyModelSuite<Generate> {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = test::make_temp_dir("generate");
-    auto r = run_fsdpq("init-model --preset tiny --vocab_size 300 --seed 3 --out " + quoted(dir_ / "model"));
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    config_ = load_llama_config(dir_ / "model" / "config.json");
-  }
+  static void SetUpTestSuite() { make_tiny_model("generate", 3); }
 
   // Runs generate with stdout and stderr apart.
   static Generation generate(const std::string& args) {
@@ -68,33 +56,10 @@ class Generate : public ::testing::Test {
 
   // An adapter on q_proj and v_proj of both layers; B ~ U(-b_range, b_range) (0: B = 0, a no-op).
   static fs::path make_adapter(const std::string& name, float b_range) {
-    AdapterConfig config;
-    config.r = 4;
-    config.lora_alpha = 8;
-    config.target_modules = {"q_proj", "v_proj"};
-    std::mt19937 gen(7);
-    std::vector<std::pair<std::string, Tensor>> owned;
-    for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer)
-      for (const auto& module : config.target_modules) {
-        auto [out, in] = linear_shape(config_, module);
-        Tensor a = Tensor::empty(Shape{4, in}, DType::F32), b = Tensor::empty(Shape{out, 4}, DType::F32);
-        std::uniform_real_distribution<float> da(-0.5f, 0.5f), db(-b_range, b_range);
-        for (int64_t i = 0; i < a.numel(); ++i) a.data<float>()[i] = da(gen);
-        for (int64_t i = 0; i < b.numel(); ++i) b.data<float>()[i] = b_range == 0 ? 0.0f : db(gen);
-        owned.emplace_back(adapter_tensor_name(layer, module, true), std::move(a));
-        owned.emplace_back(adapter_tensor_name(layer, module, false), std::move(b));
-      }
-    std::vector<std::pair<std::string, const Tensor*>> views;
-    for (const auto& [n, t] : owned) views.emplace_back(n, &t);
-    save_peft_adapter(dir_ / name, config, views, DType::F32);
-    return dir_ / name;
+    return test::write_random_adapter(dir_ / name, config_,
+                                      {.r = 4, .alpha = 8, .targets = {"q_proj", "v_proj"}, .b_range = b_range, .seed = 7});
   }
-
-  static fs::path dir_;
-  static LlamaConfig config_;
 };
-fs::path Generate::dir_;
-LlamaConfig Generate::config_;
 
 TEST_F(Generate, GreedyIsDeterministicAndRespectsMaxNewTokens) {
   const std::string args = model_args() + "--prompt 'Hello there' --temperature 0 --max_new_tokens 12";
@@ -195,20 +160,8 @@ TEST_F(Generate, BadInputIsRefusedWithAClearMessage) {
   const std::string long_prompt(2048, 'x');  // + BOS = 2049 tokens > 2048 positions
   auto r = run_fsdpq("init-model --preset tiny --vocab_size 100 --out " + quoted(dir_ / "small_vocab"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const fs::path wrong_adapter = dir_ / "wrong_adapter";
-  {
-    AdapterConfig config;
-    config.r = 2;
-    config.lora_alpha = 4;
-    config.target_modules = {"q_proj"};
-    Tensor a = Tensor::zeros(Shape{2, 32}, DType::F32), b = Tensor::zeros(Shape{32, 2}, DType::F32);
-    std::vector<std::pair<std::string, const Tensor*>> views;
-    for (int64_t layer = 0; layer < 2; ++layer) {
-      views.emplace_back(adapter_tensor_name(layer, "q_proj", true), &a);
-      views.emplace_back(adapter_tensor_name(layer, "q_proj", false), &b);
-    }
-    save_peft_adapter(wrong_adapter, config, views, DType::F32);
-  }
+  const fs::path wrong_adapter = test::write_random_adapter(dir_ / "wrong_adapter", test::narrowed_to_hidden_32(config_),
+                                                            {.r = 2, .alpha = 4, .targets = {"q_proj"}});
   struct Case {
     std::string args;
     std::string message;

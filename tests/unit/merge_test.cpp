@@ -8,30 +8,22 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
-#include <random>
 
 #include "io/model_files.h"
 #include "io/peft_adapter.h"
 #include "model/llama_config.h"
+#include "random_adapter.h"
 #include "test_support.h"
+#include "tiny_model_suite.h"
 #include "util/bf16.h"
 
 namespace fsdpq {
 namespace {
 
 namespace fs = std::filesystem;
+using test::error_message;
+using test::quoted;
 using test::run_fsdpq;
-
-std::string quoted(const fs::path& p) { return "'" + p.string() + "'"; }
-
-// The one error line fsdpq printed, without its "fsdpq: error: " prefix, or the whole output.
-std::string error_message(const std::string& output) {
-  const std::string prefix = "fsdpq: error: ";
-  auto pos = output.find(prefix);
-  if (pos == std::string::npos) return output;
-  auto end = output.find('\n', pos);
-  return output.substr(pos + prefix.size(), end == std::string::npos ? std::string::npos : end - pos - prefix.size());
-}
 
 std::vector<uint16_t> bf16_values(const ModelWeights& w, const std::string& name) {
   auto bytes = w.bytes(name);
@@ -61,48 +53,22 @@ bool near_a_midpoint(double d, uint16_t nearest, double tolerance) {
   return false;
 }
 
-class Merge : public ::testing::Test {
+class Merge : public test::TinyModelSuite<Merge> {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = test::make_temp_dir("merge");
-    auto r = run_fsdpq("init-model --preset tiny --vocab_size 300 --seed 1 --out " + quoted(dir_ / "model"));
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    config_ = load_llama_config(dir_ / "model" / "config.json");
-  }
+  static void SetUpTestSuite() { make_tiny_model("merge", 1); }
 
-  // An adapter over `targets` of every layer, A ~ U(-0.5, 0.5), B ~ U(-b_range, b_range) (0: B = 0).
+  // An adapter over `targets` of every layer (or the first `layers`), A ~ U(-0.5, 0.5),
+  // B ~ U(-b_range, b_range) (0: B = 0), with DoRA magnitudes when `dora`.
   static fs::path make_adapter(const std::string& name, int64_t r, double alpha, const std::vector<std::string>& targets,
                                float b_range, int64_t layers = -1, bool dora = false) {
-    AdapterConfig config;
-    config.use_dora = dora;
-    config.r = r;
-    config.lora_alpha = alpha;
-    config.target_modules = targets;
-    std::vector<std::pair<std::string, Tensor>> owned;
-    std::mt19937 gen(static_cast<uint32_t>(r * 1000 + name.size()));
-    auto fill = [&](Tensor& t, float range) {
-      std::uniform_real_distribution<float> dist(-range, range);
-      for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = range == 0 ? 0.0f : dist(gen);
-    };
-    for (int64_t layer = 0; layer < (layers < 0 ? config_.num_hidden_layers : layers); ++layer)
-      for (const auto& module : targets) {
-        auto [out, in] = linear_shape(config_, module);
-        Tensor a = Tensor::empty(Shape{r, in}, DType::F32), b = Tensor::empty(Shape{out, r}, DType::F32);
-        fill(a, 0.5f);
-        fill(b, b_range);
-        owned.emplace_back(adapter_tensor_name(layer, module, true), std::move(a));
-        owned.emplace_back(adapter_tensor_name(layer, module, false), std::move(b));
-        if (!dora) continue;
-        Tensor m = Tensor::empty(Shape{out}, DType::F32);
-        std::uniform_real_distribution<float> magnitude(0.5f, 2.0f);
-        for (int64_t i = 0; i < out; ++i) m.data<float>()[i] = magnitude(gen);
-        owned.emplace_back(magnitude_tensor_name(layer, module), std::move(m));
-      }
-    std::vector<std::pair<std::string, const Tensor*>> views;
-    for (const auto& [n, t] : owned) views.emplace_back(n, &t);
-    const fs::path path = dir_ / name;
-    save_peft_adapter(path, config, views, DType::F32);
-    return path;
+    return test::write_random_adapter(dir_ / name, config_,
+                                      {.r = r,
+                                       .alpha = alpha,
+                                       .targets = targets,
+                                       .b_range = b_range,
+                                       .layers = layers,
+                                       .dora = dora,
+                                       .seed = static_cast<uint32_t>(r * 1000 + name.size())});
   }
 
   static test::CommandResult merge(const fs::path& model, const fs::path& adapter, const fs::path& out,
@@ -110,12 +76,7 @@ class Merge : public ::testing::Test {
     return run_fsdpq("merge --model " + quoted(model) + " --adapter " + quoted(adapter) + " --out " + quoted(out) +
                      " " + extra);
   }
-
-  static fs::path dir_;
-  static LlamaConfig config_;
 };
-fs::path Merge::dir_;
-LlamaConfig Merge::config_;
 
 const std::vector<std::string> kAllLinears = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
 
@@ -324,17 +285,8 @@ TEST_F(Merge, MismatchedInputsAreRefused) {
   };
 
   // An adapter trained on a model with hidden size 32.
-  const fs::path narrow = dir_ / "adapter_narrow";
-  {
-    AdapterConfig config;
-    config.r = 4;
-    config.lora_alpha = 8;
-    config.target_modules = {"q_proj"};
-    Tensor a = Tensor::zeros(Shape{4, 32}, DType::F32), b = Tensor::zeros(Shape{32, 4}, DType::F32);
-    save_peft_adapter(narrow, config,
-                      {{adapter_tensor_name(0, "q_proj", true), &a}, {adapter_tensor_name(0, "q_proj", false), &b}},
-                      DType::F32);
-  }
+  const fs::path narrow = test::write_random_adapter(dir_ / "adapter_narrow", test::narrowed_to_hidden_32(config_),
+                                                     {.r = 4, .alpha = 8, .targets = {"q_proj"}, .layers = 1});
   const fs::path deep = make_adapter("adapter_deep", 2, 4.0, {"k_proj"}, 0.0f, 3);
   const fs::path shallow = make_adapter("adapter_shallow", 2, 4.0, {"k_proj"}, 0.0f, 1);
   const fs::path good = make_adapter("adapter_good", 2, 4.0, {"k_proj"}, 0.0f);

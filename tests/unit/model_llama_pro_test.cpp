@@ -13,7 +13,6 @@
 #include "model/llama_model.h"
 #include "model/llama_weights.h"
 #include "model_llama_test_support.h"
-#include "optim/optimizer.h"
 #include "util/error.h"
 
 namespace fsdpq {
@@ -205,20 +204,8 @@ TEST_P(LlamaPro, OnlyTheNewBlocksTrainAndEveryFrozenByteStays) {
 
   // 30 AdamW steps on one batch (as model_llama_training_test.cpp): two new blocks can fit it.
   const data::Batch batch = test::random_batch(2, 16, config.vocab_size, 18);
-  std::vector<ShardOptimizer> optimizers;
-  const OptimizerConfig adamw = optimizer_config("adamw", 1e-2, 0.0);
-  for (const TrainableParameter& p : model.trainable_parameters()) optimizers.emplace_back(adamw, p.master->numel());
-  const double initial_loss = model.evaluate(batch).mean();
-  for (int step = 0; step < 30; ++step) {
-    model.zero_grads();
-    model.forward_backward(batch, static_cast<double>(batch.target_tokens), 1.0f, static_cast<uint64_t>(step));
-    const auto params = model.trainable_parameters();
-    for (size_t i = 0; i < params.size(); ++i)
-      optimizers[i].step(params[i].master->data<float>(), params[i].grad->data<float>(), adamw.lr);
-    model.masters_updated();
-  }
-  const double final_loss = model.evaluate(batch).mean();
-  EXPECT_LT(final_loss, 0.5 * initial_loss) << "initial " << initial_loss << " final " << final_loss;
+  const test::LossBeforeAndAfter loss = test::train_on_one_batch(model, batch);
+  EXPECT_LT(loss.final, 0.5 * loss.initial) << "initial " << loss.initial << " final " << loss.final;
   EXPECT_EQ(frozen_bytes(model), frozen_before);
   for (const TrainableParameter& p : model.trainable_parameters())
     EXPECT_NE(test::floats_of(*p.master), initial.at(p.name)) << p.name << " did not train";

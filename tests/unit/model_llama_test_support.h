@@ -12,6 +12,7 @@
 #include "model/llama_model.h"
 #include "model/presets.h"
 #include "ops/cross_entropy.h"
+#include "optim/optimizer.h"
 
 namespace fsdpq::test {
 
@@ -113,6 +114,31 @@ inline double normwise_error(const std::vector<double>& got, const std::vector<d
     norm += want[i] * want[i];
   }
   return std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30);
+}
+
+struct LossBeforeAndAfter {
+  double initial = 0, final = 0;  // evaluate()'s mean loss (no dropout)
+};
+
+// `steps` AdamW steps (lr 1e-2, betas 0.9/0.95, eps 1e-5, no weight decay) on one fixed batch, the
+// step index as the dropout key: the loss before and after. The model training tests memorise
+// a tiny batch with it.
+inline LossBeforeAndAfter train_on_one_batch(LlamaModel& model, const data::Batch& batch, int steps = 30) {
+  std::vector<ShardOptimizer> optimizers;
+  const OptimizerConfig adamw = optimizer_config("adamw", 1e-2, 0.0);
+  for (const TrainableParameter& p : model.trainable_parameters()) optimizers.emplace_back(adamw, p.master->numel());
+  LossBeforeAndAfter loss;
+  loss.initial = model.evaluate(batch).mean();
+  for (int step = 0; step < steps; ++step) {
+    model.zero_grads();
+    model.forward_backward(batch, static_cast<double>(batch.target_tokens), 1.0f, static_cast<uint64_t>(step));
+    const auto params = model.trainable_parameters();
+    for (size_t i = 0; i < params.size(); ++i)
+      optimizers[i].step(params[i].master->data<float>(), params[i].grad->data<float>(), adamw.lr);
+    model.masters_updated();
+  }
+  loss.final = model.evaluate(batch).mean();
+  return loss;
 }
 
 }  // namespace fsdpq::test

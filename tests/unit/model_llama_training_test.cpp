@@ -8,7 +8,6 @@
 
 #include "model/llama_model.h"
 #include "model_llama_test_support.h"
-#include "optim/optimizer.h"
 
 namespace fsdpq {
 namespace {
@@ -22,20 +21,8 @@ void expect_training_reduces_loss(const ModelOptions& options) {
   const LlamaConfig config = test::tiny_llama(300, 0.1);
   LlamaModel model = LlamaModel::random(config, 17, options);
   const data::Batch batch = test::random_batch(2, 16, config.vocab_size, 18);
-  std::vector<ShardOptimizer> optimizers;
-  const OptimizerConfig adamw = optimizer_config("adamw", 1e-2, 0.0);
-  for (const TrainableParameter& p : model.trainable_parameters()) optimizers.emplace_back(adamw, p.master->numel());
-  const double initial = model.evaluate(batch).mean();
-  for (int step = 0; step < 30; ++step) {
-    model.zero_grads();
-    model.forward_backward(batch, static_cast<double>(batch.target_tokens), 1.0f, static_cast<uint64_t>(step));
-    const auto params = model.trainable_parameters();
-    for (size_t i = 0; i < params.size(); ++i)
-      optimizers[i].step(params[i].master->data<float>(), params[i].grad->data<float>(), adamw.lr);
-    model.masters_updated();
-  }
-  const double final_loss = model.evaluate(batch).mean();
-  EXPECT_LT(final_loss, 0.5 * initial) << "initial " << initial << " final " << final_loss;
+  const test::LossBeforeAndAfter loss = test::train_on_one_batch(model, batch);
+  EXPECT_LT(loss.final, 0.5 * loss.initial) << "initial " << loss.initial << " final " << loss.final;
 }
 
 TEST(LlamaModelTraining, LoraLossFalls) {

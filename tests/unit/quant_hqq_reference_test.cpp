@@ -25,6 +25,8 @@
 #include "kernels/splitmix64.h"
 #include "quant/frozen_storage.h"
 #include "quant/hqq.h"
+#include "reference_checksum.h"
+#include "test_support.h"
 #include "util/bf16.h"
 
 namespace fsdpq {
@@ -49,27 +51,6 @@ std::vector<float> synthetic_weights(int64_t rows, int64_t cols, uint64_t seed) 
   return v;
 }
 
-// hqq_reference.py's checksum(): sum of mix64(word_j + j * golden) over little-endian words.
-std::string checksum(const void* data, size_t bytes) {
-  std::vector<uint8_t> padded(static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + bytes);
-  padded.resize((bytes + 7) / 8 * 8, 0);
-  uint64_t total = 0;
-  for (size_t j = 0; j < padded.size() / 8; ++j) {
-    uint64_t word;
-    std::memcpy(&word, padded.data() + 8 * j, 8);
-    total += mix64(word + static_cast<uint64_t>(j) * kGolden64);
-  }
-  return fmt::format("{:016x}", total);
-}
-
-std::string read_all(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot read " + path.string());
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 struct CaseResult {
   int differing = 0;  // arrays whose bytes differ from hqq's
 };
@@ -79,7 +60,8 @@ struct CaseResult {
 void expect_same(const nlohmann::json& entry, const std::string& blob, const std::vector<uint8_t>& got,
                  const std::string& what, CaseResult& result) {
   const bool same_size = entry["bytes"].get<size_t>() == got.size();
-  const bool same = same_size && entry["checksum"].get<std::string>() == checksum(got.data(), got.size());
+  const bool same =
+      same_size && entry["checksum"].get<std::string>() == test::reference_checksum(got.data(), got.size());
   if (same) return;
   ++result.differing;
   std::string detail = same_size ? "" : fmt::format(" ({} bytes, hqq {})", got.size(), entry["bytes"].get<size_t>());
@@ -103,8 +85,8 @@ std::vector<uint8_t> bytes_of(std::span<const uint8_t> s) { return {s.begin(), s
 
 // Every case of one reference file, quantised by fsdpq with `float_solver` as the solver.
 void compare_with_reference(const fs::path& json_path, bool float_solver) {
-  const nlohmann::json index = nlohmann::json::parse(read_all(json_path));
-  const std::string blob = read_all(fs::path(json_path).replace_extension(".bin"));
+  const nlohmann::json index = nlohmann::json::parse(test::read_file(json_path));
+  const std::string blob = test::read_file(fs::path(json_path).replace_extension(".bin"));
   int cases = 0, failed = 0;
   for (const nlohmann::json& c : index["cases"]) {
     const std::string name = c["name"].get<std::string>();

@@ -20,31 +20,26 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "kernels/splitmix64.h"
 #include "quant/dynamic_code.h"
 #include "quant/nf4.h"
+#include "reference_checksum.h"
+#include "test_support.h"
 #include "util/bf16.h"
 
 namespace fsdpq {
 namespace {
 
-constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ull;
-
-uint64_t mix64(uint64_t x) {
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 // Mirror of nf4_reference.py's synthetic_weights(): fp32 values before the bf16 rounding.
 std::vector<float> synthetic_values(int64_t rows, int64_t cols, uint64_t seed) {
   std::vector<float> v(static_cast<size_t>(rows * cols));
   for (int64_t r = 0; r < rows; ++r) {
-    const uint64_t hr = mix64((seed ^ 0xabcdefull) + static_cast<uint64_t>(r + 1) * kGolden);
+    const uint64_t hr = mix64((seed ^ 0xabcdefull) + static_cast<uint64_t>(r + 1) * kGolden64);
     const double row_u = static_cast<double>(hr >> 40) * 0x1.0p-24;
     const float row_scale = static_cast<float>(0.002 + 0.05 * row_u);
     for (int64_t c = 0; c < cols; ++c) {
       const int64_t i = r * cols + c;
-      const uint64_t h = mix64(seed + static_cast<uint64_t>(i + 1) * kGolden);
+      const uint64_t h = mix64(seed + static_cast<uint64_t>(i + 1) * kGolden64);
       const float centered =
           static_cast<float>(static_cast<int64_t>(h >> 40) - (int64_t{1} << 23)) * 0x1.0p-23f;
       float value = centered * row_scale;
@@ -101,27 +96,6 @@ std::vector<uint16_t> special_bf16_values() {
   return v;
 }
 
-// nf4_reference.py's checksum(): sum of mix64(word_j + j * golden) over little-endian words.
-std::string checksum(const void* data, size_t bytes) {
-  std::vector<uint8_t> padded(static_cast<const uint8_t*>(data),
-                              static_cast<const uint8_t*>(data) + bytes);
-  padded.resize((bytes + 7) / 8 * 8, 0);
-  uint64_t total = 0;
-  for (size_t j = 0; j < padded.size() / 8; ++j) {
-    uint64_t word;
-    std::memcpy(&word, padded.data() + 8 * j, 8);
-    total += mix64(word + static_cast<uint64_t>(j) * kGolden);
-  }
-  return fmt::format("{:016x}", total);
-}
-
-std::string read_all(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 void write_all(const std::filesystem::path& path, const void* data, size_t bytes) {
   std::ofstream out(path, std::ios::binary);
   out.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
@@ -142,7 +116,7 @@ struct ReferenceCase {
       return fmt::format("{}: {} bytes, ours {}", name, bytes, ours.size() * sizeof(T));
     const int64_t offset = entry.at("offset").get<int64_t>();
     if (offset < 0) {  // recorded by checksum only
-      const std::string mine = checksum(ours.data(), bytes);
+      const std::string mine = test::reference_checksum(ours.data(), bytes);
       return mine == entry.at("checksum").get<std::string>()
                  ? ""
                  : fmt::format("{}: checksum differs ({} elements)", name, ours.size());
@@ -219,8 +193,8 @@ TEST(Nf4Reference, MatchesBitsandbytesByteForByte) {
   for (const auto& file : std::filesystem::directory_iterator(dir)) {
     if (file.path().extension() != ".json") continue;
     ReferenceCase ref;
-    ref.meta = nlohmann::json::parse(read_all(file.path()));
-    ref.blob = read_all(std::filesystem::path(file.path()).replace_extension(".bin"));
+    ref.meta = nlohmann::json::parse(test::read_file(file.path()));
+    ref.blob = test::read_file(std::filesystem::path(file.path()).replace_extension(".bin"));
     const nlohmann::json& source = ref.meta.at("source");
     std::vector<std::string> problems;
     if (source.contains("synthetic")) {

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/model_files.h"
+#include "metrics_records.h"
 #include "test_support.h"
 
 namespace fsdpq {
@@ -16,18 +17,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using test::run_command;
-
-std::vector<double> step_losses(const fs::path& out) {
-  std::vector<double> losses;
-  std::ifstream in(out / "metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty()) continue;
-    const auto j = nlohmann::json::parse(line);
-    if (j.at("type") == "step") losses.push_back(j.at("loss").get<double>());
-  }
-  return losses;
-}
+using test::step_losses;
 
 double mean(const std::vector<double>& v, size_t begin, size_t end) {
   double sum = 0;

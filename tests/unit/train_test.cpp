@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "metrics_records.h"
 #include "optim/lr_schedule.h"
 #include "test_support.h"
 
@@ -17,23 +18,9 @@ namespace fsdpq {
 namespace {
 
 namespace fs = std::filesystem;
+using test::of_type;
+using test::read_jsonl;
 using test::run_command;
-
-std::vector<nlohmann::json> read_jsonl(const fs::path& path) {
-  std::vector<nlohmann::json> lines;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line))
-    if (!line.empty()) lines.push_back(nlohmann::json::parse(line));
-  return lines;
-}
-
-std::vector<nlohmann::json> of_type(const std::vector<nlohmann::json>& lines, const std::string& type) {
-  std::vector<nlohmann::json> out;
-  for (const auto& l : lines)
-    if (l.at("type") == type) out.push_back(l);
-  return out;
-}
 
 double mean_loss(const std::vector<nlohmann::json>& steps, size_t begin, size_t end) {
   double sum = 0;
