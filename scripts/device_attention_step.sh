@@ -8,6 +8,7 @@
 #   bash scripts/device_attention_step.sh   (ROUTES="mma cudnn cudnn-nondeterministic", POINTS="false:4 true:8"
 #                                            = checkpointing:batch size, STEPS=5, SKIP=step,hf narrow it;
 #                                            BINARIES="before=path/fsdpq after=other/fsdpq" compares builds
+#                                            (FLAGS_after="--key value" gives one of them extra flags)
 #                                            in the same run; FSDPQ=, TESTS=path/fsdpq_gpu_tests for the HF parity)
 B=${FSDPQ:-$PWD/build/fsdpq}; T=${TESTS:-$PWD/build/tests/fsdpq_gpu_tests}; W=$(mktemp -d)
 skip() { [[ ",${SKIP:-}," == *",$1,"* ]]; }
@@ -23,12 +24,12 @@ if ! skip step; then
     ckpt=${point%:*}; bs=${point#*:}
     for route in ${ROUTES:-mma cudnn cudnn-nondeterministic}; do
     for binary in ${BINARIES:-fsdpq=$B}; do
-      label=${binary%%=*}; exe=${binary#*=}
+      label=${binary%%=*}; exe=${binary#*=}; flags_of=FLAGS_$label  # FLAGS_<label>: that binary's extra flags
       name=${route}@${label}_ckpt${ckpt}_bs$bs
       FSDPQ_ATTENTION=$route FSDPQ_SECTION_TIMES=1 timeout 150 $exe --model_name preset:llama2-7b --tokenizer_path builtin:bytes \
         --train_type qlora --dataset dummy --dataset_samples 80 --context_length 2048 --pad_to_context_length true \
         --batch_size $bs --max_steps ${STEPS:-5} --lora_rank 64 --lora_alpha 16 --lora_dropout 0.1 \
-        --use_gradient_checkpointing $ckpt --log_to stdout --output_dir $W/$name > $OUT/$name.log 2>&1
+        --use_gradient_checkpointing $ckpt --log_to stdout --output_dir $W/$name ${!flags_of:-} > $OUT/$name.log 2>&1
       echo "$name rc=$? $(date +%T)"; grep -E "error|warning: attention" $OUT/$name.log | sort | uniq | head -3
       cp $W/$name/metrics.jsonl $OUT/$name.metrics.jsonl 2>/dev/null
     done

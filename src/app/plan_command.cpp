@@ -95,17 +95,18 @@ std::string checkpointing_text(const PlanSetting& s) {
 }
 
 std::string setting_text(const PlanSetting& s) {
-  return fmt::format("{}, checkpointing {}, cpu offload {}, activation offload {}, batch {}",
-                     sharding_strategy_name(s.strategy), checkpointing_text(s), s.cpu_offload ? "on" : "off",
+  return fmt::format("{}, checkpointing {}{}, cpu offload {}, activation offload {}, batch {}",
+                     sharding_strategy_name(s.strategy), checkpointing_text(s),
+                     s.recompute_elementwise ? " + elementwise recompute" : "", s.cpu_offload ? "on" : "off",
                      s.activation_offload ? "on" : "off", s.batch_size);
 }
 
 std::string setting_flags(const PlanSetting& s) {
-  return fmt::format("--sharding_strategy {} --use_gradient_checkpointing {} --checkpoint_every {} --use_cpu_offload {} "
-                     "--use_activation_cpu_offload {} --batch_size {}",
+  return fmt::format("--sharding_strategy {} --use_gradient_checkpointing {} --checkpoint_every {} "
+                     "--recompute_elementwise {} --use_cpu_offload {} --use_activation_cpu_offload {} --batch_size {}",
                      sharding_strategy_name(s.strategy), s.gradient_checkpointing,
-                     s.gradient_checkpointing ? s.checkpoint_every : 1, s.cpu_offload, s.activation_offload,
-                     s.batch_size);
+                     s.gradient_checkpointing ? s.checkpoint_every : 1, s.recompute_elementwise, s.cpu_offload,
+                     s.activation_offload, s.batch_size);
 }
 
 std::string format_plan(const TrainConfig& c, const PlanInput& input, const PlanFlags& flags, const GuideResult& guide) {
@@ -135,7 +136,8 @@ std::string format_plan(const TrainConfig& c, const PlanInput& input, const Plan
   out += fmt::format("| **host peak per rank / per node** |  | {} / {} |\n\n", gib(m.host_per_rank), gib(m.host_per_node));
 
   out += fmt::format("Practical guide (fsdp_qlora's benchmark report): the largest batch of 1, 2, 4 … {} that fits; "
-                     "with checkpointing, then the fewest recomputed layers that still fit (checkpoint_every)\n\n",
+                     "with checkpointing, then the fewest recomputed layers that still fit (checkpoint_every), "
+                     "each first with the kept layers whole, then trimmed (recompute_elementwise)\n\n",
                      flags.max_batch);
   out += "| # | step | setting | batch | GPU GiB needed | host GiB per node | fits |\n|---|---|---|---:|---:|---:|---|\n";
   for (size_t i = 0; i < guide.steps.size(); ++i) {
@@ -143,11 +145,12 @@ std::string format_plan(const TrainConfig& c, const PlanInput& input, const Plan
     const bool gpu_ok = g.prediction.gpu_required <= static_cast<int64_t>(flags.gpu_mem_gib * kGiB);
     const bool host_ok = flags.host_mem_gib <= 0 || g.prediction.host_per_node <= static_cast<int64_t>(flags.host_mem_gib * kGiB);
     out += fmt::format("| {} | {} | {} | {} | {} | {} | {} |\n", i + 1, g.name,
-                       fmt::format("{}{}{}{}", sharding_strategy_name(g.setting.strategy),
+                       fmt::format("{}{}{}{}{}", sharding_strategy_name(g.setting.strategy),
                                    !g.setting.gradient_checkpointing ? ""
                                    : g.setting.checkpoint_every == 1
                                        ? " + ckpt"
                                        : fmt::format(" + ckpt every {}th layer", g.setting.checkpoint_every),
+                                   g.setting.recompute_elementwise ? " + elementwise recompute" : "",
                                    g.setting.cpu_offload ? " + cpu offload" : "",
                                    g.setting.activation_offload ? " + act offload" : ""),
                        g.fits ? std::to_string(g.setting.batch_size) : "-", gib(g.prediction.gpu_required),

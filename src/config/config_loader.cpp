@@ -252,6 +252,10 @@ void validate_combinations(ResolvedConfig& r) {
   if (c.checkpoint_every != 1 && !c.use_gradient_checkpointing)
     contradiction("checkpoint_every", "use_gradient_checkpointing",
                   "it says which layers checkpointing recomputes, so it needs use_gradient_checkpointing = true");
+  if (c.recompute_elementwise && c.use_gradient_checkpointing && c.checkpoint_every == 1)
+    contradiction("recompute_elementwise", "use_gradient_checkpointing",
+                  "it trims the activations of the layers that keep theirs, and with checkpointing on every layer "
+                  "(checkpoint_every = 1) none does: turn checkpointing off, or set checkpoint_every above 1");
   if (c.use_activation_cpu_offload && !c.use_gradient_checkpointing)
     contradiction("use_activation_cpu_offload", "use_gradient_checkpointing",
                   "activation offload moves the checkpointed layer inputs, so it needs gradient checkpointing");

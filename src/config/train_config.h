@@ -70,6 +70,7 @@ struct TrainConfig {
   std::string sharding_strategy;
   bool use_gradient_checkpointing = false;
   int64_t checkpoint_every = 1;
+  bool recompute_elementwise = false;
   bool use_cpu_offload = false;
   bool use_activation_cpu_offload = false;
   bool low_memory = false;

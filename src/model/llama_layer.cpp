@@ -163,10 +163,24 @@ int64_t module_out(const LayerDims& d, int module) {
   throw std::logic_error("module_out: no linear module " + std::to_string(module));
 }
 
+void ElementwiseScratch::allocate(const LayerDims& d, DType dtype, Device device) {
+  norm = Tensor::empty(Shape{d.N(), d.C}, dtype, device);
+  h = Tensor::empty(Shape{d.N(), d.I}, dtype, device);
+}
+
 void LayerActivations::allocate(const LayerDims& d, DType dtype, const std::array<int64_t, kLinearModules>& lora_ranks,
-                                bool with_dora, Device device) {
+                                bool with_dora, Device device, const ElementwiseScratch* shared) {
   const int64_t N = d.N();
-  n1 = Tensor::empty(Shape{N, d.C}, dtype, device);
+  recomputes_elementwise = shared != nullptr;
+  if (shared) {
+    own_n1 = Tensor(), own_n2 = Tensor(), own_h = Tensor();
+    n1 = shared->norm, n2 = shared->norm, h = shared->h;
+  } else {
+    own_n1 = Tensor::empty(Shape{N, d.C}, dtype, device);
+    own_n2 = Tensor::empty(Shape{N, d.C}, dtype, device);
+    own_h = Tensor::empty(Shape{N, d.I}, dtype, device);
+    n1 = own_n1, n2 = own_n2, h = own_h;
+  }
   rstd1 = Tensor::empty(Shape{N}, DType::F32, device);
   q = Tensor::empty(Shape{N, d.H * d.D}, dtype, device);
   k = Tensor::empty(Shape{N, d.KV * d.D}, dtype, device);
@@ -174,11 +188,9 @@ void LayerActivations::allocate(const LayerDims& d, DType dtype, const std::arra
   att = Tensor::empty(Shape{N, d.H * d.D}, dtype, device);
   lse = Tensor::empty(Shape{d.B, d.H, d.T}, DType::F32, device);
   x2 = Tensor::empty(Shape{N, d.C}, dtype, device);
-  n2 = Tensor::empty(Shape{N, d.C}, dtype, device);
   rstd2 = Tensor::empty(Shape{N}, DType::F32, device);
   gate = Tensor::empty(Shape{N, d.I}, dtype, device);
   up = Tensor::empty(Shape{N, d.I}, dtype, device);
-  h = Tensor::empty(Shape{N, d.I}, dtype, device);
   for (int group = 0; group < kLinearGroups; ++group) {
     int64_t rank = 0;
     for (int m : group_modules(group)) rank += lora_ranks[m];
@@ -194,7 +206,9 @@ void LayerActivations::allocate(const LayerDims& d, DType dtype, const std::arra
 
 int64_t LayerActivations::nbytes() const {
   size_t total = 0;
-  for (const Tensor* t : {&n1, &rstd1, &q, &k, &v, &att, &lse, &x2, &n2, &rstd2, &gate, &up, &h}) total += t->nbytes();
+  for (const Tensor* t : {&rstd1, &q, &k, &v, &att, &lse, &x2, &rstd2, &gate, &up}) total += t->nbytes();
+  for (const Tensor* t : {&own_n1, &own_n2, &own_h})
+    if (t->defined()) total += t->nbytes();  // (the shared buffers are the pass's, not the layer's)
   for (const Tensor& t : xa)
     if (t.defined()) total += t.nbytes();  // an absent adapter's empty Tensor has rank 0, numel 1
   for (const Dora& kept : dora)
@@ -260,14 +274,22 @@ void layer_forward(TensorView out, LayerActivations& a, const TensorView& x, con
   attention_output_mlp_forward(out, a, x, w, d);
 }
 
-void layer_backward(TensorView d_resid, LayerGradScratch& s, const LayerActivations& a, const TensorView& x,
+void layer_backward(TensorView d_resid, LayerGradScratch& s, LayerActivations& a, const TensorView& x,
                     const LayerCompute& w, const LayerDims& d, const RopeTable& rope) {
   // MLP: out = x2 + down(h), h = silu(gate) * up, gate/up = linear(n2), n2 = rmsnorm(x2).
+  if (a.recomputes_elementwise) {
+    ScopedSection section("elementwise recompute");
+    swiglu_forward(a.h, a.gate, a.up);
+  }
   const TensorView d_down[] = {d_resid};
   linear_group_backward(s.dh, false, d_down, a.h, kDownGroup, w, a);
   {
     ScopedSection section("swiglu bwd");
     swiglu_backward(s.dgate, s.dup, s.dh, a.gate, a.up);
+  }
+  if (a.recomputes_elementwise) {
+    ScopedSection section("elementwise recompute");
+    rmsnorm_forward(a.n2, a.rstd2, a.x2, w.post_norm, d.eps);
   }
   const TensorView d_gate_up[] = {s.dgate, s.dup};
   linear_group_backward(s.d_norm, false, d_gate_up, a.n2, kGateUpGroup, w, a);
@@ -291,6 +313,10 @@ void layer_backward(TensorView d_resid, LayerGradScratch& s, const LayerActivati
     ScopedSection section("rope bwd");
     rope_backward(s.dq.view().reshaped(q_heads), rope, 0);
     rope_backward(s.dk.view().reshaped(kv_heads), rope, 0);
+  }
+  if (a.recomputes_elementwise) {
+    ScopedSection section("elementwise recompute");
+    rmsnorm_forward(a.n1, a.rstd1, x, w.input_norm, d.eps);
   }
   const TensorView d_qkv[] = {s.dq, s.dk, s.dv};
   linear_group_backward(s.d_norm, false, d_qkv, a.n1, kQkvGroup, w, a);

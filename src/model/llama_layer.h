@@ -51,13 +51,29 @@ struct LayerCompute {
 
 // Everything the backward reads, in the activation dtype (rstd and lse in F32). Token rows are
 // [N = B*T, features]. q and k are stored after RoPE (what attention saw).
+// The buffers the layers of a pass share for what they recompute in the backward instead of keeping
+// (ModelOptions::recompute_elementwise): the norm outputs (n1, later n2: one [N, C] buffer, since
+// each is read only by its own group's GEMMs before the next is written) and h [N, I].
+struct ElementwiseScratch {
+  Tensor norm, h;
+  void allocate(const LayerDims& d, DType dtype, Device device = Device::CPU);
+};
+
 struct LayerActivations {
-  Tensor n1, rstd1;          // input_layernorm output [N, C], 1/rms [N]
+  TensorView n1;             // input_layernorm output [N, C]
+  Tensor rstd1;              // 1/rms [N]
   Tensor q, k, v;            // [N, H*D], [N, KV*D], [N, KV*D]
   Tensor att, lse;           // attention output [N, H*D], logsumexp F32 [B, H, T]
   Tensor x2;                 // residual after attention [N, C]
-  Tensor n2, rstd2;          // post_attention_layernorm output [N, C], 1/rms [N]
-  Tensor gate, up, h;        // [N, I] each; h = silu(gate) * up
+  TensorView n2;             // post_attention_layernorm output [N, C]
+  Tensor rstd2;              // 1/rms [N]
+  Tensor gate, up;           // [N, I] each
+  TensorView h;              // [N, I]: silu(gate) * up
+  // n1, n2 and h are this layer's own (kept from the forward), or, with an ElementwiseScratch,
+  // views of the pass's shared buffers that layer_backward recomputes (two RMSNorms and a SwiGLU,
+  // the forward's bits) just before each is read.
+  bool recomputes_elementwise = false;
+  Tensor own_n1, own_n2, own_h;
   // Per group, its LoRA adapters' dropout(x)·Aᵀ side by side [N, Σr] (empty where the group has none).
   std::array<Tensor, kLinearGroups> xa;
   // Per module with a DoRA adapter, what its backward reads (ops/dora.h's DoraSaved): xa [N, r],
@@ -67,9 +83,10 @@ struct LayerActivations {
   };
   std::array<Dora, kLinearModules> dora;
 
-  // lora_ranks[m] = r of module m's adapter, 0 where there is none; `dora`: the adapters are DoRA's.
+  // lora_ranks[m] = r of module m's adapter, 0 where there is none; `dora`: the adapters are DoRA's;
+  // `shared`: n1, n2 and h live there (recomputed in the backward), else in this layer's own tensors.
   void allocate(const LayerDims& d, DType dtype, const std::array<int64_t, kLinearModules>& lora_ranks, bool dora,
-                Device device = Device::CPU);
+                Device device = Device::CPU, const ElementwiseScratch* shared = nullptr);
   int64_t nbytes() const;
 };
 
@@ -94,8 +111,9 @@ void layer_forward(TensorView out, LayerActivations& a, const TensorView& x, con
                    const LayerDims& d, const RopeTable& rope);
 
 // d_resid: F32 [N, C], on entry the gradient of the layer's output, on return that of its input x.
-// Adds the gradients of trainable weights and adapters of w.
-void layer_backward(TensorView d_resid, LayerGradScratch& s, const LayerActivations& a, const TensorView& x,
+// Adds the gradients of trainable weights and adapters of w. With a.recomputes_elementwise it
+// first recomputes n1, n2 and h into the shared buffers (and rstd1, rstd2: the same values).
+void layer_backward(TensorView d_resid, LayerGradScratch& s, LayerActivations& a, const TensorView& x,
                     const LayerCompute& w, const LayerDims& d, const RopeTable& rope);
 
 }  // namespace fsdpq

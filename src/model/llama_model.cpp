@@ -228,8 +228,12 @@ struct LlamaModel::Impl {
     embedding_forward(stream_at(0), ids, dense_of(weights.embedding));
 
     const ActivationSlots slots = activation_slots(L, train, options);
+    ElementwiseScratch elementwise;  // with recompute_elementwise: the layers' n1, n2, h
+    const bool share_elementwise = train && options.recompute_elementwise;
+    if (share_elementwise) elementwise.allocate(d, act, device);
     std::vector<LayerActivations> activations(slots.count);
-    for (LayerActivations& a : activations) a.allocate(d, act, lora_ranks(), options.use_dora, device);
+    for (LayerActivations& a : activations)
+      a.allocate(d, act, lora_ranks(), options.use_dora, device, share_elementwise ? &elementwise : nullptr);
     auto activations_of = [&](int64_t i) -> LayerActivations& { return activations[slots.of_layer[static_cast<size_t>(i)]]; };
     int64_t shared_slot_holds = -1;  // the recomputed layer whose activations the shared buffer holds
     // Activation offload: a layer's input goes to host memory once the layer's forward is done and

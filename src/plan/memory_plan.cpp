@@ -227,16 +227,17 @@ int64_t layer_activation_bytes(const PlanInput& p, const std::vector<Linear>& li
   const int64_t C = m.hidden_size, H = m.num_attention_heads, KV = m.num_key_value_heads, D = m.head_dim;
   const int64_t I = m.intermediate_size;
   const int64_t a = static_cast<int64_t>(dtype_size(p.activation));
+  const bool own_elementwise = !p.setting.recompute_elementwise;  // n1, n2, h kept, else shared
   Bytes layer{p.on_gpu};
-  layer.add(N * C * a);            // n1
+  if (own_elementwise) layer.add(N * C * a);  // n1
   layer.add(N * kF32);             // rstd1
   layer.add(N * H * D * a);        // q
   layer.add(N * KV * D * a, 2);    // k, v
   layer.add(N * H * D * a);        // att
   layer.add(B * H * T * kF32);     // lse
-  layer.add(N * C * a, 2);         // x2, n2
+  layer.add(N * C * a, own_elementwise ? 2 : 1);  // x2, n2
   layer.add(N * kF32);             // rstd2
-  layer.add(N * I * a, 3);         // gate, up, h
+  layer.add(N * I * a, own_elementwise ? 3 : 2);  // gate, up, h
   // xa: one [N, Σr] per group of modules that share an input (model/llama_layer.h); under DoRA
   // one [N, r] per module instead, beside its output before the magnitude scales it z [N, out]
   // and its weight norm (fp32 [out]).
@@ -290,6 +291,7 @@ PlanInput plan_input_from(const TrainConfig& c, const LlamaConfig& model, int wo
   p.setting.strategy = c.choice.sharding;
   p.setting.gradient_checkpointing = c.use_gradient_checkpointing;
   p.setting.checkpoint_every = c.checkpoint_every;
+  p.setting.recompute_elementwise = c.recompute_elementwise;
   p.setting.cpu_offload = c.use_cpu_offload;
   p.setting.activation_offload = c.use_activation_cpu_offload;
   p.setting.batch_size = c.batch_size;
@@ -313,6 +315,7 @@ ActivationBytes activation_bytes(const PlanInput& p) {
   const int64_t every = p.setting.checkpoint_every;
   const int64_t recomputed_layers = p.setting.gradient_checkpointing ? (L + every - 1) / every : 0;
   x.kept_layers = L - recomputed_layers + (recomputed_layers > 0 ? 1 : 0);
+  if (p.setting.recompute_elementwise) x.shared_elementwise = R(N * C * a) + R(N * m.intermediate_size * a);
 
   // The residual stream of a training pass (L + 1 layer inputs) and the token ids.
   const int64_t ids = R(N * 4), one_input = R(N * C * a);
@@ -348,7 +351,7 @@ ActivationBytes activation_bytes(const PlanInput& p) {
   }
   x.unit_grads = layer_grads + root_grads;
 
-  const int64_t kept = x.stream_on_device + x.kept_layers * x.layer + x.dequantized + x.rope;
+  const int64_t kept = x.stream_on_device + x.kept_layers * x.layer + x.shared_elementwise + x.dequantized + x.rope;
   x.forward_peak = kept + forward_temp;
   x.head_peak = kept + root_grads + normed + final_rstd + d_normed + std::max(logits, d_resid);
   x.backward_peak = kept + root_grads + layer_grads + x.grad_scratch + std::max(forward_temp, backward_temp);
@@ -573,9 +576,13 @@ MemoryPrediction predict_memory(const PlanInput& p) {
   items.add("activations: " + std::to_string(act.kept_layers) + " layer" + (act.kept_layers == 1 ? "" : "s") +
                 " kept for backward",
             act.kept_layers * act.layer, 0);
+  if (act.shared_elementwise > 0)
+    items.add("activations: norm outputs and SwiGLU product, recomputed (one set)", act.shared_elementwise, 0);
   items.add("dequantised NF4 layer + RoPE tables", act.dequantized + act.rope, 0);
   items.add("peak pass workspace (head / grad scratch / op temporaries / unit grads)",
-            act.peak - act.stream_on_device - act.kept_layers * act.layer - act.dequantized - act.rope, 0);
+            act.peak - act.stream_on_device - act.kept_layers * act.layer - act.shared_elementwise - act.dequantized -
+                act.rope,
+            0);
   r.items = items.take();
 
   // Host-side activation copies for offload; the CPU backend holds everything there.
@@ -599,21 +606,25 @@ namespace {
 
 // A checkpointing step that fits: at its batch, recompute as few layers as still fit (the largest
 // checkpoint_every of 2, 4, 8 ... up to the layer count), since each recomputed layer costs a
-// forward. Memory falls as checkpoint_every falls, so the search stops at the first that fits.
+// forward; at each, the kept layers' activations whole first, then trimmed (recompute_elementwise:
+// two RMSNorms and a SwiGLU per layer cost far less than the next halving's extra recomputed
+// layers). Memory falls along that order, so the search stops at the first that fits.
 template <class Fits>
 void recompute_fewer_layers(GuideStep& g, PlanInput in, const Fits& fits) {
   in.setting = g.setting;
   const int64_t layers = in.model.num_hidden_layers;
   int64_t largest = 1;
   while (largest * 2 <= layers) largest *= 2;
-  for (int64_t every = largest; every >= 2; every /= 2) {
-    in.setting.checkpoint_every = every;
-    MemoryPrediction m = predict_memory(in);
-    if (!fits(m)) continue;
-    g.setting = in.setting;
-    g.prediction = std::move(m);
-    return;
-  }
+  for (int64_t every = largest; every >= 2; every /= 2)
+    for (bool trimmed : {false, true}) {
+      in.setting.checkpoint_every = every;
+      in.setting.recompute_elementwise = trimmed;
+      MemoryPrediction m = predict_memory(in);
+      if (!fits(m)) continue;
+      g.setting = in.setting;
+      g.prediction = std::move(m);
+      return;
+    }
 }
 
 }  // namespace
@@ -623,10 +634,11 @@ GuideResult walk_guide(const PlanInput& base, int64_t gpu_bytes, int64_t host_by
   struct Step {
     const char* name;
     ShardingStrategy strategy;
-    bool checkpointing, cpu_offload, activation_offload;
+    bool checkpointing, cpu_offload, activation_offload, recompute_elementwise = false;
   };
   const Step steps[] = {
       {"DDP", ShardingStrategy::Ddp, false, false, false},
+      {"+ selective recompute", ShardingStrategy::Ddp, false, false, false, true},
       {"+ gradient checkpointing", ShardingStrategy::Ddp, true, false, false},
       {"shard_grad_op", ShardingStrategy::ShardGradOp, true, false, false},
       {"full_shard", ShardingStrategy::FullShard, true, false, false},
@@ -639,6 +651,7 @@ GuideResult walk_guide(const PlanInput& base, int64_t gpu_bytes, int64_t host_by
     g.name = s.name;
     PlanInput in = base;
     in.setting = {s.strategy, s.checkpointing, s.cpu_offload, s.activation_offload, 1};
+    in.setting.recompute_elementwise = s.recompute_elementwise;
     auto fits = [&](const MemoryPrediction& m) {
       return m.gpu_required <= gpu_bytes && (host_bytes <= 0 || m.host_per_node <= host_bytes);
     };

@@ -34,6 +34,7 @@ struct PlanSetting {
   bool activation_offload = false;  // checkpointed layer inputs kept in host memory
   int64_t batch_size = 1;
   int64_t checkpoint_every = 1;  // with checkpointing: every k-th layer recomputed, the rest kept
+  bool recompute_elementwise = false;  // kept layers recompute n1, n2, h (model/llama_layer.h)
 };
 
 struct PlanInput {
@@ -61,7 +62,9 @@ struct PlanInput {
 // Bytes of the activations of one training pass on its compute device, each tensor as fsdpq
 // allocates it (rounded to the caching allocator's granules on the GPU).
 struct ActivationBytes {
-  int64_t layer = 0;            // one LayerActivations (n1 … h, xa, lse, rstd)
+  int64_t layer = 0;            // one LayerActivations (n1 … h, xa, lse, rstd; n1, n2, h not with
+                                // recompute_elementwise)
+  int64_t shared_elementwise = 0;  // recompute_elementwise: the buffers the layers share for n1 / n2, h
   int64_t kept_layers = 0;      // LayerActivations alive: L without checkpointing, else the layers not
                                 // recomputed + the one buffer the recomputed share
   int64_t stream = 0;           // the residual stream: L + 1 layer inputs (+ the token ids)

@@ -65,6 +65,7 @@ ModelOptions model_options_from(const TrainConfig& c) {
   o.precision = c.choice.precision;
   o.gradient_checkpointing = c.use_gradient_checkpointing;
   o.checkpoint_every = c.checkpoint_every;
+  o.recompute_elementwise = c.recompute_elementwise;
   o.activation_offload = c.use_activation_cpu_offload;
   o.seed = static_cast<uint64_t>(c.seed);
   return o;

@@ -278,6 +278,12 @@ INSTANTIATE_TEST_SUITE_P(
                       "dataset = dummy\ncheckpoint_every = 2\nuse_gradient_checkpointing = false\n", {},
                       "checkpoint_every = 2 (cfg.ini:2) contradicts use_gradient_checkpointing = false (cfg.ini:3): it "
                       "says which layers checkpointing recomputes, so it needs use_gradient_checkpointing = true"},
+        BadConfigCase{"ElementwiseRecomputeWithEveryLayerCheckpointed",
+                      "dataset = dummy\nrecompute_elementwise = true\nuse_gradient_checkpointing = true\n", {},
+                      "recompute_elementwise = true (cfg.ini:2) contradicts use_gradient_checkpointing = true "
+                      "(cfg.ini:3): it trims the activations of the layers that keep theirs, and with checkpointing on "
+                      "every layer (checkpoint_every = 1) none does: turn checkpointing off, or set checkpoint_every "
+                      "above 1"},
         BadConfigCase{"CheckpointEveryZero", "dataset = dummy\ncheckpoint_every = 0\n", {},
                       "cfg.ini:2: checkpoint_every = \"0\": must be at least 1"},
         BadConfigCase{"GeneratedDatasetWithFile", "dataset = dummy\ndata_path = cfg.ini\n", {},

@@ -73,6 +73,30 @@ TEST(MemoryPlan, LayerActivationsByHand) {
   EXPECT_EQ(a.nbytes(), host);
 }
 
+// recompute_elementwise: a layer keeps neither n1, n2 nor h (3 · 2048 + ... on the host: n1, n2 2048
+// each, h 5632), and the pass holds one shared [N, C] and one [N, I] buffer instead; LayerActivations
+// allocates exactly that.
+TEST(MemoryPlan, ElementwiseRecomputeTrimsEachKeptLayer) {
+  PlanInput p = tiny_input(2, 8, false);
+  const ActivationBytes whole = activation_bytes(p);
+  p.setting.recompute_elementwise = true;
+  const ActivationBytes trimmed = activation_bytes(p);
+  EXPECT_EQ(whole.layer - trimmed.layer, 2 * 2048 + 5632);
+  EXPECT_EQ(trimmed.shared_elementwise, 2048 + 5632);
+  EXPECT_EQ(whole.shared_elementwise, 0);
+  ElementwiseScratch shared;
+  const LayerDims d = layer_dims(test::tiny_llama(300), 2, 8);
+  shared.allocate(d, DType::BF16);
+  LayerActivations a;
+  a.allocate(d, DType::BF16, {4, 0, 4, 0, 0, 0, 0}, false, Device::CPU, &shared);
+  EXPECT_EQ(a.nbytes(), trimmed.layer);
+  EXPECT_EQ(static_cast<int64_t>(shared.norm.nbytes() + shared.h.nbytes()), trimmed.shared_elementwise);
+  // Without checkpointing every layer is kept: the saving is the layer count times the trim, less
+  // the shared set.
+  EXPECT_EQ(whole.peak - trimmed.peak,
+            whole.kept_layers * (whole.layer - trimmed.layer) - trimmed.shared_elementwise);
+}
+
 TEST(MemoryPlan, CheckpointingKeepsOneLayer) {
   PlanInput p = tiny_input(4, 64, false);
   p.setting.gradient_checkpointing = false;
@@ -234,6 +258,26 @@ TEST(MemoryPlan, FusedLoraKernelsPlanTheirScratchInsteadOfDroppedCopies) {
   set_gpu_lora_kernels(saved);
 }
 
+// The guide tries the kept layers trimmed before it checkpoints: on a GPU between what 7B QLoRA at
+// ctx 2048 needs at batch 1 without checkpointing and what it needs trimmed, the recommendation is
+// to trim, not to checkpoint.
+TEST(MemoryPlan, GuideTrimsBeforeItCheckpoints) {
+  PlanInput p = llama2_7b(true);
+  p.context_length = 2048;
+  p.setting = {ShardingStrategy::Ddp, false, false, false, 1};
+  const int64_t whole = predict_memory(p).gpu_required;
+  p.setting.recompute_elementwise = true;
+  const int64_t trimmed = predict_memory(p).gpu_required;
+  ASSERT_LT(trimmed, whole);
+  const GuideResult guide = walk_guide(p, (whole + trimmed) / 2, 0, 64);
+  ASSERT_EQ(guide.recommended, 1);
+  const GuideStep& g = guide.steps[1];
+  EXPECT_EQ(g.name, std::string("+ selective recompute"));
+  EXPECT_FALSE(g.setting.gradient_checkpointing);
+  EXPECT_TRUE(g.setting.recompute_elementwise);
+  EXPECT_EQ(g.setting.batch_size, 1);
+}
+
 // checkpoint_every = k recomputes layers 0, k, 2k ... (ceil(L / k) of them, sharing one buffer)
 // and keeps the others' activations.
 TEST(MemoryPlan, CheckpointingEveryKthLayerKeepsTheOthers) {
@@ -254,13 +298,20 @@ TEST(MemoryPlan, GuideRecomputesTheFewestLayersThatFit) {
     SCOPED_TRACE(gib);
     const int64_t gpu = static_cast<int64_t>(gib * kGiB);
     const GuideResult guide = walk_guide(p, gpu, 0, 64);
-    const GuideStep& ckpt = guide.steps[1];
+    const GuideStep& ckpt = guide.steps[2];
+    ASSERT_EQ(ckpt.name, std::string("+ gradient checkpointing"));
     ASSERT_TRUE(ckpt.fits);
     PlanInput at = p;
     at.setting = ckpt.setting;
     EXPECT_LE(predict_memory(at).gpu_required, gpu);
     if (2 * ckpt.setting.checkpoint_every <= p.model.num_hidden_layers) {
-      at.setting.checkpoint_every *= 2;
+      at.setting.checkpoint_every *= 2;  // even with its kept layers trimmed
+      at.setting.recompute_elementwise = true;
+      EXPECT_GT(predict_memory(at).gpu_required, gpu);
+    }
+    if (ckpt.setting.recompute_elementwise) {  // and untrimmed at the chosen k it would not fit either
+      at.setting = ckpt.setting;
+      at.setting.recompute_elementwise = false;
       EXPECT_GT(predict_memory(at).gpu_required, gpu);
     }
   }
@@ -269,13 +320,14 @@ TEST(MemoryPlan, GuideRecomputesTheFewestLayersThatFit) {
 TEST(MemoryPlan, GuideOrderAndRecommendation) {
   PlanInput p = llama2_7b(true);
   const GuideResult one = walk_guide(p, static_cast<int64_t>(80 * kGiB), 0, 64);
-  ASSERT_EQ(one.steps.size(), 6u);
-  const std::vector<std::string> names = {"DDP", "+ gradient checkpointing", "shard_grad_op", "full_shard",
-                                          "+ CPU offload", "+ activation offload"};
+  ASSERT_EQ(one.steps.size(), 7u);
+  const std::vector<std::string> names = {"DDP", "+ selective recompute", "+ gradient checkpointing", "shard_grad_op",
+                                          "full_shard", "+ CPU offload", "+ activation offload"};
   for (size_t i = 0; i < names.size(); ++i) EXPECT_EQ(one.steps[i].name, names[i]);
   EXPECT_EQ(one.steps[0].setting.strategy, ShardingStrategy::Ddp);
   EXPECT_FALSE(one.steps[0].setting.gradient_checkpointing);
-  EXPECT_TRUE(one.steps[5].setting.activation_offload && one.steps[5].setting.cpu_offload);
+  EXPECT_TRUE(one.steps[1].setting.recompute_elementwise && !one.steps[1].setting.gradient_checkpointing);
+  EXPECT_TRUE(one.steps[6].setting.activation_offload && one.steps[6].setting.cpu_offload);
   // 7B QLoRA fits one 80 GiB GPU with plain DDP; the batch is the largest power of two that fits.
   EXPECT_EQ(one.recommended, 0);
   const GuideStep& ddp = one.steps[0];
@@ -285,8 +337,9 @@ TEST(MemoryPlan, GuideOrderAndRecommendation) {
     p.setting.batch_size *= 2;
     EXPECT_GT(predict_memory(p).gpu_required, static_cast<int64_t>(80 * kGiB));
   }
-  // Checkpointing lets a larger batch fit than DDP without it.
-  EXPECT_GT(one.steps[1].setting.batch_size, ddp.setting.batch_size);
+  // Trimming the kept layers lets at least as large a batch fit, checkpointing a larger one.
+  EXPECT_GE(one.steps[1].setting.batch_size, ddp.setting.batch_size);
+  EXPECT_GT(one.steps[2].setting.batch_size, ddp.setting.batch_size);
 
   // 70B QLoRA on 2 × 24 GiB (fsdp_qlora's headline, which it runs with use_cpu_offload): half
   // the NF4 model (~17 GiB) on each GPU leaves too little for the rest, so only sharding with
@@ -300,8 +353,9 @@ TEST(MemoryPlan, GuideOrderAndRecommendation) {
   EXPECT_FALSE(two.steps[1].fits);
   EXPECT_FALSE(two.steps[2].fits);
   EXPECT_FALSE(two.steps[3].fits);
-  EXPECT_TRUE(two.steps[4].setting.cpu_offload);
-  EXPECT_EQ(two.recommended, 4);
+  EXPECT_FALSE(two.steps[4].fits);
+  EXPECT_TRUE(two.steps[5].setting.cpu_offload);
+  EXPECT_EQ(two.recommended, 5);
   // A host limit below what offload needs rules the offload steps out.
   const GuideResult tight = walk_guide(big, static_cast<int64_t>(10 * kGiB), static_cast<int64_t>(4 * kGiB), 64);
   EXPECT_EQ(tight.recommended, -1);
@@ -452,7 +506,8 @@ TEST(PlanCommand, PrintsTheGuideAndRecommends) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const char* part : {"fsdpq plan: preset:llama2-7b (32 layers, hidden 4096, vocab 32000), qlora r 64",
                            "1 GPU of 80 GiB, 1 rank per node, host memory 256 GiB per node",
-                           "| # | step | setting | batch |", "| 1 | DDP | ddp |", "| 6 | + activation offload |",
+                           "| # | step | setting | batch |", "| 1 | DDP | ddp |",
+                           "| 2 | + selective recompute | ddp + elementwise recompute |", "| 7 | + activation offload |",
                            "Recommended: step 1 (DDP)"})
     EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
   // 70B QLoRA fits one 24 GiB GPU only with CPU offload, which streams the layers' NF4 weights
@@ -460,7 +515,7 @@ TEST(PlanCommand, PrintsTheGuideAndRecommends) {
   // 2048's activations most of the rest).
   const auto offload = plan("inputs/dummy_70b.ini --gpus 1 --gpu-mem 24");
   ASSERT_EQ(offload.exit_code, 0) << offload.output;
-  EXPECT_NE(offload.output.find("Recommended: step 5 (+ CPU offload)"), std::string::npos) << offload.output;
+  EXPECT_NE(offload.output.find("Recommended: step 6 (+ CPU offload)"), std::string::npos) << offload.output;
   const auto none = plan("inputs/dummy_70b.ini --gpus 1 --gpu-mem 4");
   ASSERT_EQ(none.exit_code, 0) << none.output;
   EXPECT_NE(none.output.find("Nothing fits in 4 GiB per GPU"), std::string::npos) << none.output;

@@ -210,6 +210,28 @@ TEST(LlamaModel, CheckpointingEveryKthLayerGivesBitIdenticalGradients) {
   }
 }
 
+// recompute_elementwise: the kept layers drop n1, n2 and h and recompute them in the backward (the
+// same ops on the same inputs): the same bits as keeping them, alone or with every-k-th-layer
+// checkpointing, for LoRA with dropout (the masks read the recomputed inputs), full fine-tuning and
+// DoRA.
+TEST(LlamaModel, ElementwiseRecomputeGivesBitIdenticalGradients) {
+  LlamaConfig config = test::tiny_llama();
+  config.num_hidden_layers = 4;
+  const data::Batch batch = test::random_batch(2, 16, config.vocab_size, 24);
+  ModelOptions dora = test::lora_options(Precision::BF16, true, 0.1);
+  dora.use_dora = true;
+  for (ModelOptions options : {test::lora_options(Precision::BF16, true, 0.1), test::full_options(Precision::FP32), dora})
+    for (int64_t every : {0, 2, 3}) {
+      SCOPED_TRACE(testing::Message() << (options.train_base ? "full" : options.use_dora ? "dora" : "qlora")
+                                      << ", checkpoint_every " << every);
+      options.checkpoint_every = every > 0 ? every : 1;
+      options.recompute_elementwise = false;
+      const GradSnapshot kept = run_step(config, options, every > 0, batch, 4);
+      options.recompute_elementwise = true;
+      expect_bit_identical(run_step(config, options, every > 0, batch, 4), kept);
+    }
+}
+
 // use_activation_cpu_offload moves each layer's input out and back between its forward and its
 // backward: the same bytes come back, so the gradients are the same bits.
 TEST(LlamaModel, ActivationOffloadGivesBitIdenticalGradients) {

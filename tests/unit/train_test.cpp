@@ -86,6 +86,23 @@ TEST_F(Train, LearningRateFollowsTheSchedule) {
   EXPECT_EQ(steps[0].at("lr").get<double>(), 0.0) << "fsdp_qlora's warm-up starts at lr 0";
 }
 
+// recompute_elementwise reaches the model from the config: the same losses, to the bit, as keeping
+// the layers' norm outputs and SwiGLU products (the model's test checks the gradients).
+TEST_F(Train, ElementwiseRecomputeTrainsTheSameLosses) {
+  auto r = fsdpq("demo --out demo_recompute --dry_run");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string run = "--model_name demo_recompute/model --dataset alpaca --data_path demo_recompute/data.jsonl "
+                          "--dataset_samples 32 --batch_size 4 --context_length 128 --lr 1e-3 --max_steps 4 "
+                          "--log_to stdout --lora_rank 4 --lora_dropout 0.1 --use_gradient_checkpointing false";
+  r = fsdpq(run + " --output_dir kept_out");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = fsdpq(run + " --output_dir recompute_out --recompute_elementwise true");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<double> kept = test::step_losses(dir_ / "kept_out"), recomputed = test::step_losses(dir_ / "recompute_out");
+  ASSERT_EQ(kept.size(), 4u);
+  EXPECT_EQ(recomputed, kept);
+}
+
 TEST_F(Train, Fp16AutocastSkipsOverflowingStepsAndStillLearns) {
   // A loss scale of 2^30 overflows half's range: those steps are skipped and the scale halves until
   // the gradients fit; then it doubles after every loss_scale_growth_interval clean steps
