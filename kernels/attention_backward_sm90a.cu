@@ -149,19 +149,6 @@ __device__ __forceinline__ void issue_gradient(float (&acc)[D / 2], const uint32
   }
 }
 
-// 64 accumulator columns (n64) as the A operand of the next product: k step kk is 8-column
-// chunks 2kk, 2kk + 1.
-template <class T>
-__device__ __forceinline__ void to_a_operand(const float (&x)[32], uint32_t (&a)[16]) {
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    a[4 * kk] = pack2<T>(x[8 * kk], x[8 * kk + 1]);
-    a[4 * kk + 1] = pack2<T>(x[8 * kk + 2], x[8 * kk + 3]);
-    a[4 * kk + 2] = pack2<T>(x[8 * kk + 4], x[8 * kk + 5]);
-    a[4 * kk + 3] = pack2<T>(x[8 * kk + 6], x[8 * kk + 7]);
-  }
-}
-
 // Register e of chunk j of an n64 accumulator: row (row0 + 8 (e / 2)), column 8j + 2t + e % 2.
 __device__ __forceinline__ int column_of(int j, int e, int t4) { return 8 * j + 2 * t4 + (e & 1); }
 

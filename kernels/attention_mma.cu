@@ -19,6 +19,7 @@
 
 #include "kernels/attention_mma.cuh"
 #include "kernels/mma_fragments.cuh"
+#include "kernels/quad_reduce.cuh"
 
 namespace fsdpq::cuda {
 namespace {
@@ -69,15 +70,6 @@ __device__ __forceinline__ void load_tile(T* dst, const S* src, int T_len, int b
     }
     *reinterpret_cast<uint4*>(dst + r * LD + c) = packed;
   }
-}
-
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
 // ---- forward: one block per (query tile, h, b); key tiles 0..qt in order ----

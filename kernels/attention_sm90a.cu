@@ -30,6 +30,7 @@
 #include "kernels/hopper/type_and_dim.cuh"
 #include "kernels/hopper/warpgroup.cuh"
 #include "kernels/hopper/wgmma.cuh"
+#include "kernels/quad_reduce.cuh"
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "attention_sm90a.cu needs sm_90a (wgmma, setmaxnreg): CMakeLists.txt builds *_sm90a.cu for it alone"
@@ -151,15 +152,6 @@ __device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&p)[
 
 // ---- the consumers' softmax ----
 
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
 // The running statistics of this thread's two rows ([0]: row g, [1]: row g + 8 of its warp's 16).
 struct RowStats {
   float max[2] = {-INFINITY, -INFINITY};  // of the raw scores so far
@@ -199,18 +191,6 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], RowStats& r, float 
     }
 #pragma unroll
   for (int i = 0; i < 2; ++i) r.sum[i] = r.sum[i] * alpha[i] + tile_sum[i];  // fp32 P; rounded only for P V
-}
-
-// The probabilities as the A operand of P V: keys 16kk..16kk+15 are 8-column chunks 2kk, 2kk + 1.
-template <class T>
-__device__ __forceinline__ void to_a_operand(const float (&s)[64], uint32_t (&p)[32]) {
-#pragma unroll
-  for (int kk = 0; kk < 8; ++kk) {
-    p[4 * kk] = pack2<T>(s[8 * kk], s[8 * kk + 1]);
-    p[4 * kk + 1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
-    p[4 * kk + 2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
-    p[4 * kk + 3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
-  }
 }
 
 template <int N>

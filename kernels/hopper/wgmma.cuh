@@ -206,4 +206,17 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
+// An accumulator of N columns (N / 2 registers per thread: the scores of P V, dS of dK ...) as the
+// register A operand of the next product, rounded to T: k step kk is 8-column chunks 2kk, 2kk + 1.
+template <class T, int N>
+__device__ __forceinline__ void to_a_operand(const float (&acc)[N], uint32_t (&a)[N / 2]) {
+#pragma unroll
+  for (int kk = 0; kk < N / 8; ++kk) {
+    a[4 * kk] = pack2<T>(acc[8 * kk], acc[8 * kk + 1]);
+    a[4 * kk + 1] = pack2<T>(acc[8 * kk + 2], acc[8 * kk + 3]);
+    a[4 * kk + 2] = pack2<T>(acc[8 * kk + 4], acc[8 * kk + 5]);
+    a[4 * kk + 3] = pack2<T>(acc[8 * kk + 6], acc[8 * kk + 7]);
+  }
+}
+
 }  // namespace fsdpq::cuda::hopper

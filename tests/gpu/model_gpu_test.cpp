@@ -62,5 +62,27 @@ TEST(GpuModel, LossAndGradientsMatchTheCpuBackend) {
   }
 }
 
+// recompute_elementwise on the GPU: the backward's recomputed norm outputs and SwiGLU products are
+// the forward's bits (deterministic kernels on the same inputs), so the gradients equal keeping
+// them, to the bit, alone and beside every-other-layer checkpointing.
+TEST(GpuModel, ElementwiseRecomputeGivesTheSameBits) {
+  test::use_gpu();
+  LlamaConfig config = test::tiny_llama();
+  config.num_hidden_layers = 4;
+  const data::Batch batch = test::random_batch(2, 33, config.vocab_size, 6);
+  for (bool checkpointing : {false, true}) {
+    SCOPED_TRACE(checkpointing ? "checkpoint_every 2" : "no checkpointing");
+    ModelOptions options = test::lora_options(Precision::BF16, true, 0.1);
+    options.gradient_checkpointing = checkpointing;
+    options.checkpoint_every = checkpointing ? 2 : 1;
+    const Outcome kept = run(config, options, batch, Device::CUDA);
+    options.recompute_elementwise = true;
+    const Outcome trimmed = run(config, options, batch, Device::CUDA);
+    EXPECT_EQ(trimmed.loss.loss_sum, kept.loss.loss_sum);
+    ASSERT_EQ(trimmed.grads.size(), kept.grads.size());
+    for (size_t i = 0; i < kept.grads.size(); ++i) EXPECT_EQ(trimmed.grads[i], kept.grads[i]) << "gradient " << i;
+  }
+}
+
 }  // namespace
 }  // namespace fsdpq
