@@ -9,7 +9,7 @@
 //     diagonal in order: dQ += dS K in registers, stored once.
 // Kernels 2 and 3 both recompute the scores and dP (7 tile products per tile pair instead of 5),
 // the price of writing every gradient exactly once in a fixed order. Both are warp specialised as
-// the forward is: warpgroup 0 produces (one thread issues the bulk tensor copies into a two-stage
+// the forward is: warpgroup 0 produces (one thread issues the bulk tensor copies into a three-stage
 // ring), warpgroups 1 and 2 consume, 64 rows each (keys in kernel 2, queries in kernel 3).
 // The products, with m64 rows per consumer:
 //   kernel 2: Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (shared-memory operands, K-major, n64), then
@@ -46,7 +46,7 @@ constexpr int kConsumers = 2;                     // warpgroups multiplying, 64 
 constexpr int kThreads = 128 * (1 + kConsumers);  // plus the producer warpgroup
 constexpr int kBlockRows = 64 * kConsumers;       // keys per block (kernel 2), queries per block (kernel 3)
 constexpr int kStepRows = 64;                     // queries per step (kernel 2), keys per step (kernel 3)
-constexpr int kStages = 2;
+constexpr int kStages = 3;  // ring depth: the next step's tiles land while this one's products run
 constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
 constexpr float kLog2e = 1.4426950408889634f;
 static_assert(kBlockRows % kStepRows == 0, "a block's rows are whole steps (the causal mask's tiles)");
@@ -76,7 +76,10 @@ struct Smem {
   static constexpr int kFixedB = kFixedBytes;
   static constexpr int kRingA = 2 * kFixedBytes;
   static constexpr int kRingB = kRingA + kStages * kStepBytes;
-  static constexpr int kBarriers = kRingB + kStages * kStepBytes;
+  // Kernel 2's per-step column statistics (lse · log2 e, drow) of each consumer, double-buffered.
+  static constexpr int kStats = kRingB + kStages * kStepBytes;
+  static constexpr int kStatsBytes = 2 * 2 * kStepRows * static_cast<int>(sizeof(float));  // per consumer
+  static constexpr int kBarriers = kStats + kConsumers * kStatsBytes;
   static constexpr int kConsumerRows = 64 * kSwizzleRowBytes;  // consumer c's rows of a fixed tile: c times this
 };
 
@@ -196,6 +199,9 @@ __device__ __forceinline__ KeyTile key_tile_of_block(const Params& p) {
   return t;
 }
 
+// Step i's products overlap step i - 1's and the softmax: S_{i+1}ᵀ and dP_{i+1}ᵀ are issued right
+// behind dK_i, so the tensor cores keep busy while the warpgroup waits and computes; Pᵀ and dSᵀ
+// (the A operands in flight) live across iterations until the wait that retires their products.
 template <class T, int D>
 __device__ void consume_dkdv(uint8_t* smem, Barriers& bar, const Params& p, const KeyTile& t) {
   using S = Smem<D>;
@@ -205,36 +211,48 @@ __device__ void consume_dkdv(uint8_t* smem, Barriers& bar, const Params& p, cons
   const int key = t.k0 + 64 * consumer + row;  // this thread's keys: key and key + 8
   const uint8_t* k_rows = smem + S::kFixedA + consumer * S::kConsumerRows;
   const uint8_t* v_rows = smem + S::kFixedB + consumer * S::kConsumerRows;
+  float* const stats = reinterpret_cast<float*>(smem + S::kStats + consumer * S::kStatsBytes);
+  const int thread = static_cast<int>(threadIdx.x) % 128;
+  auto q_tile = [&](int stage) { return smem + S::kRingA + stage * S::kStepBytes; };
+  auto do_tile = [&](int stage) { return smem + S::kRingB + stage * S::kStepBytes; };
   const float c = p.scale * kLog2e;
-  float dk[D / 2] = {}, dv[D / 2] = {};
+  float dk[D / 2] = {}, dv[D / 2] = {}, st[32], dpt[32];
+  uint32_t pt[16] = {}, dst[16] = {};
+  auto issue_scores_of = [&](int i) {
+    const int stage = stage_of(i);
+    mbarrier_wait(&bar.full[stage], parity_of(i));
+    wgmma_fence();
+    issue_scores<T, D>(st, k_rows, q_tile(stage));
+    wgmma_commit();
+    issue_scores<T, D>(dpt, v_rows, do_tile(stage));
+    wgmma_commit();
+  };
   mbarrier_wait(&bar.fixed_full, 0);
   const int steps = t.steps();
+  issue_scores_of(0);
   for (int i = 0; i < steps; ++i) {
     int q0 = 0, head = 0;
     t.step_at(i, &q0, &head);
     const int s = stage_of(i);
-    const uint8_t* q_tile = smem + S::kRingA + s * S::kStepBytes;
-    const uint8_t* do_tile = smem + S::kRingB + s * S::kStepBytes;
-    mbarrier_wait(&bar.full[s], parity_of(i));
-    float st[32], dpt[32];
-    wgmma_fence();
-    issue_scores<T, D>(st, k_rows, q_tile);
-    wgmma_commit();
-    issue_scores<T, D>(dpt, v_rows, do_tile);
-    wgmma_commit();
-    // This thread's query columns: their lse (scaled to log2) and drow; past T, +inf and 0.
-    const int64_t row_base = (static_cast<int64_t>(t.b) * p.H + head) * p.T;
-    float lse2[16], drow[16];
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int query = q0 + column_of(j, e, t4);
-        lse2[2 * j + e] = query < p.T ? __ldg(p.lse + row_base + query) * kLog2e : INFINITY;
-        drow[2 * j + e] = query < p.T ? __ldg(p.drow + row_base + query) : 0.0f;
-      }
-    wgmma_wait<1>();
+    wgmma_wait<1>();  // S_iᵀ, and step i - 1's dV and dK before it; dP_iᵀ may still run
     fence_operand(st);
+    fence_operand(dk);
+    fence_operand(dv);
+    fence_operand(pt);
+    fence_operand(dst);
+    if (i > 0) mbarrier_arrive(&bar.empty[stage_of(i - 1)]);
+    // The step's 64 query columns' lse (scaled to log2; past T, +inf) and drow (past T, 0), staged
+    // in shared memory by the warpgroup's first 64 threads: read from there where used, they take
+    // no registers across the products (kept in registers they made ptxas spill at D 128).
+    const float* lse2 = stats + (i & 1) * 2 * kStepRows;
+    const float* drow = lse2 + kStepRows;
+    if (thread < kStepRows) {
+      const int64_t row_base = (static_cast<int64_t>(t.b) * p.H + head) * p.T;
+      const int query = q0 + thread;
+      stats[(i & 1) * 2 * kStepRows + thread] = query < p.T ? __ldg(p.lse + row_base + query) * kLog2e : INFINITY;
+      stats[(i & 1) * 2 * kStepRows + kStepRows + thread] = query < p.T ? __ldg(p.drow + row_base + query) : 0.0f;
+    }
+    warpgroup_sync(1 + consumer);
     const bool diagonal = q0 < t.k0 + kBlockRows;  // some key of the tile lies after some query
 #pragma unroll
     for (int j = 0; j < 8; ++j)
@@ -242,33 +260,32 @@ __device__ void consume_dkdv(uint8_t* smem, Barriers& bar, const Params& p, cons
       for (int e = 0; e < 4; ++e) {
         const int query = q0 + column_of(j, e, t4);
         const bool masked = diagonal && key + 8 * (e >> 1) > query;
-        st[4 * j + e] = masked ? 0.0f : exp2f(fmaf(st[4 * j + e], c, -lse2[2 * j + (e & 1)]));
+        st[4 * j + e] = masked ? 0.0f : exp2f(fmaf(st[4 * j + e], c, -lse2[column_of(j, e, t4)]));
       }
-    uint32_t pt[16];
     to_a_operand<T>(st, pt);
     fence_operand(pt);
     wgmma_fence();
-    issue_gradient<T, D>(dv, pt, do_tile);
+    issue_gradient<T, D>(dv, pt, do_tile(s));
     wgmma_commit();
-    wgmma_wait<1>();  // dPᵀ (committed before dV's products)
+    wgmma_wait<1>();  // dP_iᵀ (committed before dV_i)
     fence_operand(dpt);
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) dpt[4 * j + e] = st[4 * j + e] * (dpt[4 * j + e] - drow[2 * j + (e & 1)]);
-    uint32_t dst[16];
+      for (int e = 0; e < 4; ++e) dpt[4 * j + e] = st[4 * j + e] * (dpt[4 * j + e] - drow[column_of(j, e, t4)]);
     to_a_operand<T>(dpt, dst);
     fence_operand(dst);
     wgmma_fence();
-    issue_gradient<T, D>(dk, dst, q_tile);
+    issue_gradient<T, D>(dk, dst, q_tile(s));
     wgmma_commit();
-    wgmma_wait<0>();
-    fence_operand(dk);
-    fence_operand(dv);
-    fence_operand(pt);
-    fence_operand(dst);
-    mbarrier_arrive(&bar.empty[s]);
+    if (i + 1 < steps) issue_scores_of(i + 1);
   }
+  wgmma_wait<0>();
+  fence_operand(dk);
+  fence_operand(dv);
+  fence_operand(pt);
+  fence_operand(dst);
+  mbarrier_arrive(&bar.empty[stage_of(steps - 1)]);
   store_rows<D>(p.grad_a, p.grad_a_type, dk, p.scale, key, p.T, p.KV, t.kv_head, t.b, t4);
   store_rows<D>(p.grad_b, p.grad_b_type, dv, 1.0f, key, p.T, p.KV, t.kv_head, t.b, t4);
 }
@@ -338,6 +355,8 @@ __device__ __forceinline__ QueryTile query_tile_of_block(const Params& p) {
   return t;
 }
 
+// As in kernel 2, S_{i+1} and dP_{i+1} are issued right behind dQ_i, and dS (dQ_i's A operand)
+// lives until the wait that retires it.
 template <class T, int D>
 __device__ void consume_dq(uint8_t* smem, Barriers& bar, const Params& p, const QueryTile& t) {
   using S = Smem<D>;
@@ -347,6 +366,8 @@ __device__ void consume_dq(uint8_t* smem, Barriers& bar, const Params& p, const 
   const int query = t.q0 + 64 * consumer + row;  // this thread's rows: query and query + 8
   const uint8_t* q_rows = smem + S::kFixedA + consumer * S::kConsumerRows;
   const uint8_t* do_rows = smem + S::kFixedB + consumer * S::kConsumerRows;
+  auto k_tile = [&](int stage) { return smem + S::kRingA + stage * S::kStepBytes; };
+  auto v_tile = [&](int stage) { return smem + S::kRingB + stage * S::kStepBytes; };
   const float c = p.scale * kLog2e;
   const int64_t row_base = (static_cast<int64_t>(t.b) * p.H + t.h) * p.T;
   float lse2[2], drow[2];
@@ -356,21 +377,26 @@ __device__ void consume_dq(uint8_t* smem, Barriers& bar, const Params& p, const 
     lse2[i] = r < p.T ? p.lse[row_base + r] * kLog2e : INFINITY;
     drow[i] = r < p.T ? p.drow[row_base + r] : 0.0f;
   }
-  float dq[D / 2] = {};
+  float dq[D / 2] = {}, sc[32], dp[32];
+  uint32_t ds[16] = {};
+  auto issue_scores_of = [&](int i) {
+    const int stage = stage_of(i);
+    mbarrier_wait(&bar.full[stage], parity_of(i));
+    wgmma_fence();
+    issue_scores<T, D>(sc, q_rows, k_tile(stage));
+    wgmma_commit();
+    issue_scores<T, D>(dp, do_rows, v_tile(stage));
+    wgmma_commit();
+  };
   mbarrier_wait(&bar.fixed_full, 0);
+  issue_scores_of(0);
   for (int i = 0; i < t.key_tiles; ++i) {
     const int s = stage_of(i), k0 = i * kStepRows;
-    const uint8_t* k_tile = smem + S::kRingA + s * S::kStepBytes;
-    const uint8_t* v_tile = smem + S::kRingB + s * S::kStepBytes;
-    mbarrier_wait(&bar.full[s], parity_of(i));
-    float sc[32], dp[32];
-    wgmma_fence();
-    issue_scores<T, D>(sc, q_rows, k_tile);
-    wgmma_commit();
-    issue_scores<T, D>(dp, do_rows, v_tile);
-    wgmma_commit();
-    wgmma_wait<1>();
+    wgmma_wait<1>();  // S_i, and dQ_{i - 1} before it; dP_i may still run
     fence_operand(sc);
+    fence_operand(dq);
+    fence_operand(ds);
+    if (i > 0) mbarrier_arrive(&bar.empty[stage_of(i - 1)]);
     const bool diagonal = k0 + kStepRows > t.q0;  // some key of the tile lies after some row
 #pragma unroll
     for (int j = 0; j < 8; ++j)
@@ -379,23 +405,23 @@ __device__ void consume_dq(uint8_t* smem, Barriers& bar, const Params& p, const 
         const bool masked = diagonal && k0 + column_of(j, e, t4) > query + 8 * (e >> 1);
         sc[4 * j + e] = masked ? 0.0f : exp2f(fmaf(sc[4 * j + e], c, -lse2[e >> 1]));
       }
-    wgmma_wait<0>();
+    wgmma_wait<0>();  // dP_i
     fence_operand(dp);
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) dp[4 * j + e] = sc[4 * j + e] * (dp[4 * j + e] - drow[e >> 1]);
-    uint32_t ds[16];
     to_a_operand<T>(dp, ds);
     fence_operand(ds);
     wgmma_fence();
-    issue_gradient<T, D>(dq, ds, k_tile);
+    issue_gradient<T, D>(dq, ds, k_tile(s));
     wgmma_commit();
-    wgmma_wait<0>();
-    fence_operand(dq);
-    fence_operand(ds);
-    mbarrier_arrive(&bar.empty[s]);
+    if (i + 1 < t.key_tiles) issue_scores_of(i + 1);
   }
+  wgmma_wait<0>();
+  fence_operand(dq);
+  fence_operand(ds);
+  mbarrier_arrive(&bar.empty[stage_of(t.key_tiles - 1)]);
   store_rows<D>(p.grad_a, p.grad_a_type, dq, p.scale, query, p.T, p.H, t.h, t.b, t4);
 }
 

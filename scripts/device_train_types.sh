@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # One device call for issue #25's table: tokens/s, peak memory and the planner's prediction of the
 # train types side by side on preset:llama2-7b (random weights, dummy data, every slot a token):
-# qlora r 64, bnb_dora r 64, bnb_llama_pro with 8 new blocks, and hqq_lora when asked for (TYPES):
-# its base is quantised on the CPU at start-up, ~4 minutes for 7B on 16 cores today (HQQ's solver
-# has no GPU path yet), so it is not in the default list. Prepare here:
+# qlora r 64, bnb_dora r 64, bnb_llama_pro with 8 new blocks and hqq_lora r 64 (its base quantised at
+# start-up by HQQ's solver on the GPU; the run's log says how long it took). Prepare here:
 #   make build && ../shared/device/bundle-libs.sh build/fsdpq .device/lib
 # Run there with carry [".device/lib", "build/fsdpq"] (or scripts/device_pack.sh):
 #   bash scripts/device_train_types.sh   (TYPES="qlora bnb_dora bnb_llama_pro hqq_lora", MODEL, NEW_BLOCKS=8, CTX=512,
@@ -22,7 +21,7 @@ flags_of() {
   esac
 }
 echo "== $MODEL, ctx $CTX, bs $BS, checkpointing $CKPT"
-for type in ${TYPES:-qlora bnb_dora bnb_llama_pro}; do
+for type in ${TYPES:-qlora bnb_dora bnb_llama_pro hqq_lora}; do
   flags=$(flags_of "$type") || continue
   common=(--model_name "$MODEL" --tokenizer_path builtin:bytes --dataset dummy --context_length "$CTX"
           --batch_size "$BS" --use_gradient_checkpointing "$CKPT")
@@ -30,9 +29,10 @@ for type in ${TYPES:-qlora bnb_dora bnb_llama_pro}; do
   timeout 540 "$B" "${common[@]}" --dataset_samples $((BS * (${STEPS:-10} + 2))) --pad_to_context_length true \
     --max_steps "${STEPS:-10}" --log_to stdout --output_dir "$W/$type" $flags > "$OUT/$type.log" 2>&1
   echo "$type rc=$? $(date +%T): $(grep -E '^model ready' "$OUT/$type.log" | cut -c1-90)"
+  grep -E '^hqq: the solver' "$OUT/$type.log"
   cp "$W/$type/metrics.jsonl" "$OUT/$type.metrics.jsonl" 2>/dev/null
 done
-python3 - "$OUT" ${TYPES:-qlora bnb_dora bnb_llama_pro} <<'PY'
+python3 - "$OUT" ${TYPES:-qlora bnb_dora bnb_llama_pro hqq_lora} <<'PY'
 import json, re, sys
 out, types = sys.argv[1], sys.argv[2:]
 print("\n| train type | tokens/s (steps 2..) | peak allocated GiB | plan GiB | losses |")

@@ -6,7 +6,7 @@
 # Every step runs under `timeout`: a pipeline bug in the kernel hangs rather than fails. Prepare here:
 #   cmake --build build -j1 --target fsdpq_gpu_tests && ../shared/device/bundle-libs.sh build/tests/fsdpq_gpu_tests .device/lib
 # Run there with carry [".device/lib", "build/tests/fsdpq_gpu_tests"]:
-#   bash scripts/device_wgmma.sh   (at most ~10 minutes; SKIP=tiles,routes,model,perf splits it over calls)
+#   bash scripts/device_wgmma.sh   (at most ~10 minutes; SKIP=tiles,routes,model,perf,ncu splits it over calls)
 T=$PWD/build/tests/fsdpq_gpu_tests
 OUT=${OUT:-/tmp}
 skip() { [[ ",${SKIP:-}," == *",$1,"* ]]; }
@@ -49,4 +49,17 @@ if ! skip perf; then
     > $OUT/wgmma_perf.txt
   echo "rc=$?"
   grep -E "PERF attention|SKIPPED|Skipped" $OUT/wgmma_perf.txt
+fi
+
+if ! skip ncu; then
+  # Where the backward's time goes, kernel by kernel: the first launches of each Hopper kernel in
+  # the perf test (T 512 first), with their duration, SM and memory throughput and registers.
+  echo "== ncu: the wgmma kernels' durations and throughput"
+  NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  if [ -z "$NCU" ]; then echo "no ncu here"; else
+    FSDPQ_GPU_PERF=1 timeout 240 "$NCU" --kernel-name regex:'sm90a|prepare' --launch-skip 8 --launch-count 8 \
+      --section SpeedOfLight --section LaunchStats \
+      "$T" --gtest_filter='GpuOpsAttentionCudnn.Perf' > $OUT/wgmma_ncu.txt 2>&1
+    echo "rc=$?"; grep -E "attention_|prepare_kernel|Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per Thread" $OUT/wgmma_ncu.txt | head -60
+  fi
 fi

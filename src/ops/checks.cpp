@@ -28,8 +28,14 @@ void check_float(const char* op, const char* name, const TensorView& view) {
     throw std::logic_error(fmt::format("{}: {} is {}; expected F32, BF16 or F16", op, name, view.describe()));
 }
 
-void check_dtype(const char* op, const char* name, const TensorView& view, DType expected) {
+void check_cpu_dtype(const char* op, const char* name, const TensorView& view, DType expected) {
   check_cpu(op, name, view);
+  check_dtype(op, name, view, expected);
+}
+
+void check_dtype(const char* op, const char* name, const TensorView& view, DType expected) {
+  if (view.data == nullptr && view.numel() > 0)
+    throw std::logic_error(fmt::format("{}: {} ({}) has no data", op, name, view.describe()));
   if (view.dtype != expected)
     throw std::logic_error(
         fmt::format("{}: {} is {}; expected {}", op, name, view.describe(), dtype_name(expected)));

@@ -15,6 +15,9 @@ void check_cpu_float(const char* op, const char* name, const TensorView& view);
 // The same on any device: for the checks an op makes before it picks its implementation.
 void check_float(const char* op, const char* name, const TensorView& view);
 
+// The view lives on the CPU, holds `expected` and has data (unless it is empty).
+void check_cpu_dtype(const char* op, const char* name, const TensorView& view, DType expected);
+// The same on any device: for the checks an op makes before it picks its implementation.
 void check_dtype(const char* op, const char* name, const TensorView& view, DType expected);
 void check_shape(const char* op, const char* name, const TensorView& view, const Shape& expected);
 void check_numel(const char* op, const char* name, const TensorView& view, int64_t expected);

@@ -22,7 +22,7 @@ namespace fsdpq {
 namespace {
 
 void check_labels(const char* op, const TensorView& labels, int64_t B, int64_t T) {
-  check_dtype(op, "labels", labels, DType::I32);
+  check_cpu_dtype(op, "labels", labels, DType::I32);
   check_numel(op, "labels", labels, B * T);
 }
 

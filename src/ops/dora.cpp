@@ -151,6 +151,7 @@ void dora_row_norms(TensorView norm, const TensorView& P) {
   check_f32_vector(op, "norm", norm, rows);
   if (runs_on_cuda(op, {norm, P}))
     if constexpr (kWithCuda) return cuda_ops::dora_row_norms(norm, P);
+  check_cpu_dtype(op, "P", P, DType::F32);
   const float* p = P.as<const float>();
   float* n = norm.as<float>();
 #pragma omp parallel for if (worth_parallel(rows * in)) schedule(static)

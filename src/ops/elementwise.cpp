@@ -74,7 +74,7 @@ void accumulate(TensorView dst, const TensorView& src) {
   check_numel(op, "src", src, dst.numel());
   if (runs_on_cuda(op, {dst, src}))
     if constexpr (kWithCuda) return cuda_ops::accumulate(dst, src);
-  check_dtype(op, "dst", dst, DType::F32);
+  check_cpu_dtype(op, "dst", dst, DType::F32);
   check_cpu_float(op, "src", src);
   check_numel(op, "src", src, dst.numel());
   float* y = dst.as<float>();

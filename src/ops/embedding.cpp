@@ -16,7 +16,7 @@ namespace fsdpq {
 namespace {
 
 void check_ids(const char* op, const TensorView& ids, int64_t vocab) {
-  check_dtype(op, "ids", ids, DType::I32);
+  check_cpu_dtype(op, "ids", ids, DType::I32);
   const int32_t* id = ids.as<const int32_t>();
   for (int64_t n = 0; n < ids.numel(); ++n)
     if (id[n] < 0 || id[n] >= vocab)
@@ -69,7 +69,7 @@ void embedding_backward(TensorView dtable, const TensorView& ids, const TensorVi
   check_lookup(op, "dtable", dtable, "dout", dout, ids);
   if (runs_on_cuda(op, {dtable, ids, dout}))
     if constexpr (kWithCuda) return cuda_ops::embedding_backward(dtable, ids, dout);
-  check_dtype(op, "dtable", dtable, DType::F32);
+  check_cpu_dtype(op, "dtable", dtable, DType::F32);
   check_cpu_float(op, "dout", dout);
   const int64_t vocab = dtable.shape[0], channels = dtable.shape[1], tokens = ids.numel();
   check_ids(op, ids, vocab);

@@ -8,6 +8,7 @@
 #include <limits>
 #include <stdexcept>
 
+#include "kernels/hqq_solver.h"
 #include "util/bf16.h"
 
 namespace fsdpq {
@@ -39,20 +40,6 @@ inline uint32_t half_bits_of(float a) {
   return std::min<uint32_t>((bits - 0x38000000u) >> 13, 0x7c00u);
 }
 
-// Every solver operation is computed in fp32 and rounded to the working precision, as torch's
-// elementwise kernels do for float16 (in fp32 the rounding is the operation's own).
-struct Working {
-  bool half;
-  const float* powers = half ? half_shrink_powers().data() : nullptr;
-  float operator()(float x) const { return half ? round_f16(x) : x; }
-  float shrink_power(float a) const {
-    if (!half) return std::pow(a, kShrinkExponentFloat);
-    return powers[half_bits_of(a)];
-  }
-};
-
-float max_code(int n_bits) { return static_cast<float>((1 << n_bits) - 1); }
-
 // std::nearbyint under the default rounding mode (to nearest, ties to even), without the libm
 // call in the solver's inner loop: adding and subtracting 1.5 · 2^23 leaves an integer for
 // |v| < 2^22; larger values take nearbyint itself.
@@ -61,7 +48,27 @@ float nearest_even(float v) {
   return std::copysign((v + 12582912.0f) - 12582912.0f, v);
 }
 
+// The solver's arithmetic on the CPU (kernels/hqq_solver.h): every operation computed in fp32 and
+// rounded to the working precision, as torch's elementwise kernels do for float16 (in fp32 the
+// rounding is the operation's own).
+struct HostArithmetic {
+  bool half;
+  const float* powers = half ? half_shrink_powers().data() : nullptr;
+  float round(float x) const { return half ? round_f16(x) : x; }
+  float shrink_power(float a) const {
+    if (!half) return std::pow(a, kShrinkExponentFloat);
+    return powers[half_bits_of(a)];
+  }
+  float nearest_even(float v) const { return fsdpq::nearest_even(v); }
+};
+
+float max_code(int n_bits) { return static_cast<float>((1 << n_bits) - 1); }
+
+static_assert(hqq_math::kGroupSize == kHqqGroupSize && hqq_math::kSolverIterations == kHqqSolverIterations);
+
 }  // namespace
+
+std::span<const float> hqq_half_shrink_powers() { return half_shrink_powers(); }
 
 bool hqq_supported_bits(int n_bits) {
   return n_bits == 1 || n_bits == 2 || n_bits == 3 || n_bits == 4 || n_bits == 8;
@@ -99,50 +106,15 @@ uint32_t HqqPacking::code(const uint8_t* packed, int64_t g, int64_t j) const {
 }
 
 HqqGroupStart hqq_group_start(const float* values, int n_bits) {
-  float lo = values[0], hi = values[0];
-  for (int64_t j = 1; j < kHqqGroupSize; ++j) {
-    lo = std::min(lo, values[j]);
-    hi = std::max(hi, values[j]);
-  }
-  const float denom = hi - lo;
-  // torch computes (2^n - 1) / denom as denom.reciprocal() * (2^n - 1): two roundings.
-  float scale = (1.0f / denom) * max_code(n_bits);
-  if (std::fabs(denom) <= 1e-4f) scale = 1.0f;  // hqq: avoid small denominators
-  scale = std::min(scale, 2e4f);                // hqq: clamp to avoid half-precision problems
-  HqqGroupStart start{scale, -lo * scale};
-  if (n_bits == 4) start.zero = std::nearbyint(start.zero);  // round_zero (BaseQuantizeConfig: 4 bits only)
-  return start;
+  const hqq_math::Start start = hqq_math::group_start(values, n_bits, HostArithmetic{false});
+  return {start.scale, start.zero};
 }
 
 HqqGroup hqq_solve_group(const float* values, const HqqGroupStart& start, int n_bits, int updates,
                          HqqSolverPrecision precision, double* errors) {
-  const Working r{precision == HqqSolverPrecision::kHalf};
-  const float top = max_code(n_bits);
-  float w[kHqqGroupSize];
-  for (int64_t j = 0; j < kHqqGroupSize; ++j) w[j] = r(values[j]);
-  const float scale = r(start.scale);
-  float zero = r(start.zero);
-  double beta = 10.0;
-  for (int i = 0; i < updates; ++i) {
-    const auto inv_beta = static_cast<float>(1.0 / beta);  // a Python float, fp32 in the kernel
-    double error_sum = 0.0, zero_sum = 0.0;
-    for (int64_t j = 0; j < kHqqGroupSize; ++j) {
-      const float q = std::clamp(nearest_even(r(r(w[j] * scale) + zero)), 0.0f, top);
-      const float dequantized = r(r(q - zero) / scale);
-      const float error = r(w[j] - dequantized);
-      const float magnitude = std::fabs(error);
-      error_sum += magnitude;
-      // shrink_lp_op: sign(e) * max(|e| - |e|^(p-1) / beta, 0)
-      const float shrunk = std::max(r(magnitude - r(inv_beta * r.shrink_power(magnitude))), 0.0f);
-      const float sparse_error = error > 0.0f ? shrunk : error < 0.0f ? -shrunk : 0.0f;
-      zero_sum += r(q - r(r(w[j] - sparse_error) * scale));
-    }
-    // The mean of 64 terms: their float sum (exact here for the half solver's terms) over 64.
-    zero = r(static_cast<float>(zero_sum) * (1.0f / kHqqGroupSize));
-    if (errors) errors[i] += error_sum;
-    beta *= 1.01;
-  }
-  return {scale, zero};
+  const hqq_math::Start solved = hqq_math::solve_group(values, {start.scale, start.zero}, n_bits, updates,
+                                                       HostArithmetic{precision == HqqSolverPrecision::kHalf}, errors);
+  return {solved.scale, solved.zero};
 }
 
 int hqq_zero_updates(std::span<const double> error_sums, int64_t numel, HqqSolverPrecision precision) {
@@ -179,9 +151,9 @@ float hqq_meta_value(uint16_t bits, DType meta) {
 }
 
 HqqGroup hqq_stored(const HqqGroup& group, HqqSolverPrecision precision, DType meta) {
-  const Working r{precision == HqqSolverPrecision::kHalf};
+  const HostArithmetic r{precision == HqqSolverPrecision::kHalf};
   const auto keep = [meta](float v) { return hqq_meta_value(hqq_meta_bits(v, meta), meta); };
-  return {keep(r(1.0f / group.scale)), keep(group.zero)};
+  return {keep(r.round(1.0f / group.scale)), keep(group.zero)};
 }
 
 void hqq_dequantize_groups(const HqqPacking& packing, const uint8_t* packed, const uint16_t* zeros,

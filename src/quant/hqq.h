@@ -20,6 +20,9 @@ namespace fsdpq {
 
 inline constexpr int64_t kHqqGroupSize = 64;
 inline constexpr int kHqqSolverIterations = 20;  // hqq's proximal solver: at most 20 updates
+// The solver's error statistics are kept per block of this many consecutive groups (a rank that
+// measures a block reads all of it; the block sums are what the ranks exchange).
+inline constexpr int64_t kHqqBlockGroups = 64;
 
 // The arithmetic hqq's solver works in: float16 where hqq runs on a GPU (fsdp_qlora's path, and
 // fsdpq's), float32 where it runs on the CPU (what hqq's CPU reference vectors use).
@@ -74,6 +77,10 @@ HqqGroup hqq_solve_group(const float* values, const HqqGroupStart& start, int n_
 // (kHqqSolverIterations of them, each the sum over every value): it stops at the first iteration
 // whose mean error is not below the best so far, keeping that iteration's update.
 int hqq_zero_updates(std::span<const double> error_sums, int64_t numel, HqqSolverPrecision precision);
+
+// |x|^(lp_norm - 1) for every non-negative float16 x (0x7c01 floats indexed by the half's bits, +inf
+// last), as torch computes it on a half tensor: what the half solver on either device looks up.
+std::span<const float> hqq_half_shrink_powers();
 
 // codes[j] = clamp(round(values[j] * scale + zero), 0, 2^n - 1), in fp32 as hqq does.
 void hqq_group_codes(const float* values, const HqqGroup& group, int n_bits, uint8_t* codes);

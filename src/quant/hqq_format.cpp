@@ -1,11 +1,15 @@
 // HQQ as a frozen format (docs/hqq.md, quant/hqq.h): three segments in hqq's layout — the packed
 // codes (hqq's W_q), the zero points and the scales (hqq's meta "zero_scale", one 16-bit value
-// per group each). The scales come from each group's minimum and maximum alone (a plain value
-// segment). The codes and zero points need the number of solver updates, which the error of the
-// whole tensor decides, so they are needs_scalars segments: step 1 runs the solver's 20
+// per group each). The codes and zero points need the number of solver updates, which the error
+// of the whole tensor decides, so they are needs_scalars segments: step 1 runs the solver's 20
 // iterations over blocks of 64 groups and keeps each block's error sum per iteration as
 // statistics; scalars_from() sums the blocks into the tensor's errors and finds the number of
-// updates; step 2 runs that many updates for the groups under the bytes.
+// updates; step 2 runs that many updates for the groups under the bytes. The scales come from
+// each group's minimum and maximum alone: step 1 keeps them as statistics too (one per group, as
+// NF4 keeps its absmax), so the scales segment is encoded from statistics and its owner reads no
+// values (a shard group's ranks together read a linear about twice, not three times).
+//
+// The statistics of a weight: [blocks x 20 error sums][groups scales].
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -18,6 +22,7 @@
 #include "quant/frozen_format.h"
 #include "quant/hqq.h"
 #include "quant/hqq_device.h"
+#include "quant/hqq_solve.h"
 #include "util/bf16.h"
 
 namespace fsdpq {
@@ -59,6 +64,12 @@ class GroupValues {
       offset += r.count;
     }
     throw std::logic_error(fmt::format("hqq: group {} is not among the values given", g));
+  }
+  // Groups [first, end) one after another as fp32, for the batched solver.
+  void gather(int64_t first, int64_t end, std::vector<float>& out) const {
+    out.resize(static_cast<size_t>((end - first) * kHqqGroupSize));
+#pragma omp parallel for schedule(static) if (end - first >= 256)
+    for (int64_t g = first; g < end; ++g) read(g, out.data() + (g - first) * kHqqGroupSize);
   }
 
  private:
@@ -110,15 +121,15 @@ class HqqFormat final : public FrozenFormat {
     const auto meta_bytes = static_cast<size_t>(p.groups) * 2;
     return {{"codes", static_cast<size_t>(p.bytes()), DType::U8, false, true},
             {"zeros", meta_bytes, meta_, false, true},
-            {"scales", meta_bytes, meta_, false, false}};
+            {"scales", meta_bytes, meta_, true, false}};
   }
 
   bool accepts_values(DType dtype) const override { return dtype == DType::BF16 || dtype == DType::F32; }
 
   ElementRanges values_for(int segment, int64_t numel, size_t from, size_t to) const override {
     const HqqPacking p = packing(numel);
-    if (segment == kZeros || segment == kScales) return elements_of({meta_groups(from, to)});
-    check_value_segment(segment);
+    if (segment == kZeros) return elements_of({meta_groups(from, to)});
+    if (segment != kCodes) throw std::logic_error(fmt::format("{}: segment {} is not encoded from values", name(), segment));
     // Every slice's groups under the rows, rounded out to whole blocks for measure_values.
     std::vector<GroupRange> groups = code_groups(p, from, to);
     for (GroupRange& g : groups)
@@ -126,57 +137,55 @@ class HqqFormat final : public FrozenFormat {
     return elements_of(groups);
   }
 
-  // The scales: 1 / scale of each group under the bytes, as stored.
-  void encode_values(int segment, int64_t numel, size_t from, size_t to, const void* values, DType dtype, uint8_t* out,
-                     float*) const override {
-    if (segment != kScales) throw std::logic_error(fmt::format("{}: segment {} needs the scalars", name(), segment));
-    check_dtype(dtype);
-    const ElementRanges ranges = values_for(segment, numel, from, to);
-    const GroupRange groups = meta_groups(from, to);
-    const GroupValues source(ranges, values, dtype);
-    write_meta(groups, from, to, out, [&](int64_t g) {
-      float w[kHqqGroupSize];
-      source.read(g, w);
-      const HqqGroup unsolved = hqq_solve_group(w, hqq_group_start(w, n_bits_), n_bits_, 0, precision_, nullptr);
-      return hqq_stored(unsolved, precision_, meta_).scale;  // the solver moves only the zero point
-    });
+  // Every segment with values needs the scalars (codes, zero points) or is encoded from statistics
+  // (scales).
+  void encode_values(int segment, int64_t, size_t, size_t, const void*, DType, uint8_t*, float*) const override {
+    throw std::logic_error(fmt::format("{}: segment {} is not encoded from values alone", name(), segment));
   }
 
   int64_t statistics_count(int64_t numel) const override {
-    return ceil_div(packing(numel).groups, kBlockGroups) * kHqqSolverIterations;
+    const int64_t groups = packing(numel).groups;
+    return error_statistics(groups) + groups;
   }
 
   // The codes' owners measure every block under their rows: each block's error sum per
-  // iteration, over all 20 iterations (the stop is not known yet).
+  // iteration, over all 20 iterations (the stop is not known yet), and each of its groups' scale.
   void measure_values(int segment, int64_t numel, size_t from, size_t to, const void* values, DType dtype,
                       float* statistics) const override {
     if (segment == kZeros) return;  // the codes' owners measure every block
     if (segment != kCodes) FrozenFormat::measure_values(segment, numel, from, to, values, dtype, statistics);
     check_dtype(dtype);
-    const HqqPacking p = packing(numel);
     const ElementRanges ranges = values_for(segment, numel, from, to);
     const GroupValues source(ranges, values, dtype);
-    std::vector<int64_t> blocks;
-    for (const ElementRange& r : ranges)
-      for (int64_t b = r.first / kHqqGroupSize / kBlockGroups; b * kBlockGroups * kHqqGroupSize < r.first + r.count; ++b)
-        blocks.push_back(b);
-#pragma omp parallel for schedule(dynamic)
-    for (size_t k = 0; k < blocks.size(); ++k) {
-      const int64_t b = blocks[k];
-      double errors[kHqqSolverIterations] = {};
-      float w[kHqqGroupSize];
-      for (int64_t g = b * kBlockGroups; g < std::min((b + 1) * kBlockGroups, p.groups); ++g) {
-        source.read(g, w);
-        hqq_solve_group(w, hqq_group_start(w, n_bits_), n_bits_, kHqqSolverIterations, precision_, errors);
-      }
-      for (int i = 0; i < kHqqSolverIterations; ++i)
-        statistics[b * kHqqSolverIterations + i] = static_cast<float>(errors[i]);
+    // Each range is whole blocks (values_for): solve them all at once, 20 iterations, keeping each
+    // block's error sums.
+    std::vector<float> gathered;
+    for (const ElementRange& r : ranges) {
+      const int64_t first = r.first / kHqqGroupSize, end = (r.first + r.count) / kHqqGroupSize;
+      source.gather(first, end, gathered);
+      const HqqSolved solved = hqq_solve_groups(gathered.data(), end - first, n_bits_, kHqqSolverIterations, precision_,
+                                                /*block_errors=*/true);
+      for (size_t k = 0; k < solved.block_errors.size(); ++k)
+        statistics[first / kBlockGroups * kHqqSolverIterations + static_cast<int64_t>(k)] =
+            static_cast<float>(solved.block_errors[k]);
+      // The solver moves only the zero point: a group's scale is its start's, > 0.
+      float* scales = statistics + error_statistics(packing(numel).groups);
+      for (int64_t g = first; g < end; ++g) scales[g] = solved.groups[static_cast<size_t>(g - first)].scale;
     }
+  }
+
+  // The scales: 1 / scale of each group under the bytes, as stored.
+  void encode_statistics(int segment, int64_t numel, size_t from, size_t to, const float* statistics,
+                         const FrozenScalars& scalars, uint8_t* out) const override {
+    if (segment != kScales) FrozenFormat::encode_statistics(segment, numel, from, to, statistics, scalars, out);
+    const float* scales = statistics + error_statistics(packing(numel).groups);
+    write_meta(meta_groups(from, to), from, to, out,
+               [&](int64_t g) { return hqq_stored({scales[g], 0.0f}, precision_, meta_).scale; });
   }
 
   FrozenScalars scalars_from(const float* statistics, int64_t numel) const override {
     std::array<double, kHqqSolverIterations> sums{};
-    const int64_t blocks = statistics_count(numel) / kHqqSolverIterations;
+    const int64_t blocks = error_statistics(packing(numel).groups) / kHqqSolverIterations;
     for (int64_t b = 0; b < blocks; ++b)
       for (int i = 0; i < kHqqSolverIterations; ++i) sums[static_cast<size_t>(i)] += statistics[b * kHqqSolverIterations + i];
     FrozenScalars s;
@@ -190,14 +199,17 @@ class HqqFormat final : public FrozenFormat {
     const HqqPacking p = packing(numel);
     const ElementRanges ranges = values_for(segment, numel, from, to);
     const GroupValues source(ranges, values, dtype);
-    const auto solve = [&](int64_t g, float* w) {
-      source.read(g, w);
-      return hqq_solve_group(w, hqq_group_start(w, n_bits_), n_bits_, scalars.hqq_zero_updates, precision_, nullptr);
+    // Groups [first, end) after the run's number of updates, with their values.
+    std::vector<float> w;
+    const auto solve = [&](int64_t first, int64_t end) {
+      source.gather(first, end, w);
+      return hqq_solve_groups(w.data(), end - first, n_bits_, scalars.hqq_zero_updates, precision_, false).groups;
     };
     if (segment == kZeros) {
-      write_meta(meta_groups(from, to), from, to, out, [&](int64_t g) {
-        float w[kHqqGroupSize];
-        return hqq_stored(solve(g, w), precision_, meta_).zero;
+      const GroupRange groups = meta_groups(from, to);
+      const std::vector<HqqGroup> solved = solve(groups.first, groups.end);
+      write_meta(groups, from, to, out, [&](int64_t g) {
+        return hqq_stored(solved[static_cast<size_t>(g - groups.first)], precision_, meta_).zero;
       });
       return;
     }
@@ -206,15 +218,16 @@ class HqqFormat final : public FrozenFormat {
     const int64_t word_row = kHqqGroupSize * p.word_bytes;
     const int64_t r0 = static_cast<int64_t>(from) / word_row, r1 = ceil_div(static_cast<int64_t>(to), word_row);
     std::vector<uint8_t> codes(static_cast<size_t>(p.slices * (r1 - r0) * kHqqGroupSize), 0);
-#pragma omp parallel for collapse(2) schedule(dynamic)
-    for (int k = 0; k < p.slices; ++k)
-      for (int64_t r = r0; r < r1; ++r) {
-        const int64_t g = k * p.rows + r;
-        if (g >= p.groups) continue;  // 3 bits: the padding rows' codes are 0
-        float w[kHqqGroupSize];
-        const HqqGroup group = solve(g, w);
-        hqq_group_codes(w, group, n_bits_, codes.data() + (k * (r1 - r0) + (r - r0)) * kHqqGroupSize);
-      }
+    for (int k = 0; k < p.slices; ++k) {
+      const int64_t first = std::min(k * p.rows + r0, p.groups), end = std::min(k * p.rows + r1, p.groups);
+      if (first == end) continue;  // 3 bits: the padding rows' codes are 0
+      const std::vector<HqqGroup> solved = solve(first, end);
+      uint8_t* slice_codes = codes.data() + k * (r1 - r0) * kHqqGroupSize;
+#pragma omp parallel for schedule(static) if (end - first >= 256)
+      for (int64_t g = first; g < end; ++g)
+        hqq_group_codes(w.data() + (g - first) * kHqqGroupSize, solved[static_cast<size_t>(g - first)], n_bits_,
+                        slice_codes + (g - first) * kHqqGroupSize);
+    }
     const std::vector<uint8_t> words = pack_rows(p, r1 - r0, codes);
     std::memcpy(out, words.data() + (from - static_cast<size_t>(r0 * word_row)), to - from);
   }
@@ -236,10 +249,8 @@ class HqqFormat final : public FrozenFormat {
  private:
   HqqPacking packing(int64_t numel) const { return HqqPacking::of(n_bits_, numel); }
 
-  void check_value_segment(int segment) const {
-    if (segment != kCodes && segment != kZeros && segment != kScales)
-      throw std::logic_error(fmt::format("{}: no segment {}", name(), segment));
-  }
+  // How many of a weight's statistics are error sums (the scales follow them).
+  static int64_t error_statistics(int64_t groups) { return ceil_div(groups, kBlockGroups) * kHqqSolverIterations; }
   void check_dtype(DType dtype) const {
     if (!accepts_values(dtype))
       throw std::logic_error(fmt::format("{}: values given as {}, expected BF16 or F32", name(), dtype_name(dtype)));

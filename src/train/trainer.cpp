@@ -18,6 +18,7 @@
 #include "optim/clip.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
+#include "quant/hqq_solve.h"
 #include "runtime/agreed_errors.h"
 #include "runtime/exit_codes.h"
 #include "runtime/fault_injection.h"
@@ -229,6 +230,9 @@ class Trainer {
               human_bytes(static_cast<double>(held_.model_frozen)), human_bytes(static_cast<double>(held_.trainable)),
               human_bytes(static_cast<double>(held_.model_trainable)), human_bytes(private_host_after_load_),
               human_bytes(peak_host_after_load_), human_bytes(static_cast<double>(read_bytes)));
+    if (const HqqSolverWork hqq = hqq_solver_work(); hqq.groups > 0)
+      log::info("hqq: the solver quantised {} groups of {} values in {:.1f} s on {}", hqq.groups, kHqqGroupSize,
+                hqq.seconds, hqq.gpu_groups == hqq.groups ? "the GPU" : hqq.gpu_groups == 0 ? "the CPU" : "the GPU and the CPU");
   }
 
   // The position to continue from (a checkpoint's, or step 0) and fp16's loss scaler.

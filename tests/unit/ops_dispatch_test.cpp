@@ -1,5 +1,6 @@
 // runs_on_cuda, where every op picks its device (ops/dispatch.h). No kernel runs here: a CUDA
 // operand is a view whose memory is never touched, so the tests run in every build, GPU or not.
+#include "ops/checks.h"
 #include "ops/dispatch.h"
 #include "ops/elementwise.h"
 
@@ -46,6 +47,21 @@ TEST(OpsDispatch, CudaOperandsGoToCudaOrAreTheOneErrorOfABuildWithoutIt) {
     FAIL() << "expected a logic_error";
   } catch (const std::logic_error& e) {
     EXPECT_STREQ(e.what(), "scale_in_place: CUDA operands, but this fsdpq was built without CUDA");
+  }
+}
+
+// The checks an op makes before it picks its device must pass views on either device; only the CPU
+// implementation's own checks may insist on the CPU (a GPU run of DoRA once stopped at this).
+TEST(OpsDispatch, ChecksBeforeDispatchAcceptEitherDeviceAndCpuChecksOnlyTheCpu) {
+  float memory = 0.0f;
+  EXPECT_NO_THROW(check_dtype("op", "P", cuda_view(memory), DType::F32));
+  EXPECT_NO_THROW(check_float("op", "P", cuda_view(memory)));
+  EXPECT_THROW(check_dtype("op", "P", cuda_view(memory), DType::I32), std::logic_error);
+  try {
+    check_cpu_dtype("dora_row_norms", "P", cuda_view(memory), DType::F32);
+    FAIL() << "expected a logic_error";
+  } catch (const std::logic_error& e) {
+    EXPECT_STREQ(e.what(), "dora_row_norms: P is F32[1] on CUDA, but this is the CPU implementation");
   }
 }
 
