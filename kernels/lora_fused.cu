@@ -1,10 +1,15 @@
-// The fused LoRA kernels (kernels/lora_fused.cuh). Every kernel runs 128 threads = 4 warps and
-// multiplies 16x8x16 tiles with mma.sync (kernels/mma_fragments.cuh); operands go global -> shared
-// with 16-byte loads, and dropout is applied on the way in (a masked copy of the x tile per adapter,
-// one hash per 4 elements as kernels/lora_dropout.cu draws them) or on the way out (input grad: the
-// mask of each product element, one hash per 2). Blocks that would read past M load zeros.
+// The fused LoRA kernels (kernels/lora_fused.cuh). The kernels multiply 16x8x16 tiles with
+// mma.sync, their fragments read from shared memory with ldmatrix (kernels/mma_fragments.cuh);
+// operands go global -> shared with 16-byte loads, and dropout is applied on the way in (a masked
+// copy of the x tile per adapter, one hash per 4 elements as kernels/lora_dropout.cu draws them) or
+// on the way out (input grad: the mask of each product element, one hash per 2). Blocks that would
+// read past M load zeros.
+// What keeps them fast: the group's description is copied to shared memory once per block (indexed
+// by adapter at run time, a kernel parameter would live in local memory), and the accumulators are
+// sized for the group's Σ rank (a template over its 64-column slabs) rather than for the largest.
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "kernels/lora_dropout_mask.h"
 #include "kernels/lora_fused.cuh"
@@ -15,7 +20,8 @@ namespace {
 
 using namespace mma_fragments;
 
-constexpr int kThreads = 128;
+constexpr int kThreads = 128;           // down and weight grad: 4 warps
+constexpr int kInputGradThreads = 256;  // input grad: 8 warps, 4 row slabs x 2 column halves
 constexpr int kRows = static_cast<int>(lora_fused::kRows);  // rows of M per step (16 per warp)
 constexpr int kLdRank = kLoraFusedMaxRank + 8;              // a [rows][Σ rank] tile of dxa in shared memory
 constexpr int kGradCols = static_cast<int>(lora_fused::kWidthMultiple);  // dx columns per block (input grad)
@@ -23,8 +29,28 @@ constexpr int kLdGradCols = kGradCols + 8;
 constexpr int kTileK = static_cast<int>(lora_fused::kTileK);  // columns of x per step (down, weight grad)
 constexpr int kLdTileK = kTileK + 8;
 constexpr int kChunkRows = static_cast<int>(lora_fused::kChunkRows);  // rows of M per weight-grad partial sum
-constexpr int kMaxNTiles = kLoraFusedMaxRank / 8;  // 8-column output tiles of xa (down)
+constexpr int kSlabRank = 64;                                 // Σ rank comes in slabs of 64 (1 to 4)
 static_assert(kRows == 4 * 16 && lora_fused::kRankMultiple == 16 && kChunkRows % kRows == 0);
+static_assert(kLoraFusedMaxRank % kSlabRank == 0 && kGradCols == 2 * 64);
+
+int slabs_of(int total_rank) { return (total_rank + kSlabRank - 1) / kSlabRank; }
+
+// fn(std::integral_constant<int, slabs>) for the group's number of 64-column slabs of Σ rank.
+template <class Fn>
+void with_slabs(int total_rank, Fn&& fn) {
+  switch (slabs_of(total_rank)) {
+    case 1: return fn(std::integral_constant<int, 1>{});
+    case 2: return fn(std::integral_constant<int, 2>{});
+    case 3: return fn(std::integral_constant<int, 3>{});
+    default: return fn(std::integral_constant<int, 4>{});
+  }
+}
+
+// The block's copy of the group, in shared memory (see the top).
+__device__ __forceinline__ void share_group(LoraFusedGroup& shared, const LoraFusedGroup& param) {
+  if (threadIdx.x == 0) shared = param;
+  __syncthreads();
+}
 
 // What an adapter multiplies in place of x[e]: the CPU's dropout (ops/lora.cpp), rounded to T.
 template <class T>
@@ -46,10 +72,10 @@ __device__ __forceinline__ uint4 dropped8(const uint4& raw, int64_t e, uint64_t 
 }
 
 // Rows [m0, m0 + kRows) of dxa (all Σ rank columns) into dxa_s, zeros at rows >= row_end.
-template <class T>
+template <int THREADS, class T>
 __device__ __forceinline__ void load_dxa_rows(T* dxa_s, const T* dxa, int64_t m0, int64_t row_end, int total) {
   const int chunks = total / 8;
-  for (int idx = threadIdx.x; idx < kRows * chunks; idx += kThreads) {
+  for (int idx = threadIdx.x; idx < kRows * chunks; idx += THREADS) {
     const int r = idx / chunks, c = (idx - r * chunks) * 8;
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
     if (m0 + r < row_end) v = *reinterpret_cast<const uint4*>(dxa + (m0 + r) * total + c);
@@ -75,10 +101,14 @@ __device__ __forceinline__ void load_dropped_x(T* xm_s, const T* x, const LoraFu
 }
 
 // ---- down: xa = [dropout_i(x) · A_iᵀ]_i. Block (row tile, split of in); warp w owns rows 16w..
-// and every xa column; the split's partial sums go to `partial` (or straight to xa with one split).
-template <class T, class XA>
-__global__ void __launch_bounds__(kThreads)
-    down_kernel(XA* xa, float* partial, const T* x, LoraFusedGroup g, int64_t M, int64_t in, int64_t k_per_split) {
+// and every xa column (SLABS · 64 of them, 8 per tile); the split's partial sums go to `partial`
+// (or straight to xa with one split).
+template <class T, class XA, int SLABS>
+__global__ void __launch_bounds__(kThreads) down_kernel(XA* xa, float* partial, const T* x, const LoraFusedGroup param,
+                                                        int64_t M, int64_t in, int64_t k_per_split) {
+  constexpr int NT = SLABS * kSlabRank / 8;
+  __shared__ LoraFusedGroup g;
+  share_group(g, param);
   extern __shared__ uint4 smem_raw[];
   T* xm_s = reinterpret_cast<T*>(smem_raw);        // [count][kRows][kLdTileK]
   T* a_s = xm_s + g.count * kRows * kLdTileK;      // [Σ rank][kLdTileK]: every adapter's A, stacked
@@ -86,9 +116,9 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kRows;
   const int64_t k_begin = static_cast<int64_t>(blockIdx.y) * k_per_split;
   const int64_t k_end = k_begin + k_per_split < in ? k_begin + k_per_split : in;
-  float acc[kMaxNTiles][4];
+  float acc[NT][4];
 #pragma unroll
-  for (int j = 0; j < kMaxNTiles; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 
   for (int64_t k0 = k_begin; k0 < k_end; k0 += kTileK) {
     __syncthreads();  // the previous tiles are no longer read
@@ -106,21 +136,23 @@ __global__ void __launch_bounds__(kThreads)
     for (int kk = 0; kk < kTileK / 16; ++kk)
       for (int i = 0; i < g.count; ++i) {
         uint32_t a[4];
-        load_a<kLdTileK>(a, xm_s + i * kRows * kLdTileK, warp * 16, kk * 16, lane);
+        ldsm_a<kLdTileK>(a, xm_s + i * kRows * kLdTileK, warp * 16, kk * 16, lane);
+        // An adapter's tiles come in pairs: its first column and its rank are multiples of 16.
         const int j_begin = g.first[i] / 8, j_end = (g.first[i] + g.rank[i]) / 8;
 #pragma unroll
-        for (int j = 0; j < kMaxNTiles; ++j)
-          if (j >= j_begin && j < j_end) {
-            uint32_t b0, b1;
-            load_b<kLdTileK>(b0, b1, a_s, j * 8, kk * 16, lane);
-            mma<T>(acc[j], a, b0, b1);
+        for (int j = 0; j < NT; j += 2)
+          if (j >= j_begin && j < j_end) {  // warp-uniform
+            uint32_t b[4];
+            ldsm_b_pair<kLdTileK>(b, a_s, j * 8, kk * 16, lane);
+            mma<T>(acc[j], a, b[0], b[1]);
+            mma<T>(acc[j + 1], a, b[2], b[3]);
           }
       }
   }
   const int total = g.total_rank;
   const int64_t r_lo = m0 + warp * 16 + (lane >> 2);
 #pragma unroll
-  for (int j = 0; j < kMaxNTiles; ++j) {
+  for (int j = 0; j < NT; ++j) {
     if (j * 8 >= total) break;
     const int col = j * 8 + 2 * t4;
 #pragma unroll
@@ -128,9 +160,8 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t row = r_lo + 8 * h;
       if (row >= M) continue;
       if (partial != nullptr) {
-        float* p = partial + (static_cast<int64_t>(blockIdx.y) * M + row) * total + col;
-        p[0] = acc[j][2 * h];
-        p[1] = acc[j][2 * h + 1];
+        *reinterpret_cast<float2*>(partial + (static_cast<int64_t>(blockIdx.y) * M + row) * total + col) =
+            make_float2(acc[j][2 * h], acc[j][2 * h + 1]);
       } else {
         xa[row * total + col] = from_float<XA>(acc[j][2 * h]);
         xa[row * total + col + 1] = from_float<XA>(acc[j][2 * h + 1]);
@@ -150,20 +181,40 @@ __global__ void down_reduce_kernel(XA* xa, const float* partial, int splits, int
   }
 }
 
-// ---- input grad: dx += Σ_i keep_i ⊙ keep_scale ⊙ (dxa_i · A_i). Block (128 dx columns, 64 rows);
-// warp w owns rows 16w.. and the block's 128 columns.
+// ---- input grad: dx += Σ_i keep_i ⊙ keep_scale ⊙ (dxa_i · A_i). Block (128 dx columns, 64 rows),
+// 8 warps: warp w owns rows 16 (w % 4).. and the 64 columns 64 (w / 4).. of the block's 128.
+template <class DX>
+__device__ __forceinline__ void add_pair(DX* p, float lo, float hi);
+template <>
+__device__ __forceinline__ void add_pair<float>(float* p, float lo, float hi) {
+  float2 v = *reinterpret_cast<float2*>(p);
+  v.x += lo;
+  v.y += hi;
+  *reinterpret_cast<float2*>(p) = v;
+}
+template <class DX>
+__device__ __forceinline__ void add_pair(DX* p, float lo, float hi) {  // 16-bit: one 32-bit access
+  const uint32_t old = *reinterpret_cast<const uint32_t*>(p);
+  const DX* v = reinterpret_cast<const DX*>(&old);
+  *reinterpret_cast<uint32_t*>(p) = pack2<DX>(to_float(v[0]) + lo, to_float(v[1]) + hi);
+}
+
 template <class T, class DX>
-__global__ void __launch_bounds__(kThreads)
-    input_grad_kernel(DX* dx, const T* dxa, LoraFusedGroup g, int64_t M, int64_t in) {
+__global__ void __launch_bounds__(kInputGradThreads)
+    input_grad_kernel(DX* dx, const T* dxa, const LoraFusedGroup param, int64_t M, int64_t in) {
+  constexpr int NT = 64 / 8;  // the warp's 64 columns
+  __shared__ LoraFusedGroup g;
+  share_group(g, param);
   extern __shared__ uint4 smem_raw[];
   T* dxa_s = reinterpret_cast<T*>(smem_raw);  // [kRows][kLdRank]
   T* a_s = dxa_s + kRows * kLdRank;           // [Σ rank][kLdGradCols]: every adapter's A columns c0..
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t4 = lane & 3;
+  const int row_slab = warp % 4, col_half = warp / 4;
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kGradCols, m0 = static_cast<int64_t>(blockIdx.y) * kRows;
-  load_dxa_rows(dxa_s, dxa, m0, M, g.total_rank);
+  load_dxa_rows<kInputGradThreads>(dxa_s, dxa, m0, M, g.total_rank);
   for (int i = 0; i < g.count; ++i) {
     const T* A = static_cast<const T*>(g.A[i]);
-    for (int idx = threadIdx.x; idx < g.rank[i] * (kGradCols / 8); idx += kThreads) {
+    for (int idx = threadIdx.x; idx < g.rank[i] * (kGradCols / 8); idx += kInputGradThreads) {
       const int r = idx / (kGradCols / 8), c = (idx - r * (kGradCols / 8)) * 8;
       *reinterpret_cast<uint4*>(a_s + (g.first[i] + r) * kLdGradCols + c) =
           *reinterpret_cast<const uint4*>(A + r * in + c0 + c);
@@ -171,8 +222,8 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
 
-  constexpr int NT = kGradCols / 8;
-  const int64_t r_lo = m0 + warp * 16 + (lane >> 2);
+  const int64_t r_lo = m0 + row_slab * 16 + (lane >> 2);
+  const int col0 = col_half * 64;
   float sum[NT][4];
 #pragma unroll
   for (int j = 0; j < NT; ++j) sum[j][0] = sum[j][1] = sum[j][2] = sum[j][3] = 0.0f;
@@ -182,21 +233,23 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
     for (int kk = 0; kk < g.rank[i] / 16; ++kk) {
       uint32_t a[4];
-      load_a<kLdRank>(a, dxa_s, warp * 16, g.first[i] + kk * 16, lane);
+      ldsm_a<kLdRank>(a, dxa_s, row_slab * 16, g.first[i] + kk * 16, lane);
 #pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        uint32_t b0, b1;
-        load_b_trans<kLdGradCols>(b0, b1, a_s, g.first[i] + kk * 16, j * 8, lane);
-        mma<T>(acc[j], a, b0, b1);
+      for (int j = 0; j < NT; j += 2) {
+        uint32_t b[4];
+        ldsm_b_trans_pair<kLdGradCols>(b, a_s, g.first[i] + kk * 16, col0 + j * 8, lane);
+        mma<T>(acc[j], a, b[0], b[1]);
+        mma<T>(acc[j + 1], a, b[2], b[3]);
       }
     }
     // Each element's own mask: columns 2t, 2t + 1 of a row share a quad (in is a multiple of 4).
+    const uint64_t key = g.mixed_key[i];
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int64_t e = (r_lo + 8 * h) * in + c0 + j * 8 + 2 * t4;
-        const uint64_t word = keep_word(g.mixed_key[i], e >> 2);
+        const int64_t e = (r_lo + 8 * h) * in + c0 + col0 + j * 8 + 2 * t4;
+        const uint64_t word = keep_word(key, e >> 2);
         const int first_lane = static_cast<int>(e & 3);
         if (keeps_lane(word, first_lane, g.threshold)) sum[j][2 * h] += g.keep_scale * acc[j][2 * h];
         if (keeps_lane(word, first_lane + 1, g.threshold)) sum[j][2 * h + 1] += g.keep_scale * acc[j][2 * h + 1];
@@ -207,23 +260,23 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int64_t row = r_lo + 8 * h;
-      if (row >= M) continue;
-      DX* p = dx + row * in + c0 + j * 8 + 2 * t4;
-      p[0] = from_float<DX>(to_float(p[0]) + sum[j][2 * h]);
-      p[1] = from_float<DX>(to_float(p[1]) + sum[j][2 * h + 1]);
+      if (row < M) add_pair(dx + row * in + c0 + col0 + j * 8 + 2 * t4, sum[j][2 * h], sum[j][2 * h + 1]);
     }
 }
 
 // ---- weight grad: partial[chunk] = [dxa_iᵀ · dropout_i(x)]_i over the chunk's rows. Block (64
-// columns of in, a chunk of kChunkRows rows of M); warp w owns 16-rank slabs w, w + 4, w + 8, w + 12.
-template <class T>
+// columns of in, a chunk of kChunkRows rows of M); warp w owns the 16-rank slabs w, w + 4, … of the
+// group's SLABS · 64 rank rows.
+template <class T, int SLABS>
 __global__ void __launch_bounds__(kThreads)
-    weight_grad_kernel(float* partial, const T* dxa, const T* x, LoraFusedGroup g, int64_t M, int64_t in) {
+    weight_grad_kernel(float* partial, const T* dxa, const T* x, const LoraFusedGroup param, int64_t M, int64_t in) {
+  constexpr int kSlabsPerWarp = SLABS * kSlabRank / 16 / 4;
+  constexpr int NT = kTileK / 8;
+  __shared__ LoraFusedGroup g;
+  share_group(g, param);
   extern __shared__ uint4 smem_raw[];
   T* dxa_s = reinterpret_cast<T*>(smem_raw);  // [kRows][kLdRank]
   T* xm_s = dxa_s + kRows * kLdRank;          // [count][kRows][kLdTileK]
-  constexpr int kSlabsPerWarp = kLoraFusedMaxRank / 16 / 4;
-  constexpr int NT = kTileK / 8;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t4 = lane & 3;
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTileK;
   const int64_t m_begin = static_cast<int64_t>(blockIdx.y) * kChunkRows;
@@ -245,7 +298,7 @@ __global__ void __launch_bounds__(kThreads)
 
   for (int64_t m0 = m_begin; m0 < m_end; m0 += kRows) {
     __syncthreads();  // the previous tiles are no longer read
-    load_dxa_rows(dxa_s, dxa, m0, m_end, total);
+    load_dxa_rows<kThreads>(dxa_s, dxa, m0, m_end, total);
     load_dropped_x(xm_s, x, g, m0, m_end, c0, in);
     __syncthreads();
 #pragma unroll
@@ -255,12 +308,13 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int kk = 0; kk < kRows / 16; ++kk) {
         uint32_t a[4];
-        load_a_trans<kLdRank>(a, dxa_s, (warp + 4 * q) * 16, kk * 16, lane);  // dxaᵀ: rank rows, M columns
+        ldsm_a_trans<kLdRank>(a, dxa_s, (warp + 4 * q) * 16, kk * 16, lane);  // dxaᵀ: rank rows, M columns
 #pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          uint32_t b0, b1;
-          load_b_trans<kLdTileK>(b0, b1, xm, kk * 16, j * 8, lane);
-          mma<T>(acc[q][j], a, b0, b1);
+        for (int j = 0; j < NT; j += 2) {
+          uint32_t b[4];
+          ldsm_b_trans_pair<kLdTileK>(b, xm, kk * 16, j * 8, lane);
+          mma<T>(acc[q][j], a, b[0], b[1]);
+          mma<T>(acc[q][j + 1], a, b[2], b[3]);
         }
       }
     }
@@ -272,11 +326,9 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float* p = partial + (static_cast<int64_t>(blockIdx.y) * total + rank_lo + 8 * h) * in + c0 + j * 8 + 2 * t4;
-        p[0] = acc[q][j][2 * h];
-        p[1] = acc[q][j][2 * h + 1];
-      }
+      for (int h = 0; h < 2; ++h)
+        *reinterpret_cast<float2*>(partial + (static_cast<int64_t>(blockIdx.y) * total + rank_lo + 8 * h) * in + c0 +
+                                   j * 8 + 2 * t4) = make_float2(acc[q][j][2 * h], acc[q][j][2 * h + 1]);
   }
 }
 
@@ -355,10 +407,13 @@ void lora_fused_down(void* xa, KType xa_type, const void* x, KType type, const L
     using T = decltype(tag);
     with_ktype(xa_type, [&](auto xa_tag) {
       using XA = decltype(xa_tag);
-      allow_smem(down_kernel<T, XA>, smem, "lora_fused_down (shared memory attribute)");
-      const dim3 grid(static_cast<unsigned>(row_tiles(M)), static_cast<unsigned>(splits));
-      down_kernel<T, XA><<<grid, kThreads, smem, stream>>>(static_cast<XA*>(xa), splits > 1 ? workspace : nullptr,
-                                                           static_cast<const T*>(x), g, M, in, per);
+      with_slabs(g.total_rank, [&](auto slabs) {
+        constexpr int SLABS = decltype(slabs)::value;
+        allow_smem(down_kernel<T, XA, SLABS>, smem, "lora_fused_down (shared memory attribute)");
+        const dim3 grid(static_cast<unsigned>(row_tiles(M)), static_cast<unsigned>(splits));
+        down_kernel<T, XA, SLABS><<<grid, kThreads, smem, stream>>>(
+            static_cast<XA*>(xa), splits > 1 ? workspace : nullptr, static_cast<const T*>(x), g, M, in, per);
+      });
       check_launch("lora_fused_down");
       if (splits > 1) {
         const int64_t n = M * g.total_rank;
@@ -381,7 +436,7 @@ void lora_fused_input_grad(void* dx, KType dx_type, const void* dxa, KType type,
       using DX = decltype(dx_tag);
       allow_smem(input_grad_kernel<T, DX>, smem, "lora_fused_input_grad (shared memory attribute)");
       const dim3 grid(static_cast<unsigned>(in / kGradCols), static_cast<unsigned>(row_tiles(M)));
-      input_grad_kernel<T, DX><<<grid, kThreads, smem, stream>>>(static_cast<DX*>(dx), static_cast<const T*>(dxa), g,
+      input_grad_kernel<T, DX><<<grid, kInputGradThreads, smem, stream>>>(static_cast<DX*>(dx), static_cast<const T*>(dxa), g,
                                                                 M, in);
     });
   });
@@ -397,10 +452,13 @@ void lora_fused_weight_grad(float* const* dA, const void* dxa, const void* x, KT
   const size_t smem = sizeof(uint16_t) * static_cast<size_t>(kRows * kLdRank + g.count * kRows * kLdTileK);
   with_16bit(type, [&](auto tag) {
     using T = decltype(tag);
-    allow_smem(weight_grad_kernel<T>, smem, "lora_fused_weight_grad (shared memory attribute)");
-    const dim3 grid(static_cast<unsigned>(in / kTileK), static_cast<unsigned>(chunks));
-    weight_grad_kernel<T><<<grid, kThreads, smem, stream>>>(workspace, static_cast<const T*>(dxa),
-                                                            static_cast<const T*>(x), g, M, in);
+    with_slabs(g.total_rank, [&](auto slabs) {
+      constexpr int SLABS = decltype(slabs)::value;
+      allow_smem(weight_grad_kernel<T, SLABS>, smem, "lora_fused_weight_grad (shared memory attribute)");
+      const dim3 grid(static_cast<unsigned>(in / kTileK), static_cast<unsigned>(chunks));
+      weight_grad_kernel<T, SLABS><<<grid, kThreads, smem, stream>>>(workspace, static_cast<const T*>(dxa),
+                                                                     static_cast<const T*>(x), g, M, in);
+    });
   });
   check_launch("lora_fused_weight_grad");
   AdapterGrads grads{};

@@ -95,4 +95,52 @@ __device__ __forceinline__ void load_b_trans(uint32_t& b0, uint32_t& b1, const T
   b1 = two(p + 8 * LD, p + 9 * LD);
 }
 
+// ---- the same fragments with ldmatrix: one instruction per fragment (or per two B fragments)
+// instead of 16- or 32-bit shared loads, for kernels whose products are limited by those loads.
+// Every row address must be 16-byte aligned: LD a multiple of 8 and k0, n0, row0 multiples of 8.
+
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// Four 8x8 16-bit matrices; lanes 8m..8m+7 give the row addresses of matrix m, and each lane gets
+// (row lane / 4, columns 2 (lane % 4), +1) of each matrix, or with .trans of its transpose.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared_address(row)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared_address(row)));
+}
+
+// load_a with ldmatrix.
+template <int LD, class T>
+__device__ __forceinline__ void ldsm_a(uint32_t (&a)[4], const T* s, int row0, int k0, int lane) {
+  const int m = lane >> 3, i = lane & 7;  // matrices: (row0, k0), (row0 + 8, k0), (row0, k0 + 8), (+8, +8)
+  ldmatrix_x4(a, s + (row0 + i + (m & 1) * 8) * LD + k0 + (m >> 1) * 8);
+}
+
+// load_a_trans with ldmatrix.trans.
+template <int LD, class T>
+__device__ __forceinline__ void ldsm_a_trans(uint32_t (&a)[4], const T* s, int row0, int k0, int lane) {
+  const int m = lane >> 3, i = lane & 7;  // stored blocks: (k0, row0), (k0, row0 + 8), (k0 + 8, row0), (+8, +8)
+  ldmatrix_x4_trans(a, s + (k0 + i + (m >> 1) * 8) * LD + row0 + (m & 1) * 8);
+}
+
+// load_b for two n tiles at once (n0 and n0 + 8): b = {b0, b1 of n0; b0, b1 of n0 + 8}.
+template <int LD, class T>
+__device__ __forceinline__ void ldsm_b_pair(uint32_t (&b)[4], const T* s, int n0, int k0, int lane) {
+  const int m = lane >> 3, i = lane & 7;  // blocks: (n0, k0), (n0, k0 + 8), (n0 + 8, k0), (+8, +8)
+  ldmatrix_x4(b, s + (n0 + i + (m >> 1) * 8) * LD + k0 + (m & 1) * 8);
+}
+
+// load_b_trans for two n tiles at once (n0 and n0 + 8), as ldsm_b_pair orders them.
+template <int LD, class T>
+__device__ __forceinline__ void ldsm_b_trans_pair(uint32_t (&b)[4], const T* s, int k0, int n0, int lane) {
+  const int m = lane >> 3, i = lane & 7;  // stored blocks: (k0, n0), (k0 + 8, n0), (k0, n0 + 8), (+8, +8)
+  ldmatrix_x4_trans(b, s + (k0 + i + (m & 1) * 8) * LD + n0 + (m >> 1) * 8);
+}
+
 }  // namespace fsdpq::cuda::mma_fragments
