@@ -187,6 +187,35 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Two score-shaped products of a block at once, over the head dimension: s[i][j] += a_i · b_j
+// and t[i][j] += c_i · e_j, with rows i of panels a, c at ty + 16i and rows j of b, e at tx + 16j
+// (the dq kernel: Q Kᵀ and dO Vᵀ; the dk/dv kernel: K Qᵀ and V dOᵀ). I_FIRST: row i's float4 is
+// dot4's first operand (dq) or its second (dk/dv), as each kernel has always multiplied them.
+template <int RI, bool I_FIRST>
+__device__ __forceinline__ void score_products(float (&s)[RI][RI], float (&t)[RI][RI], const float* a, const float* c,
+                                               const float* b, const float* e, const Dims& d, int ty, int tx) {
+  for (int col = 0; col < d.dp; col += 4) {
+    float4 av[RI], cv[RI], bv[RI], ev[RI];
+#pragma unroll
+    for (int i = 0; i < RI; ++i) {
+      av[i] = *reinterpret_cast<const float4*>(a + (ty + 16 * i) * d.ld + col);
+      cv[i] = *reinterpret_cast<const float4*>(c + (ty + 16 * i) * d.ld + col);
+    }
+#pragma unroll
+    for (int j = 0; j < RI; ++j) {
+      bv[j] = *reinterpret_cast<const float4*>(b + (tx + 16 * j) * d.ld + col);
+      ev[j] = *reinterpret_cast<const float4*>(e + (tx + 16 * j) * d.ld + col);
+    }
+#pragma unroll
+    for (int i = 0; i < RI; ++i)
+#pragma unroll
+      for (int j = 0; j < RI; ++j) {
+        s[i][j] += I_FIRST ? dot4(av[i], bv[j]) : dot4(bv[j], av[i]);
+        t[i][j] += I_FIRST ? dot4(cv[i], ev[j]) : dot4(ev[j], cv[i]);
+      }
+  }
+}
+
 // ---- backward, step 2: dq, one block per (query tile, h, b), looping over key tiles ----
 template <int BT, int DC>
 __global__ void __launch_bounds__(kThreads)
@@ -228,27 +257,8 @@ __global__ void __launch_bounds__(kThreads)
     load_panel<BT>(k_s, k, k_type, d, b, k0, d.KV, kvh);
     load_panel<BT>(v_s, v, v_type, d, b, k0, d.KV, kvh);
     __syncthreads();
-    float s[RI][RI] = {}, dp[RI][RI] = {};
-    for (int c = 0; c < d.dp; c += 4) {
-      float4 qv[RI], dov[RI], kv[RI], vv[RI];
-#pragma unroll
-      for (int i = 0; i < RI; ++i) {
-        qv[i] = *reinterpret_cast<const float4*>(q_s + (ty + 16 * i) * d.ld + c);
-        dov[i] = *reinterpret_cast<const float4*>(do_s + (ty + 16 * i) * d.ld + c);
-      }
-#pragma unroll
-      for (int j = 0; j < RI; ++j) {
-        kv[j] = *reinterpret_cast<const float4*>(k_s + (tx + 16 * j) * d.ld + c);
-        vv[j] = *reinterpret_cast<const float4*>(v_s + (tx + 16 * j) * d.ld + c);
-      }
-#pragma unroll
-      for (int i = 0; i < RI; ++i)
-#pragma unroll
-        for (int j = 0; j < RI; ++j) {
-          s[i][j] += dot4(qv[i], kv[j]);
-          dp[i][j] += dot4(dov[i], vv[j]);
-        }
-    }
+    float s[RI][RI] = {}, dp[RI][RI] = {};  // [query ty + 16i][key tx + 16j]
+    score_products<RI, true>(s, dp, q_s, do_s, k_s, v_s, d, ty, tx);
 #pragma unroll
     for (int i = 0; i < RI; ++i)
 #pragma unroll
@@ -333,26 +343,7 @@ __global__ void __launch_bounds__(kThreads)
       }
       __syncthreads();
       float s[RI][RI] = {}, dp[RI][RI] = {};  // [key ty + 16i][query tx + 16j]
-      for (int c = 0; c < d.dp; c += 4) {
-        float4 kv[RI], vv[RI], qv[RI], dov[RI];
-#pragma unroll
-        for (int i = 0; i < RI; ++i) {
-          kv[i] = *reinterpret_cast<const float4*>(k_s + (ty + 16 * i) * d.ld + c);
-          vv[i] = *reinterpret_cast<const float4*>(v_s + (ty + 16 * i) * d.ld + c);
-        }
-#pragma unroll
-        for (int j = 0; j < RI; ++j) {
-          qv[j] = *reinterpret_cast<const float4*>(q_s + (tx + 16 * j) * d.ld + c);
-          dov[j] = *reinterpret_cast<const float4*>(do_s + (tx + 16 * j) * d.ld + c);
-        }
-#pragma unroll
-        for (int i = 0; i < RI; ++i)
-#pragma unroll
-          for (int j = 0; j < RI; ++j) {
-            s[i][j] += dot4(qv[j], kv[i]);
-            dp[i][j] += dot4(dov[j], vv[i]);
-          }
-      }
+      score_products<RI, false>(s, dp, k_s, v_s, q_s, do_s, d, ty, tx);
 #pragma unroll
       for (int i = 0; i < RI; ++i)
 #pragma unroll

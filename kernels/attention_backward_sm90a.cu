@@ -144,12 +144,8 @@ __device__ __forceinline__ void issue_scores(float (&acc)[32], const uint8_t* a_
 // the product's K; issued, not waited for).
 template <class T, int D>
 __device__ __forceinline__ void issue_gradient(float (&acc)[D / 2], const uint32_t (&a)[16], const uint8_t* b_tile) {
-  const uint64_t b = opaque(descriptor_mn_major(b_tile, Smem<D>::kStepColumnBlock));
-#pragma unroll
-  for (int kk = 0; kk < kStepRows / 16; ++kk) {
-    const uint32_t a_k[4] = {a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3]};
-    wgmma_m64nk16_rs<T, D>(acc, a_k, advanced(b, kk * 16 * kSwizzleRowBytes));
-  }
+  static_assert(kStepRows / 16 * 4 == 16, "A holds 4 registers per 16 rows of the step");
+  wgmma_rs_over_k<T, D>(acc, a, opaque(descriptor_mn_major(b_tile, Smem<D>::kStepColumnBlock)));
 }
 
 // Register e of chunk j of an n64 accumulator: row (row0 + 8 (e / 2)), column 8j + 2t + e % 2.

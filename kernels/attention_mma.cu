@@ -210,6 +210,32 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// Two score-shaped products of one warp's 16 rows (row0..) at once, over D (KD k-steps): s[j] =
+// a · b_jᵀ and t[j] = c · e_jᵀ for the n tiles j of 8 rows of b and e. The dq kernel's Q Kᵀ and
+// dO Vᵀ (rows: queries), the dk/dv kernel's K Qᵀ and V dOᵀ (rows: keys).
+template <class T, int LD, int KD, int NJ>
+__device__ __forceinline__ void paired_scores(float (&s)[NJ][4], float (&t)[NJ][4], const T* a, const T* c,
+                                              const T* b, const T* e, int row0, int lane) {
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int x = 0; x < 4; ++x) s[j][x] = t[j][x] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < KD; ++kk) {
+    uint32_t fa[4], fc[4];
+    load_a<LD>(fa, a, row0, kk * 16, lane);
+    load_a<LD>(fc, c, row0, kk * 16, lane);
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+      uint32_t b0, b1;
+      load_b<LD>(b0, b1, b, j * 8, kk * 16, lane);
+      mma<T>(s[j], fa, b0, b1);
+      load_b<LD>(b0, b1, e, j * 8, kk * 16, lane);
+      mma<T>(t[j], fc, b0, b1);
+    }
+  }
+}
+
 // ---- backward, step 2: dq, one block per (query tile, h, b); key tiles 0..qt in order ----
 template <class T, int D, class S>
 __global__ void __launch_bounds__(kThreads)
@@ -246,24 +272,7 @@ __global__ void __launch_bounds__(kThreads)
     load_tile<T, T, D, kTile>(v_s, v, d.T, b, k0, d.KV, kvh);
     __syncthreads();
     float s[8][4], dp[8][4];
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < KD; ++kk) {
-      uint32_t aq[4], ado[4];
-      load_a<LD>(aq, q_s, row0, kk * 16, lane);
-      load_a<LD>(ado, do_s, row0, kk * 16, lane);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        uint32_t b0, b1;
-        load_b<LD>(b0, b1, k_s, j * 8, kk * 16, lane);
-        mma<T>(s[j], aq, b0, b1);
-        load_b<LD>(b0, b1, v_s, j * 8, kk * 16, lane);
-        mma<T>(dp[j], ado, b0, b1);
-      }
-    }
+    paired_scores<T, LD, KD>(s, dp, q_s, do_s, k_s, v_s, row0, lane);
     // dS = P (dP - rowsum(dO O)) scale, P = exp(s scale - lse) recomputed; dS replaces s.
 #pragma unroll
     for (int j = 0; j < 8; ++j)
@@ -352,24 +361,7 @@ __global__ void __launch_bounds__(kThreads)
       if (k0 + row0 > q0 + BQ - 1) continue;  // warp-uniform: no query of this step sees this warp's keys
       // Transposed scores and dP: rows = this warp's 16 keys, columns = the BQ queries.
       float st[NQ][4], dpt[NQ][4];
-#pragma unroll
-      for (int j = 0; j < NQ; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) st[j][e] = dpt[j][e] = 0.0f;
-#pragma unroll
-      for (int kk = 0; kk < KD; ++kk) {
-        uint32_t ak[4], av[4];
-        load_a<LD>(ak, k_s, row0, kk * 16, lane);
-        load_a<LD>(av, v_s, row0, kk * 16, lane);
-#pragma unroll
-        for (int j = 0; j < NQ; ++j) {
-          uint32_t b0, b1;
-          load_b<LD>(b0, b1, q_s, j * 8, kk * 16, lane);
-          mma<T>(st[j], ak, b0, b1);
-          load_b<LD>(b0, b1, do_s, j * 8, kk * 16, lane);
-          mma<T>(dpt[j], av, b0, b1);
-        }
-      }
+      paired_scores<T, LD, KD>(st, dpt, k_s, v_s, q_s, do_s, row0, lane);
       // Pᵀ replaces st, dSᵀ replaces dpt.
 #pragma unroll
       for (int j = 0; j < NQ; ++j)

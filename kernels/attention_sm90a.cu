@@ -142,12 +142,8 @@ __device__ __forceinline__ void issue_scores(float (&s)[64], const uint8_t* q_ro
 // o += P V: P (64 rows x 128 keys) in registers, V (128 keys x D) a V stage (issued, not waited for).
 template <class T, int D>
 __device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&p)[32], const uint8_t* v_tile) {
-  const uint64_t v = opaque(descriptor_mn_major(v_tile, Smem<D>::kKvColumnBlock));
-#pragma unroll
-  for (int kk = 0; kk < kBlockN / 16; ++kk) {
-    const uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
-    wgmma_m64nk16_rs<T, D>(o, a, advanced(v, kk * 16 * kSwizzleRowBytes));
-  }
+  static_assert(kBlockN / 16 * 4 == 32, "P holds 4 registers per 16 keys");
+  wgmma_rs_over_k<T, D>(o, p, opaque(descriptor_mn_major(v_tile, Smem<D>::kKvColumnBlock)));
 }
 
 // ---- the consumers' softmax ----

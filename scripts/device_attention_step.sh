@@ -25,7 +25,7 @@ if ! skip step; then
     for route in ${ROUTES:-mma cudnn cudnn-nondeterministic}; do
     for binary in ${BINARIES:-fsdpq=$B}; do
       label=${binary%%=*}; exe=${binary#*=}; flags_of=FLAGS_$label  # FLAGS_<label>: that binary's extra flags
-      name=${route}@${label}_ckpt${ckpt}_bs$bs
+      name=${route}__${label}_ckpt${ckpt}_bs$bs  # __, not @: the device tool returns plain names only
       FSDPQ_ATTENTION=$route FSDPQ_SECTION_TIMES=1 timeout 150 $exe --model_name preset:llama2-7b --tokenizer_path builtin:bytes \
         --train_type qlora --dataset dummy --dataset_samples 80 --context_length 2048 --pad_to_context_length true \
         --batch_size $bs --max_steps ${STEPS:-5} --lora_rank 64 --lora_alpha 16 --lora_dropout 0.1 \
@@ -54,6 +54,7 @@ for path in sorted(glob.glob(f"{sys.argv[1]}/*.metrics.jsonl")):
         return "?"
     losses = " ".join("%.4f" % s["loss"] for s in steps)
     route, rest = os.path.basename(path).split("_ckpt")
+    route = route.replace("__", " @ ")
     ckpt, bs = rest.split(".")[0].split("_bs")
     print(f"| {route} | {ckpt} | {bs} | {tps:,.0f} | {summary.get('peak_device_allocated_bytes', 0) / 2**30:.2f} | "
           f"{ms('attention')} | {ms('attention bwd')} | {losses} |")

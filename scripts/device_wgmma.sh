@@ -52,14 +52,19 @@ if ! skip perf; then
 fi
 
 if ! skip ncu; then
-  # Where the backward's time goes, kernel by kernel: the first launches of each Hopper kernel in
-  # the perf test (T 512 first), with their duration, SM and memory throughput and registers.
-  echo "== ncu: the wgmma kernels' durations and throughput"
+  # Where the backward's time goes: the first launches of each backward kernel in the perf test
+  # (T 512 comes first), one ncu pass per kernel so the forward's many launches do not crowd them
+  # out; speed of light, occupancy and the warps' stall reasons.
+  echo "== ncu: the wgmma backward kernels, one at a time"
   NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
   if [ -z "$NCU" ]; then echo "no ncu here"; else
-    FSDPQ_GPU_PERF=1 timeout 240 "$NCU" --kernel-name regex:'sm90a|prepare' --launch-skip 8 --launch-count 8 \
-      --section SpeedOfLight --section LaunchStats \
-      "$T" --gtest_filter='GpuOpsAttentionCudnn.Perf' > $OUT/wgmma_ncu.txt 2>&1
-    echo "rc=$?"; grep -E "attention_|prepare_kernel|Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per Thread" $OUT/wgmma_ncu.txt | head -60
+    for kernel in dkdv_sm90a dq_sm90a prepare_kernel; do
+      FSDPQ_GPU_PERF=1 timeout 120 "$NCU" --clock-control none --kernel-name regex:$kernel --launch-skip 2 --launch-count 1 \
+        --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats \
+        "$T" --gtest_filter='GpuOpsAttentionCudnn.Perf' > $OUT/wgmma_ncu_$kernel.txt 2>&1
+      echo "-- $kernel rc=$?"
+      grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per Thread|Achieved Occupancy|Stall|Issued Warp|No Eligible|Warp Cycles Per Issued" \
+        $OUT/wgmma_ncu_$kernel.txt | head -16
+    done
   fi
 fi

@@ -189,6 +189,19 @@ __device__ __forceinline__ void wgmma_m64nk16_rs(float (&d)[N / 2], const uint32
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
+// d += A B over K = 16 · len(a) / 4: A's k-steps in registers (4 each, as wgmma_m64nk16_rs takes
+// them), B an MN-major tile whose K rows follow one another as 128-byte swizzled rows (b its
+// descriptor). The attention forward's P V and the backward's gradient products.
+template <class T, int N, int KREGS>
+__device__ __forceinline__ void wgmma_rs_over_k(float (&d)[N / 2], const uint32_t (&a)[KREGS], uint64_t b) {
+  static_assert(KREGS % 4 == 0);
+#pragma unroll
+  for (int kk = 0; kk < KREGS / 4; ++kk) {
+    const uint32_t a_k[4] = {a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3]};
+    wgmma_m64nk16_rs<T, N>(d, a_k, advanced(b, kk * 16 * kSwizzleRowBytes));
+  }
+}
+
 #undef FSDPQ_WGMMA_D64
 #undef FSDPQ_WGMMA_D32
 #undef FSDPQ_WGMMA_ACC64

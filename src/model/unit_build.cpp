@@ -3,9 +3,35 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <stdexcept>
 
 namespace fsdpq {
+namespace {
+
+std::atomic<int64_t> read_nanoseconds{0}, encode_nanoseconds{0};
+
+// Adds the wall time of its scope to one of the counters above.
+class Timed {
+ public:
+  explicit Timed(std::atomic<int64_t>& total) : total_(total), start_(std::chrono::steady_clock::now()) {}
+  ~Timed() {
+    total_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start_).count();
+  }
+  Timed(const Timed&) = delete;
+  Timed& operator=(const Timed&) = delete;
+
+ private:
+  std::atomic<int64_t>& total_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace
+
+UnitBuildTimes unit_build_times() {
+  return {static_cast<double>(read_nanoseconds.load()) * 1e-9, static_cast<double>(encode_nanoseconds.load()) * 1e-9};
+}
 
 UnitBuild::UnitBuild(const ParamUnit& unit, const UnitReader& reader, std::vector<FrozenPiece> frozen,
                      const std::vector<MasterPiece>& masters)
@@ -30,15 +56,20 @@ UnitBuild::UnitBuild(const ParamUnit& unit, const UnitReader& reader, std::vecto
     const int segment = static_cast<int>(piece.segment);
     const ElementRanges ranges = format.values_for(segment, w.frozen.numel(), piece.from, piece.to);
     if (ranges.size() == 1 && format.stores_values_as_read(segment, piece.from, piece.to, dtype)) {
+      const Timed timed(read_nanoseconds);
       reader.read_frozen(w, ranges[0].first, ranges[0].count, piece.out);
       continue;
     }
     std::vector<uint8_t> values(static_cast<size_t>(element_count(ranges)) * dtype_size(dtype));
-    size_t at = 0;
-    for (const ElementRange& r : ranges) {
-      reader.read_frozen(w, r.first, r.count, values.data() + at);
-      at += static_cast<size_t>(r.count) * dtype_size(dtype);
+    {
+      const Timed timed(read_nanoseconds);
+      size_t at = 0;
+      for (const ElementRange& r : ranges) {
+        reader.read_frozen(w, r.first, r.count, values.data() + at);
+        at += static_cast<size_t>(r.count) * dtype_size(dtype);
+      }
     }
+    const Timed timed(encode_nanoseconds);
     float* statistics = statistics_.data() + statistics_at_[piece.weight];
     if (spec.needs_scalars) {
       format.measure_values(segment, w.frozen.numel(), piece.from, piece.to, values.data(), dtype, statistics);
@@ -52,6 +83,7 @@ UnitBuild::UnitBuild(const ParamUnit& unit, const UnitReader& reader, std::vecto
 }
 
 void UnitBuild::finish() {
+  const Timed timed(encode_nanoseconds);
   for (size_t k = 0; k < unit_.frozen.size(); ++k) {
     FrozenStorage& storage = unit_.frozen[k]->frozen;
     const int64_t n = storage.format().statistics_count(storage.numel());

@@ -65,4 +65,14 @@ class UnitBuild {
 // compute copy (in `activation`, unless that is F32) rounded from the master.
 void build_whole_unit(ParamUnit& unit, const UnitReader& reader, DType activation);
 
+// Where the builds of this process spent their time so far (wall time, every thread's calls
+// summed): reading the frozen weights' values (from the model files, or drawing a preset's) and
+// encoding them into their stored format (quantising: for HQQ the solver's time is part of it,
+// quant/hqq_solve.h counts that alone). The trainer logs it beside "model ready".
+struct UnitBuildTimes {
+  double read_seconds = 0.0;
+  double encode_seconds = 0.0;
+};
+UnitBuildTimes unit_build_times();
+
 }  // namespace fsdpq

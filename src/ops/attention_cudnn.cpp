@@ -2,9 +2,7 @@
 
 #include <cstdint>
 #include <initializer_list>
-#include <mutex>
 #include <optional>
-#include <set>
 #include <string>
 
 #include "runtime/log.h"
@@ -17,29 +15,16 @@
 namespace fsdpq {
 namespace {
 
-struct RouteState {
-  std::mutex mutex;
-  CudnnAttentionCounts counts;
-  std::set<std::string> logged;  // reasons already told
-};
-
-RouteState& state() {
-  static RouteState s;
-  return s;
+AttentionRouteLog& route_log() {
+  static AttentionRouteLog log;
+  return log;
 }
 
-[[maybe_unused]] void count_ran(bool backward) {
-  RouteState& s = state();
-  std::lock_guard<std::mutex> lock(s.mutex);
-  ++(backward ? s.counts.backward_ran : s.counts.forward_ran);
-}
+[[maybe_unused]] void count_ran(bool backward) { route_log().ran(backward); }
 
 // Counts a declined call and logs its reason the first time it comes up.
 bool decline(bool backward, const std::string& why) {
-  RouteState& s = state();
-  std::lock_guard<std::mutex> lock(s.mutex);
-  ++(backward ? s.counts.backward_declined : s.counts.forward_declined);
-  if (!s.logged.insert(why).second) return false;
+  if (!route_log().declined(backward, why)) return false;
   const char* pass = backward ? "backward" : "forward";
   if (gpu_attention_kernels() == GpuAttentionKernels::Auto)
     log::info("attention {} runs on fsdpq's own kernels, not cuDNN: {}", pass, why);
@@ -154,10 +139,6 @@ bool cudnn_attention_backward(const TensorView&, const TensorView&, const Tensor
 
 #endif
 
-CudnnAttentionCounts cudnn_attention_counts() {
-  RouteState& s = state();
-  std::lock_guard<std::mutex> lock(s.mutex);
-  return s.counts;
-}
+CudnnAttentionCounts cudnn_attention_counts() { return route_log().counts(); }
 
 }  // namespace fsdpq

@@ -95,6 +95,7 @@ ElementRanges elements_of(std::vector<GroupRange> groups) {
 // Packs `rows` rows of every slice's codes (codes[(k * rows + r) * 64 + j]) into hqq's words.
 std::vector<uint8_t> pack_rows(const HqqPacking& p, int64_t rows, const std::vector<uint8_t>& codes) {
   std::vector<uint8_t> words(static_cast<size_t>(rows * kHqqGroupSize * p.word_bytes));
+#pragma omp parallel for schedule(static) if (rows >= 1024)
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t j = 0; j < kHqqGroupSize; ++j) {
       uint32_t word = 0;
@@ -275,7 +276,7 @@ class HqqFormat final : public FrozenFormat {
   template <class ValueOf>
   void write_meta(const GroupRange& groups, size_t from, size_t to, uint8_t* out, const ValueOf& value_of) const {
     std::vector<uint16_t> words(static_cast<size_t>(groups.end - groups.first));
-#pragma omp parallel for schedule(dynamic, 16)
+#pragma omp parallel for schedule(static) if (groups.end - groups.first >= 4096)
     for (int64_t g = groups.first; g < groups.end; ++g)
       words[static_cast<size_t>(g - groups.first)] = hqq_meta_bits(value_of(g), meta_);
     std::memcpy(out, reinterpret_cast<const uint8_t*>(words.data()) + (from - static_cast<size_t>(groups.first) * 2), to - from);

@@ -18,6 +18,7 @@
 #include "optim/clip.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
+#include "model/unit_build.h"
 #include "quant/hqq_solve.h"
 #include "runtime/agreed_errors.h"
 #include "runtime/exit_codes.h"
@@ -230,6 +231,9 @@ class Trainer {
               human_bytes(static_cast<double>(held_.model_frozen)), human_bytes(static_cast<double>(held_.trainable)),
               human_bytes(static_cast<double>(held_.model_trainable)), human_bytes(private_host_after_load_),
               human_bytes(peak_host_after_load_), human_bytes(static_cast<double>(read_bytes)));
+    const UnitBuildTimes build = unit_build_times();
+    log::info("frozen weights (this rank): values read in {:.1f} s, encoded in {:.1f} s", build.read_seconds,
+              build.encode_seconds);
     if (const HqqSolverWork hqq = hqq_solver_work(); hqq.groups > 0)
       log::info("hqq: the solver quantised {} groups of {} values in {:.1f} s on {}", hqq.groups, kHqqGroupSize,
                 hqq.seconds, hqq.gpu_groups == hqq.groups ? "the GPU" : hqq.gpu_groups == 0 ? "the CPU" : "the GPU and the CPU");

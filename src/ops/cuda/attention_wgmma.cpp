@@ -2,8 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <mutex>
-#include <set>
 #include <string>
 
 #include "kernels/attention_sm90a.cuh"
@@ -13,32 +11,19 @@
 namespace fsdpq::cuda_ops {
 namespace {
 
-struct RouteState {
-  std::mutex mutex;
-  WgmmaAttentionCounts counts;
-  std::set<std::string> logged;  // reasons already told
-};
-
-RouteState& state() {
-  static RouteState s;
-  return s;
+AttentionRouteLog& route_log() {
+  static AttentionRouteLog log;
+  return log;
 }
 
 enum class Pass { Forward, Backward };
 
-void count_ran(Pass pass) {
-  RouteState& s = state();
-  std::lock_guard<std::mutex> lock(s.mutex);
-  ++(pass == Pass::Forward ? s.counts.forward_ran : s.counts.backward_ran);
-}
+void count_ran(Pass pass) { route_log().ran(pass == Pass::Backward); }
 
-// Counts a declined call and logs its reason the first time it comes up.
+// Counts a declined call and logs its reason the first time it comes up for its pass.
 bool decline(Pass pass, const std::string& why) {
-  RouteState& s = state();
-  std::lock_guard<std::mutex> lock(s.mutex);
-  ++(pass == Pass::Forward ? s.counts.forward_declined : s.counts.backward_declined);
   const char* name = pass == Pass::Forward ? "forward" : "backward";
-  if (!s.logged.insert(std::string(name) + why).second) return false;
+  if (!route_log().declined(pass == Pass::Backward, std::string(name) + why)) return false;
   if (gpu_attention_kernels() == GpuAttentionKernels::Wgmma)
     log::warn("attention {} runs on the mma kernels, not the wgmma ones: {}", name, why);
   else
@@ -91,10 +76,6 @@ bool wgmma_attention_backward(const TensorView& dq, const TensorView& dk, const 
   return true;
 }
 
-WgmmaAttentionCounts wgmma_attention_counts() {
-  RouteState& s = state();
-  std::lock_guard<std::mutex> lock(s.mutex);
-  return s.counts;
-}
+WgmmaAttentionCounts wgmma_attention_counts() { return route_log().counts(); }
 
 }  // namespace fsdpq::cuda_ops

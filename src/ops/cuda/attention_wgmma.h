@@ -11,6 +11,7 @@
 
 #include "backend/tensor.h"
 #include "ops/attention.h"
+#include "ops/attention_route_log.h"
 
 namespace fsdpq::cuda_ops {
 
@@ -33,10 +34,7 @@ bool wgmma_attention_backward(const TensorView& dq, const TensorView& dk, const 
                               const TensorView& lse);
 
 // How often the route ran or declined since the process started (the tests check which kernel ran).
-struct WgmmaAttentionCounts {
-  int64_t forward_ran = 0, forward_declined = 0;
-  int64_t backward_ran = 0, backward_declined = 0;
-};
+using WgmmaAttentionCounts = AttentionRouteCounts;
 WgmmaAttentionCounts wgmma_attention_counts();
 
 }  // namespace fsdpq::cuda_ops
