@@ -46,6 +46,28 @@ __device__ __forceinline__ void load_panel(float* panel, const void* x, KType ty
 }
 
 // ---- forward: one block per (query tile, h, b) ----
+// acc[i][j] += Σ_key w[ty + 16i][key] · panel[key][tx + 16j] over a tile's BT keys, w a
+// [BT][BT + 1] tile in shared memory and the panel's columns past D read as 0: the forward's P V
+// and the dq kernel's dS K.
+template <int BT, int RI, int DC>
+__device__ __forceinline__ void add_tile_product(float (&acc)[RI][DC], const float* w_s, const float* panel,
+                                                 const Dims& d, int ty, int tx) {
+  for (int key = 0; key < BT; ++key) {
+    float wv[RI], pv[DC];
+#pragma unroll
+    for (int i = 0; i < RI; ++i) wv[i] = w_s[(ty + 16 * i) * (BT + 1) + key];
+#pragma unroll
+    for (int j = 0; j < DC; ++j) {
+      const int c = tx + 16 * j;
+      pv[j] = c < d.D ? panel[key * d.ld + c] : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < RI; ++i)
+#pragma unroll
+      for (int j = 0; j < DC; ++j) acc[i][j] += wv[i] * pv[j];
+  }
+}
+
 template <int BT, int DC>
 __global__ void __launch_bounds__(kThreads)
     attention_forward_kernel(void* out, KType out_type, float* lse, const void* q, KType q_type, const void* k,
@@ -136,20 +158,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int j = 0; j < DC; ++j) acc[i][j] *= alpha;
     }
-    for (int key = 0; key < BT; ++key) {
-      float pv[RI], vv[DC];
-#pragma unroll
-      for (int i = 0; i < RI; ++i) pv[i] = s_s[(ty + 16 * i) * (BT + 1) + key];
-#pragma unroll
-      for (int j = 0; j < DC; ++j) {
-        const int c = tx + 16 * j;
-        vv[j] = c < d.D ? kv_s[key * d.ld + c] : 0.0f;
-      }
-#pragma unroll
-      for (int i = 0; i < RI; ++i)
-#pragma unroll
-        for (int j = 0; j < DC; ++j) acc[i][j] += pv[i] * vv[j];
-    }
+    add_tile_product<BT>(acc, s_s, kv_s, d, ty, tx);  // acc += P V
   }
   // m_s / l_s were last written before the barrier that preceded the V tile load.
 #pragma unroll
@@ -269,20 +278,7 @@ __global__ void __launch_bounds__(kThreads)
         ds_s[r * (BT + 1) + tx + 16 * j] = p * (dp[i][j] - drow_s[r]) * d.scale;
       }
     __syncthreads();
-    for (int key = 0; key < BT; ++key) {  // dq += dS K
-      float dsv[RI], kv[DC];
-#pragma unroll
-      for (int i = 0; i < RI; ++i) dsv[i] = ds_s[(ty + 16 * i) * (BT + 1) + key];
-#pragma unroll
-      for (int j = 0; j < DC; ++j) {
-        const int c = tx + 16 * j;
-        kv[j] = c < d.D ? k_s[key * d.ld + c] : 0.0f;
-      }
-#pragma unroll
-      for (int i = 0; i < RI; ++i)
-#pragma unroll
-        for (int j = 0; j < DC; ++j) acc[i][j] += dsv[i] * kv[j];
-    }
+    add_tile_product<BT>(acc, ds_s, k_s, d, ty, tx);  // dq += dS K
   }
 #pragma unroll
   for (int i = 0; i < RI; ++i) {

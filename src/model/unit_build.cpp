@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <stdexcept>
 
 namespace fsdpq {
@@ -61,7 +62,7 @@ UnitBuild::UnitBuild(const ParamUnit& unit, const UnitReader& reader, std::vecto
       continue;
     }
     std::vector<uint8_t> values(static_cast<size_t>(element_count(ranges)) * dtype_size(dtype));
-    {
+    if (!copy_from_waiting(piece.weight, dtype, ranges, values.data())) {
       const Timed timed(read_nanoseconds);
       size_t at = 0;
       for (const ElementRange& r : ranges) {
@@ -73,13 +74,41 @@ UnitBuild::UnitBuild(const ParamUnit& unit, const UnitReader& reader, std::vecto
     float* statistics = statistics_.data() + statistics_at_[piece.weight];
     if (spec.needs_scalars) {
       format.measure_values(segment, w.frozen.numel(), piece.from, piece.to, values.data(), dtype, statistics);
-      waiting_.push_back({k, dtype, std::move(values)});  // encoded by finish(), once the scalars are known
+      waiting_.push_back({k, dtype, ranges, std::move(values)});  // encoded by finish(), once the scalars are known
     } else {
       format.encode_values(segment, w.frozen.numel(), piece.from, piece.to, values.data(), dtype, piece.out, statistics);
     }
   }
   for (const MasterPiece& piece : masters)
     reader.read_master(*unit.trainable.at(piece.tensor), piece.first, piece.count, piece.out);
+}
+
+bool UnitBuild::copy_from_waiting(size_t weight, DType dtype, const ElementRanges& ranges, uint8_t* out) const {
+  const size_t width = dtype_size(dtype);
+  // Where each wanted range starts in some waiting piece's values (all of it inside one of its ranges).
+  std::vector<const uint8_t*> sources;
+  for (const ElementRange& want : ranges) {
+    const uint8_t* source = nullptr;
+    for (const WaitingPiece& held : waiting_) {
+      if (frozen_[held.piece].weight != weight || held.dtype != dtype) continue;
+      int64_t at = 0;  // elements before each of its ranges in its values
+      for (const ElementRange& r : held.ranges) {
+        if (want.first >= r.first && want.first + want.count <= r.first + r.count) {
+          source = held.values.data() + static_cast<size_t>(at + (want.first - r.first)) * width;
+          break;
+        }
+        at += r.count;
+      }
+      if (source) break;
+    }
+    if (!source) return false;
+    sources.push_back(source);
+  }
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    std::memcpy(out, sources[i], static_cast<size_t>(ranges[i].count) * width);
+    out += static_cast<size_t>(ranges[i].count) * width;
+  }
+  return true;
 }
 
 void UnitBuild::finish() {

@@ -55,9 +55,14 @@ class UnitBuild {
   struct WaitingPiece {
     size_t piece;  // in frozen_
     DType dtype;
+    ElementRanges ranges;  // the weight's elements `values` holds, concatenated
     std::vector<uint8_t> values;
   };
   std::vector<WaitingPiece> waiting_;
+  // Fills `out` with the weight's `ranges` from the values a waiting piece of it already holds
+  // (HQQ's zero points read the groups its codes read: a whole build reads each weight once);
+  // false, touching nothing, where no waiting piece holds them all.
+  bool copy_from_waiting(size_t weight, DType dtype, const ElementRanges& ranges, uint8_t* out) const;
 };
 
 // Builds the whole unit into its own tensors in host memory: each frozen weight's segments

@@ -180,9 +180,9 @@ TEST_P(Equivalence, SameLossesAndWeightsAtOneTwoAndFourRanks) {
         EXPECT_NEAR(frozen, model_frozen / ranks, 0.01 * model_frozen / ranks + 64 * 3);
         EXPECT_NEAR(trainable, model_trainable / ranks, 0.01 * model_trainable / ranks + 64 * 3);
         // Each rank read about its share of the model file (tests/mpi/shard_load_tests.h checks it
-        // closely). Not under HQQ, whose zero points and scales re-read their groups (docs/hqq.md),
-        // nor DoRA, where the rank holding a magnitude vector reads its whole weight (docs/dora.md), nor
-        // Llama-Pro, whose new blocks read the layers they copy once more.
+        // closely). Not under HQQ, whose zero points read the groups their rank's codes do not
+        // cover (docs/hqq.md), nor DoRA, where the rank holding a magnitude vector reads its whole
+        // weight (docs/dora.md), nor Llama-Pro, whose new blocks read the layers they copy once more.
         if (type.rfind("hqq", 0) == 0 || type.find("dora") != std::string::npos ||
             type.find("_llama_pro") != std::string::npos)
           continue;
