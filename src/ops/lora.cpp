@@ -39,8 +39,9 @@ bool dropout_active(const LoraParams& params) { return params.training && params
 GpuLoraKernels& gpu_lora_choice() {
   static GpuLoraKernels choice = [] {
     const char* env = std::getenv("FSDPQ_LORA_KERNELS");
-    // unset or "fused" (runtime/environment.cpp refuses other values)
-    return env != nullptr && std::string_view(env) == "separate" ? GpuLoraKernels::Separate : GpuLoraKernels::Fused;
+    // unset or "separate" (runtime/environment.cpp refuses other values): the fused kernels are
+    // not yet faster (docs/ops.md)
+    return env != nullptr && std::string_view(env) == "fused" ? GpuLoraKernels::Fused : GpuLoraKernels::Separate;
   }();
   return choice;
 }
