@@ -19,10 +19,13 @@
 #include <type_traits>
 
 #include "kernels/attention_mma.cuh"
+#include "kernels/mma_fragments.cuh"
 #include "kernels/quad_reduce.cuh"
 
 namespace fsdpq::cuda {
 namespace {
+
+using namespace mma_fragments;  // pack2, mma, the fragment loads
 
 constexpr int kThreads = 128;  // 4 warps x 16 rows = one 64-row tile
 constexpr int kTile = 64;      // query rows per block (forward, dq), key rows per block (dk/dv), keys per step
@@ -34,71 +37,6 @@ struct MmaDims {
   float scale;  // 1 / sqrt(D), as the CPU computes it
 };
 
-
-// Two floats rounded (nearest even) to T, lo in the lower 16 bits.
-template <class T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi);
-template <>
-__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-template <>
-__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
-  const __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-// c += a b on the tensor cores (16x8x16, fp32 accumulate).
-template <class T>
-__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
-template <>
-__device__ __forceinline__ void mma<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm(  // not volatile: pure register math, free to schedule
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-template <>
-__device__ __forceinline__ void mma<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm(  // not volatile: pure register math, free to schedule
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-template <class T>
-__device__ __forceinline__ uint32_t ld32(const T* p) {
-  return *reinterpret_cast<const uint32_t*>(p);
-}
-
-// A fragment: rows row0.. and columns k0.. of a [rows][LD] tile stored row-major.
-template <int LD, class T>
-__device__ __forceinline__ void load_a(uint32_t (&a)[4], const T* s, int row0, int k0, int lane) {
-  const T* p = s + (row0 + (lane >> 2)) * LD + k0 + 2 * (lane & 3);
-  a[0] = ld32(p);
-  a[1] = ld32(p + 8 * LD);
-  a[2] = ld32(p + 8);
-  a[3] = ld32(p + 8 * LD + 8);
-}
-
-// B fragment (k x n) of a tile stored [n][k] (B = tileᵀ): n rows n0.., k columns k0...
-template <int LD, class T>
-__device__ __forceinline__ void load_b(uint32_t& b0, uint32_t& b1, const T* s, int n0, int k0, int lane) {
-  const T* p = s + (n0 + (lane >> 2)) * LD + k0 + 2 * (lane & 3);
-  b0 = ld32(p);
-  b1 = ld32(p + 8);
-}
-
-// B fragment (k x n) of a tile stored [k][n] (B = the tile itself): k rows k0.., n columns n0...
-template <int LD, class T>
-__device__ __forceinline__ void load_b_trans(uint32_t& b0, uint32_t& b1, const T* s, int k0, int n0, int lane) {
-  const uint16_t* p = reinterpret_cast<const uint16_t*>(s) + (k0 + 2 * (lane & 3)) * LD + n0 + (lane >> 2);
-  b0 = static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[LD]) << 16);
-  b1 = static_cast<uint32_t>(p[8 * LD]) | (static_cast<uint32_t>(p[9 * LD]) << 16);
-}
 
 // The A fragment of columns 16i..16i+15 from the fp32 accumulators of 8-column tiles 2i, 2i+1.
 template <class T>

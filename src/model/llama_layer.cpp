@@ -249,8 +249,7 @@ void attention_output_mlp_forward(TensorView out, LayerActivations& a, const Ten
   linear_group_forward(o, a.att, kOGroup, w, a);
   {
     ScopedSection section("residual + rmsnorm");
-    residual_add(a.x2, x, a.x2);
-    rmsnorm_forward(a.n2, a.rstd2, a.x2, w.post_norm, d.eps);
+    residual_rmsnorm_forward(a.x2, a.n2, a.rstd2, x, w.post_norm, d.eps);
   }
   const TensorView gate_up[] = {a.gate, a.up};
   linear_group_forward(gate_up, a.n2, kGateUpGroup, w, a);
@@ -297,8 +296,8 @@ void layer_backward(TensorView d_resid, LayerGradScratch& s, LayerActivations& a
   linear_group_backward(s.d_norm, false, d_gate_up, a.n2, kGateUpGroup, w, a);
   {
     ScopedSection section("rmsnorm + residual bwd");
-    rmsnorm_backward(s.d_norm, w.d_post_norm, s.d_norm, a.x2, w.post_norm, a.rstd2);  // frozen: no dweight
-    residual_add(d_resid, d_resid, s.d_norm);  // d_resid is now the gradient of x2
+    // d_resid becomes the gradient of x2 (frozen norm: no dweight)
+    rmsnorm_backward_add(d_resid, w.d_post_norm, s.d_norm, a.x2, w.post_norm, a.rstd2);
   }
 
   // Attention: x2 = x + o(att), att = attention(rope(q), rope(k), v), q/k/v = linear(n1).
@@ -323,8 +322,7 @@ void layer_backward(TensorView d_resid, LayerGradScratch& s, LayerActivations& a
   const TensorView d_qkv[] = {s.dq, s.dk, s.dv};
   linear_group_backward(s.d_norm, false, d_qkv, a.n1, kQkvGroup, w, a);
   ScopedSection section("rmsnorm + residual bwd");
-  rmsnorm_backward(s.d_norm, w.d_input_norm, s.d_norm, x, w.input_norm, a.rstd1);
-  residual_add(d_resid, d_resid, s.d_norm);  // the gradient of the layer's input
+  rmsnorm_backward_add(d_resid, w.d_input_norm, s.d_norm, x, w.input_norm, a.rstd1);  // the layer input's gradient
 }
 
 }  // namespace fsdpq

@@ -10,6 +10,7 @@
 #include "backend/tensor.h"
 #include "ops/cross_entropy.h"
 #include "ops/gemm.h"
+#include "ops/lora.h"
 #include "ops/rope.h"
 
 namespace fsdpq::cuda_ops {
@@ -31,6 +32,12 @@ void embedding_backward(TensorView dtable, const TensorView& ids, const TensorVi
 void rmsnorm_forward(TensorView y, TensorView rstd, const TensorView& x, const TensorView& weight, float eps);
 void rmsnorm_backward(TensorView dx, TensorView dweight, const TensorView& dy, const TensorView& x,
                       const TensorView& weight, const TensorView& rstd);
+// rmsnorm.h's fused pairs (frozen weight only, for the backward); false, with nothing queued, where
+// the rows do not fit the fused kernels (the op then runs the pair).
+bool residual_rmsnorm_forward(TensorView x2, TensorView y, TensorView rstd, const TensorView& residual,
+                              const TensorView& weight, float eps);
+bool rmsnorm_backward_add(TensorView d_acc, const TensorView& dy, const TensorView& x, const TensorView& weight,
+                          const TensorView& rstd);
 
 // rope.h: rotates x in place by the table's angles (sign -1: the backward).
 void rope_rotate(const char* op, TensorView x, const RopeTable& table, int64_t position_offset,
@@ -58,6 +65,21 @@ void lora_dropout_apply(std::span<const TensorView> outs, const TensorView& x, s
                         uint32_t threshold, float keep_scale);
 void lora_dropout_accumulate(TensorView dx, const TensorView& g, uint64_t mixed_key, uint32_t threshold,
                              float keep_scale);
+
+// lora.h's fused group products (kernels/lora_fused.cuh) for a group whose dropout is active, with
+// the group's mask: xa = [dropout_i(x) · A_iᵀ]_i; and dA_i += dxa_iᵀ · dropout_i(x), dx (+)= the
+// adapters' masked dxa_i · A_i (dx skipped when dx.data is null; dxa in A's dtype). Each returns
+// false and queues nothing where the kernels do not take the group (lora.h, GpuLoraKernels).
+struct LoraGroupMask {
+  std::span<const uint64_t> mixed_keys;
+  uint32_t threshold = 0;
+  float keep_scale = 1.0f;
+};
+bool lora_fused_forward(TensorView xa, const TensorView& x, std::span<const LoraSite> sites, const LoraGroupMask& mask);
+bool lora_fused_backward_input(TensorView dx, std::span<const TensorView> dAs, const TensorView& dxa,
+                               const TensorView& x, std::span<const LoraSite> sites, const LoraGroupMask& mask);
+// How many group products the fused kernels ran since the process started (the tests check it).
+int64_t lora_fused_runs();
 
 // dora.h's elementwise pieces (kernels/dora.cuh).
 void dora_row_norms(TensorView norm, const TensorView& P);

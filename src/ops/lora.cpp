@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
+#include <string_view>
 #include <vector>
 
 namespace fsdpq {
@@ -34,19 +36,43 @@ void for_each_quad(int64_t n, Body&& body) {
 
 bool dropout_active(const LoraParams& params) { return params.training && params.dropout > 0.0f; }
 
+GpuLoraKernels& gpu_lora_choice() {
+  static GpuLoraKernels choice = [] {
+    const char* env = std::getenv("FSDPQ_LORA_KERNELS");
+    // unset or "separate" (runtime/environment.cpp refuses other values): the fused kernels are
+    // not yet faster (docs/ops.md)
+    return env != nullptr && std::string_view(env) == "fused" ? GpuLoraKernels::Fused : GpuLoraKernels::Separate;
+  }();
+  return choice;
+}
+
+// A group's dropout masks: one mixed key per adapter, the probability's threshold and 1 / (1 - p).
+struct GroupMask {
+  std::array<uint64_t, kMaxLoraGroup> keys{};
+  size_t count = 0;
+  uint32_t threshold = 0;
+  float keep_scale = 1.0f;
+  explicit GroupMask(std::span<const LoraSite> sites)
+      : count(sites.size()),
+        threshold(drop_threshold(sites[0].params.dropout)),
+        keep_scale(1.0f / (1.0f - sites[0].params.dropout)) {
+    for (size_t i = 0; i < count; ++i) keys[i] = mix64(sites[i].params.dropout_key);
+  }
+  std::span<const uint64_t> mixed_keys() const { return {keys.data(), count}; }
+  cuda_ops::LoraGroupMask for_gpu() const { return {mixed_keys(), threshold, keep_scale}; }
+};
+
 // outs[i] = x * keep_i / (1 - p), rounded to x's dtype, as adapter i sees its input: one pass over
 // x for every adapter of a group, each with its own key.
 void apply_dropout(std::span<const TensorView> outs, const TensorView& x, std::span<const LoraSite> sites) {
-  const float probability = sites[0].params.dropout;
-  const uint32_t threshold = drop_threshold(probability);
-  const float keep_scale = 1.0f / (1.0f - probability);
+  const GroupMask mask(sites);
+  const uint32_t threshold = mask.threshold;
+  const float keep_scale = mask.keep_scale;
   const int64_t n = x.numel();
   const size_t count = sites.size();
-  std::array<uint64_t, kMaxLoraGroup> keys{};
-  for (size_t i = 0; i < count; ++i) keys[i] = mix64(sites[i].params.dropout_key);
-  const std::span<const uint64_t> mixed_keys(keys.data(), count);
+  const std::array<uint64_t, kMaxLoraGroup>& keys = mask.keys;
   if (runs_on_cuda("lora_dropout", {x, outs[0]}))
-    if constexpr (kWithCuda) return cuda_ops::lora_dropout_apply(outs, x, mixed_keys, threshold, keep_scale);
+    if constexpr (kWithCuda) return cuda_ops::lora_dropout_apply(outs, x, mask.mixed_keys(), threshold, keep_scale);
   with_storage(x.dtype, "lora_dropout", [&](auto tag) {
     using S = decltype(tag);
     const S* in = x.as<const S>();
@@ -157,6 +183,15 @@ StackedA stack_a(std::span<const LoraSite> sites, const GroupDims& g) {
   return stacked;
 }
 
+// Runs `fused(mask)` (a fused GPU product of a group whose dropout is active) when x is on the GPU;
+// false when x is not, or when the fused kernels do not take the group (the caller runs its own
+// way then).
+template <class Fused>
+bool fused_on_gpu(const TensorView& x, Fused&& fused, std::span<const LoraSite> sites) {
+  if (x.device != Device::CUDA || !dropout_active(sites[0].params)) return false;
+  return fused(GroupMask(sites));
+}
+
 MatrixView columns_of(const TensorView& xa, const GroupDims& g, size_t i) {
   return MatrixView(xa, g.first_column[i], g.site[i].rank);
 }
@@ -185,6 +220,9 @@ void accumulate_dropped(TensorView dx, const TensorView& g_view, const LoraParam
 }  // namespace
 
 float lora_scaling(const LoraParams& params, int64_t rank) { return params.alpha / static_cast<float>(rank); }
+
+GpuLoraKernels gpu_lora_kernels() { return gpu_lora_choice(); }
+void set_gpu_lora_kernels(GpuLoraKernels kernels) { gpu_lora_choice() = kernels; }
 
 bool lora_dropout_keeps(uint64_t key, uint64_t index, float probability) {
   return keeps_lane(keep_word(mix64(key), static_cast<int64_t>(index / 4)), static_cast<int>(index % 4),
@@ -223,9 +261,14 @@ void lora_forward_group(std::span<const TensorView> ys, TensorView xa, const Ten
                "{}: y {} does not match x {} and B {}", op, ys[i].shape.to_string(), x.shape.to_string(),
                sites[i].B.shape.to_string());
   }
-  // xa = dropout(x) · Aᵀ: one GEMM over the stacked A, or one per adapter.
+  // xa = dropout(x) · Aᵀ: one GEMM over the stacked A, the fused kernels (the masks applied inside
+  // the products), or one GEMM per adapter on its dropped copy of x.
   if (const StackedA stacked = stack_a(sites, g); stacked.view.data != nullptr) {
     linear_forward(xa, x, stacked.view);
+  } else if (fused_on_gpu(x, [&](const GroupMask& mask) {
+               if constexpr (kWithCuda) return cuda_ops::lora_fused_forward(xa, x, sites, mask.for_gpu());
+               return false;
+             }, sites)) {
   } else {
     const AdapterInputs inputs = adapter_inputs(x, sites);
     for (size_t i = 0; i < sites.size(); ++i) linear_forward(columns_of(xa, g, i), inputs.views[i], sites[i].A);
@@ -290,6 +333,13 @@ void lora_backward_input(TensorView dx, std::span<const TensorView> dAs, const T
     if (dx.data != nullptr) linear_backward_input(dx, dxa, stacked.view, /*accumulate=*/true);
     return;
   }
+
+  // Both at once on the GPU, the masks applied inside the products.
+  if (fused_on_gpu(x, [&](const GroupMask& mask) {
+        if constexpr (kWithCuda) return cuda_ops::lora_fused_backward_input(dx, dAs, dxa, x, sites, mask.for_gpu());
+        return false;
+      }, sites))
+    return;
 
   // Per adapter: dA += d(xa)ᵀ · dropout(x), the masks regenerated from the keys.
   {

@@ -63,6 +63,16 @@ struct LoraSiteGrads {
   TensorView dA, dB;  // F32, accumulated
 };
 
+// How the GPU runs a group whose dropout is active: Separate (the default), a dropped copy of x per
+// adapter and cuBLAS products; Fused, kernels that apply each adapter's mask inside its products and
+// never write a dropped copy of x (kernels/lora_fused.cuh), where they take the group (16-bit x and
+// A, ranks multiples of 16 summing to at most 256, an input width that is a multiple of 128). Fused
+// is not the default until it is faster (measured: docs/ops.md).
+// The environment's FSDPQ_LORA_KERNELS (fused, separate) sets it at start-up; tests set it here.
+enum class GpuLoraKernels { Fused, Separate };
+GpuLoraKernels gpu_lora_kernels();
+void set_gpu_lora_kernels(GpuLoraKernels kernels);
+
 // ys[i] += adapter i's output.
 void lora_forward_group(std::span<const TensorView> ys, TensorView xa, const TensorView& x,
                         std::span<const LoraSite> sites);

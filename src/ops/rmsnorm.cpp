@@ -3,6 +3,7 @@
 #include "ops/checks.h"
 #include "ops/cuda_ops.h"
 #include "ops/dispatch.h"
+#include "ops/elementwise.h"
 #include "ops/parallel.h"
 #include "ops/storage.h"
 
@@ -146,6 +147,36 @@ void rmsnorm_backward(TensorView dx, TensorView dweight, const TensorView& dy, c
       }
     }
   });
+}
+
+void residual_rmsnorm_forward(TensorView x2, TensorView y, TensorView rstd, const TensorView& residual,
+                              const TensorView& weight, float eps) {
+  constexpr const char* op = "residual_rmsnorm_forward";
+  check_common(op, x2, weight, rstd);
+  check_float(op, "y", y);
+  check_float(op, "residual", residual);
+  check_shape(op, "y", y, x2.shape);
+  check_shape(op, "residual", residual, x2.shape);
+  if (runs_on_cuda(op, {x2, y, rstd, residual, weight}))
+    if constexpr (kWithCuda)
+      if (cuda_ops::residual_rmsnorm_forward(x2, y, rstd, residual, weight, eps)) return;
+  residual_add(x2, residual, x2);
+  rmsnorm_forward(y, rstd, x2, weight, eps);
+}
+
+void rmsnorm_backward_add(TensorView d_acc, TensorView dweight, TensorView dy, const TensorView& x,
+                          const TensorView& weight, const TensorView& rstd) {
+  constexpr const char* op = "rmsnorm_backward_add";
+  check_common(op, x, weight, rstd);
+  check_float(op, "dy", dy);
+  check_float(op, "d_acc", d_acc);
+  check_shape(op, "dy", dy, x.shape);
+  check_shape(op, "d_acc", d_acc, x.shape);
+  if (runs_on_cuda(op, {d_acc, dweight, dy, x, weight, rstd}))
+    if constexpr (kWithCuda)
+      if (dweight.data == nullptr && cuda_ops::rmsnorm_backward_add(d_acc, dy, x, weight, rstd)) return;
+  rmsnorm_backward(dy, dweight, dy, x, weight, rstd);
+  residual_add(d_acc, d_acc, dy);
 }
 
 }  // namespace fsdpq

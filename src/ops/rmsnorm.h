@@ -15,4 +15,16 @@ void rmsnorm_forward(TensorView y, TensorView rstd, const TensorView& x, const T
 void rmsnorm_backward(TensorView dx, TensorView dweight, const TensorView& dy, const TensorView& x,
                       const TensorView& weight, const TensorView& rstd);
 
+// The Llama layer's pairs, each as one op: on the GPU one pass over each row where the row fits the
+// fused kernels (kernels/rmsnorm.cuh), elsewhere the two ops in turn (the same bits on the CPU).
+//   residual_rmsnorm_forward: x2 = residual + x2 (residual_add, rounded to x2's dtype), then
+//     y = rmsnorm(x2) (rmsnorm_forward).
+//   rmsnorm_backward_add: d_acc = d_acc + rmsnorm_backward's dx for dy (dx rounded to dy's dtype
+//     first: rmsnorm_backward into dy, then residual_add(d_acc, d_acc, dy)); dweight as in
+//     rmsnorm_backward; dy's contents are unspecified afterwards.
+void residual_rmsnorm_forward(TensorView x2, TensorView y, TensorView rstd, const TensorView& residual,
+                              const TensorView& weight, float eps);
+void rmsnorm_backward_add(TensorView d_acc, TensorView dweight, TensorView dy, const TensorView& x,
+                          const TensorView& weight, const TensorView& rstd);
+
 }  // namespace fsdpq

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <stdexcept>
+#include <vector>
 
 #include "backend/caching_allocator.h"
 #include "config/train_config.h"
@@ -14,7 +15,9 @@
 #include "fsdp/frozen_layout.h"
 #include "model/footprint.h"
 #include "model/llama_lm_head.h"
+#include "kernels/lora_fused_shape.h"
 #include "ops/dora.h"
+#include "ops/lora.h"
 #include "quant/frozen_format.h"
 
 namespace fsdpq {
@@ -153,7 +156,9 @@ struct OpTemporaries {
 // [N, Σr]) throughout, with each module's dy cast to the compute dtype in turn (GPU, where the
 // activation gradients are fp32: fp16), then for
 // the dA and dx GEMMs d(xa) rounded (GPU) beside the dropped copies, or beside one dx_dropped
-// (fp32 [N, in]) at a time, or beside the stacked A and dA.
+// (fp32 [N, in]) at a time, or beside the stacked A and dA. A group the fused LoRA kernels take
+// (GPU, 16-bit, dropout: ops/lora.h) writes no dropped copy: only their fp32 partial sums
+// (kernels/lora_fused_shape.h), the forward's split-K ones and the backward's per-chunk dA.
 OpTemporaries lora_temporaries(const PlanInput& p, const std::vector<Linear>& lin, int64_t N) {
   const bool gpu = p.on_gpu, dropout = p.lora_dropout > 0;
   const int64_t a = static_cast<int64_t>(dtype_size(p.activation));
@@ -161,23 +166,30 @@ OpTemporaries lora_temporaries(const PlanInput& p, const std::vector<Linear>& li
   auto R = [&](int64_t bytes) { return rounded(gpu, bytes); };
   const bool cast = gpu && p.activation != DType::F32;  // d(xa) is rounded for the GEMMs against A
   const bool dy_cast_needed = cast && g == kF32;
+  const bool fused_kernels = cast && dropout && gpu_lora_kernels() == GpuLoraKernels::Fused;
   OpTemporaries t;
   for (int group_index = 0; group_index < kLinearGroups; ++group_index) {
     const std::span<const int> group = group_modules(group_index);
     int64_t adapters = 0, rank = 0, dy_cast = 0;
+    std::vector<int64_t> ranks;
     const int64_t in = lin[static_cast<size_t>(group[0])].in;
     for (int m : group) {
       const Linear& l = lin[static_cast<size_t>(m)];
       if (dy_cast_needed) dy_cast = std::max(dy_cast, R(N * l.out * a));
-      if (l.rank > 0) ++adapters, rank += l.rank;
+      if (l.rank > 0) ++adapters, rank += l.rank, ranks.push_back(l.rank);
     }
     t.backward = std::max(t.backward, dy_cast);
     if (adapters == 0) continue;
+    const bool fused = fused_kernels && lora_fused::takes(in, ranks.data(), ranks.size());
     const int64_t stacked = adapters > 1 ? R(rank * in * a) : 0;
-    t.forward = std::max(t.forward, dropout ? adapters * R(N * in * a) : stacked);
+    const int64_t dropped_copies = adapters * R(N * in * a);
+    t.forward = std::max(t.forward, fused     ? R(lora_fused::down_workspace_floats(N, in, rank) * kF32)
+                                    : dropout ? dropped_copies
+                                              : stacked);
     const int64_t dxa = R(N * rank * kF32), dxa_cast = cast ? R(N * rank * a) : 0;
-    const int64_t input_phase = dropout ? std::max(adapters * R(N * in * a), R(N * in * kF32))
-                                        : stacked + (adapters > 1 ? R(rank * in * kF32) : 0);
+    const int64_t input_phase = fused     ? R(lora_fused::weight_grad_workspace_floats(N, in, rank) * kF32)
+                                : dropout ? std::max(dropped_copies, R(N * in * kF32))
+                                          : stacked + (adapters > 1 ? R(rank * in * kF32) : 0);
     t.backward = std::max(t.backward, dxa + std::max(dy_cast, dxa_cast + input_phase));
   }
   return t;

@@ -14,6 +14,7 @@ const std::vector<EnvironmentKnob>& environment_knobs() {
       {"FSDPQ_COLLECTIVES", {"nccl", "mpi"}, "the transport of the collectives over GPU memory"},
       {"FSDPQ_ATTENTION", {"auto", "mma", "simt", "cudnn", "cudnn-nondeterministic", "wgmma"}, "the GPU attention kernels"},
       {"FSDPQ_SECTION_TIMES", {"0", "1"}, "log the compute stream's time per section of the pass"},
+      {"FSDPQ_LORA_KERNELS", {"separate", "fused"}, "the GPU kernels of LoRA adapters with dropout"},
       {"FSDPQ_HQQ_SOLVER", {"auto", "cpu", "gpu"}, "where HQQ's quantisation solver runs (the same bytes either way)"},
   };
   return knobs;

@@ -260,6 +260,49 @@ TEST(GpuOpsRmsnorm, BackwardMatchesCpuWithDxAliasingDy) {
       }
 }
 
+// The layer's fused pairs (rmsnorm.h) against the CPU's pair of ops: rows that fit the vectorized
+// kernels with 1, 2 and 4 chunks per thread (C 4096, 8192, 12288: the last partly filled), a narrow
+// row (C 96: most threads idle), and rows they do not take (C 130, 7: the pair on the GPU). x2 is
+// residual_add's exactly (the same two roundings); y, rstd and the gradient as the plain ops'
+// tests state them.
+constexpr RowShape kFusedNormShapes[] = {{37, 4096}, {5, 8192}, {3, 12288}, {9, 96}, {3, 130}, {2, 7}};
+
+TEST(GpuOpsRmsnorm, ResidualRmsnormForwardMatchesThePair) {
+  use_gpu();
+  for (const RowShape& s : kFusedNormShapes)
+    for (DType x_t : kFloatTypes)
+      for (DType w_t : and_f32(x_t)) {
+        const std::string what = fmt::format("residual_rmsnorm_forward [{}, {}] x={} w={}", s.rows, s.C, name_of(x_t), name_of(w_t));
+        Tensor o = random_tensor(Shape{s.rows, s.C}, x_t, 40, -2.0f, 2.0f), res = random_tensor(o.shape(), x_t, 41, -2.0f, 2.0f);
+        Tensor w = random_tensor(Shape{s.C}, w_t, 42, 0.5f, 1.5f);
+        Tensor gx2 = on_gpu(o), gres = on_gpu(res), gw = on_gpu(w);
+        Tensor y = Tensor::empty(o.shape(), x_t), rstd = Tensor::empty(Shape{s.rows}, DType::F32);
+        residual_rmsnorm_forward(o, y, rstd, res, w, 1e-5f);  // o becomes x2
+        Tensor gy = Tensor::empty(o.shape(), x_t, Device::CUDA), grstd = Tensor::empty(Shape{s.rows}, DType::F32, Device::CUDA);
+        residual_rmsnorm_forward(gx2, gy, grstd, gres, gw, 1e-5f);
+        expect_exact(gx2, o, what + " x2");
+        expect_close(grstd, rstd, 1e-6, what + " rstd");
+        expect_close(gy, y, tol_for(x_t, 1e-5), what + " y");
+      }
+}
+
+TEST(GpuOpsRmsnorm, BackwardAddMatchesThePair) {
+  use_gpu();
+  for (const RowShape& s : kFusedNormShapes)
+    for (DType x_t : kFloatTypes)
+      for (DType w_t : and_f32(x_t)) {
+        const std::string what = fmt::format("rmsnorm_backward_add [{}, {}] x={} w={}", s.rows, s.C, name_of(x_t), name_of(w_t));
+        Tensor x = random_tensor(Shape{s.rows, s.C}, x_t, 43, -2.0f, 2.0f), w = random_tensor(Shape{s.C}, w_t, 44, 0.5f, 1.5f);
+        Tensor dy = random_tensor(x.shape(), x_t, 45), acc = random_tensor(x.shape(), x_t, 46);
+        Tensor y = Tensor::empty(x.shape(), x_t), rstd = Tensor::empty(Shape{s.rows}, DType::F32);
+        rmsnorm_forward(y, rstd, x, w, 1e-5f);
+        Tensor gx = on_gpu(x), gw = on_gpu(w), gdy = on_gpu(dy), gacc = on_gpu(acc), grstd = on_gpu(rstd);
+        rmsnorm_backward_add(acc, TensorView{}, dy, x, w, rstd);
+        rmsnorm_backward_add(gacc, TensorView{}, gdy, gx, gw, grstd);
+        expect_close(gacc, acc, tol_for(x_t, 1e-5), what + " d_acc");
+      }
+}
+
 TEST(GpuOpsRmsnorm, Perf) {
   use_gpu();
   const int64_t rows = 4096, C = 4096;
@@ -271,6 +314,20 @@ TEST(GpuOpsRmsnorm, Perf) {
   Tensor dweight = Tensor::zeros(Shape{C}, DType::F32, Device::CUDA);
   report_perf("rmsnorm_backward bf16 rows=4096 C=4096 (dx aliasing dy)", 2.0 * 2 * 2 * rows * C + 2.0 * rows * C, 0,
               [&] { rmsnorm_backward(dy, dweight, dy, x, w, rstd); });
+  // The layer's pairs: the fused op against the two ops (bytes: what the fused op moves).
+  Tensor res = on_gpu(random_tensor(Shape{rows, C}, DType::BF16, 29)), acc = on_gpu(random_tensor(Shape{rows, C}, DType::BF16, 30));
+  report_perf("residual_rmsnorm_forward bf16 rows=4096 C=4096", 2.0 * 4 * rows * C, 0,
+              [&] { residual_rmsnorm_forward(x, y, rstd, res, w, 1e-5f); });
+  report_perf("residual_add + rmsnorm_forward bf16 rows=4096 C=4096", 2.0 * 4 * rows * C, 0, [&] {
+    residual_add(x, res, x);
+    rmsnorm_forward(y, rstd, x, w, 1e-5f);
+  });
+  report_perf("rmsnorm_backward_add bf16 rows=4096 C=4096", 2.0 * 4 * rows * C, 0,
+              [&] { rmsnorm_backward_add(acc, TensorView{}, dy, x, w, rstd); });
+  report_perf("rmsnorm_backward + residual_add bf16 rows=4096 C=4096", 2.0 * 4 * rows * C, 0, [&] {
+    rmsnorm_backward(dy, TensorView{}, dy, x, w, rstd);
+    residual_add(acc, acc, dy);
+  });
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -10,8 +10,10 @@
 
 #include "backend/caching_allocator.h"
 #include "backend/host_tensor_bytes.h"
+#include "kernels/lora_fused_shape.h"
 #include "model/llama_layer.h"
 #include "model/presets.h"
+#include "ops/lora.h"
 #include "model_llama_test_support.h"
 #include "test_support.h"
 
@@ -198,7 +200,19 @@ TEST(MemoryPlan, FullShardDividesState) {
 
 // bench/RESULTS.md, 2026-12-03, one H200, fsdpq itself: llama2-7b, LoRA r64 α16 dropout 0.1 on
 // q,k,v,gate,up,down, bs 4, ctx 512, checkpointing, bf16, adamw.
+// The runs behind these numbers wrote a dropped copy of x per adapter (the separate LoRA kernels,
+// ops/lora.h): the plan is compared as of those kernels.
+class SeparateLoraKernels {
+ public:
+  SeparateLoraKernels() : saved_(gpu_lora_kernels()) { set_gpu_lora_kernels(GpuLoraKernels::Separate); }
+  ~SeparateLoraKernels() { set_gpu_lora_kernels(saved_); }
+
+ private:
+  GpuLoraKernels saved_;
+};
+
 TEST(MemoryPlan, MatchesTheMeasured7BRunsWithin10Percent) {
+  const SeparateLoraKernels measured_with;
   const MemoryPrediction qlora = predict_memory(llama2_7b(true));
   EXPECT_NEAR(qlora.gpu_after_load / kGiB, 6.23, 0.623);
   EXPECT_NEAR(qlora.gpu_peak / kGiB, 7.94, 0.794);
@@ -218,6 +232,30 @@ TEST(MemoryPlan, MatchesTheMeasured7BRunsWithin10Percent) {
   const MemoryPrediction b = predict_memory(big);
   EXPECT_NEAR(b.gpu_after_load / kGiB, 46.74, 4.674);
   EXPECT_NEAR(b.gpu_peak / kGiB, 52.62, 5.262);
+}
+
+// The fused LoRA kernels (GPU, 16-bit, dropout) write no dropped copy of x: the plan counts their
+// fp32 partial sums instead (kernels/lora_fused_shape.h), which are smaller; groups they do not
+// take (rank 8 is not a multiple of 16) keep the copies.
+TEST(MemoryPlan, FusedLoraKernelsPlanTheirScratchInsteadOfDroppedCopies) {
+  const GpuLoraKernels saved = gpu_lora_kernels();
+  PlanInput p = llama2_7b(true);
+  p.context_length = 2048;
+  auto temporary = [&](GpuLoraKernels kernels) {
+    set_gpu_lora_kernels(kernels);
+    return activation_bytes(p).op_temporary;
+  };
+  const int64_t fused = temporary(GpuLoraKernels::Fused), separate = temporary(GpuLoraKernels::Separate);
+  EXPECT_LT(fused, separate);
+  // At least the down group's dA partial sums (8192 rows: 8 chunks x 64 x 11008 floats).
+  const int64_t N = p.setting.batch_size * p.context_length;
+  EXPECT_GE(fused, lora_fused::weight_grad_workspace_floats(N, 11008, 64) * 4);
+  p.lora_rank = 8;
+  EXPECT_EQ(temporary(GpuLoraKernels::Fused), temporary(GpuLoraKernels::Separate));
+  p.lora_rank = 64;
+  p.lora_dropout = 0.0;  // no masks: one stacked product either way
+  EXPECT_EQ(temporary(GpuLoraKernels::Fused), temporary(GpuLoraKernels::Separate));
+  set_gpu_lora_kernels(saved);
 }
 
 // The guide tries the kept layers trimmed before it checkpoints: on a GPU between what 7B QLoRA at

@@ -1,0 +1,79 @@
+// The fused LoRA group products on the GPU (kernels/lora_fused.cuh): which groups they take, their
+// scratch, and the launch. ops/lora.cpp derives the mask and holds the CPU reference.
+#include "kernels/lora_fused.cuh"
+
+#include <atomic>
+#include <vector>
+
+#include "ops/cuda/kernel_args.h"
+#include "ops/cuda_ops.h"
+
+namespace fsdpq::cuda_ops {
+namespace {
+
+static_assert(cuda::kLoraFusedMaxAdapters == static_cast<int>(kMaxLoraGroup));
+
+std::atomic<int64_t> runs{0};
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+bool is_16bit(DType d) { return d == DType::BF16 || d == DType::F16; }
+
+// The kernels' description of a group, or nullopt-like (count 0) where they do not take it.
+cuda::LoraFusedGroup fused_group(const TensorView& x, std::span<const LoraSite> sites, const LoraGroupMask& mask,
+                                 std::initializer_list<const TensorView*> also_16bit) {
+  cuda::LoraFusedGroup g;
+  if (gpu_lora_kernels() != GpuLoraKernels::Fused || !is_16bit(x.dtype) || !aligned16(x.data)) return g;
+  for (const TensorView* t : also_16bit)
+    if (t->dtype != x.dtype || !aligned16(t->data)) return g;
+  const int64_t in = x.shape.last();
+  for (size_t i = 0; i < sites.size(); ++i) {
+    const TensorView& A = sites[i].A;
+    if (A.dtype != x.dtype || !aligned16(A.data) || A.shape[0] > cuda::kLoraFusedMaxRank) return cuda::LoraFusedGroup{};
+    g.A[i] = A.data;
+    g.rank[i] = static_cast<int>(A.shape[0]);
+    g.first[i] = g.total_rank;
+    g.mixed_key[i] = mask.mixed_keys[i];
+    g.total_rank += g.rank[i];
+  }
+  g.count = static_cast<int>(sites.size());
+  g.threshold = mask.threshold;
+  g.keep_scale = mask.keep_scale;
+  if (!cuda::lora_fused_supported(ktype("lora", x), in, g)) return cuda::LoraFusedGroup{};
+  return g;
+}
+
+}  // namespace
+
+bool lora_fused_forward(TensorView xa, const TensorView& x, std::span<const LoraSite> sites, const LoraGroupMask& mask) {
+  const cuda::LoraFusedGroup g = fused_group(x, sites, mask, {});
+  if (g.count == 0) return false;
+  const int64_t M = x.shape.rows(), in = x.shape.last();
+  const int64_t floats = lora_fused::down_workspace_floats(M, in, g.total_rank);
+  Tensor workspace = floats > 0 ? Tensor::empty(Shape{floats}, DType::F32, Device::CUDA) : Tensor();
+  cuda::lora_fused_down(xa.data, ktype("lora_forward", xa), x.data, ktype("lora_forward", x), g, M, in,
+                        floats > 0 ? workspace.data<float>() : nullptr, cuda::stream());
+  ++runs;
+  return true;
+}
+
+bool lora_fused_backward_input(TensorView dx, std::span<const TensorView> dAs, const TensorView& dxa,
+                               const TensorView& x, std::span<const LoraSite> sites, const LoraGroupMask& mask) {
+  const cuda::LoraFusedGroup g = fused_group(x, sites, mask, {&dxa});
+  if (g.count == 0) return false;
+  const int64_t M = x.shape.rows(), in = x.shape.last();
+  Tensor workspace =
+      Tensor::empty(Shape{lora_fused::weight_grad_workspace_floats(M, in, g.total_rank)}, DType::F32, Device::CUDA);
+  std::vector<float*> grads;
+  for (const TensorView& dA : dAs) grads.push_back(dA.as<float>());
+  const cuda::KType type = ktype("lora_backward", x);
+  cuda::lora_fused_weight_grad(grads.data(), dxa.data, x.data, type, g, M, in, workspace.data<float>(), cuda::stream());
+  if (dx.data != nullptr)
+    cuda::lora_fused_input_grad(dx.data, ktype("lora_backward", dx), dxa.data, type, g, M, in, cuda::stream());
+  ++runs;
+  return true;
+}
+
+int64_t lora_fused_runs() { return runs.load(); }
+
+}  // namespace fsdpq::cuda_ops

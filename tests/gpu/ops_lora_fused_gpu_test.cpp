@@ -1,0 +1,223 @@
+// The fused LoRA kernels (kernels/lora_fused.cu: dropout applied inside the group's products) on
+// groups they take, against the CPU op and against the GPU's separate path (a dropped copy of x per
+// adapter and cuBLAS products), on random inputs; their determinism; and the fallback for groups
+// they do not take.
+//
+// Tolerances (normalized L2 error, tests/gpu/op_parity.h): the fused and the separate products
+// multiply the same 16-bit operands with fp32 accumulation, in another order: xa (stored 16-bit)
+// and the outputs 2e-2, as GpuOpsLora's bf16 cases; dA, dB fp32 sums of 16-bit products 2e-2; dx
+// adds each adapter's part before one rounding (the separate path rounds after each), 2e-2.
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <string>
+#include <vector>
+
+#include "gpu/op_parity.h"
+#include "ops/cuda_ops.h"
+#include "ops/lora.h"
+
+namespace fsdpq {
+namespace {
+
+using test::expect_close;
+using test::on_gpu;
+using test::random_tensor;
+
+struct GroupCase {
+  int64_t M, in;
+  std::vector<int64_t> ranks, outs;
+  DType dtype, dx_dtype;
+  std::string name() const {
+    std::string r;
+    for (int64_t k : ranks) r += std::to_string(k) + " ";
+    return fmt::format("M {} in {} ranks {}{} dx {}", M, in, r, dtype_name(dtype), dtype_name(dx_dtype));
+  }
+};
+
+// One group's forward and backward on a device; every output on the host.
+struct GroupRun {
+  Tensor xa, dx;
+  std::vector<Tensor> y, dA, dB;
+};
+
+class LoraGroup {
+ public:
+  explicit LoraGroup(const GroupCase& c, float dropout = 0.1f) : c_(c) {
+    x_ = random_tensor(Shape{c.M, c.in}, c.dtype, 1);
+    dx0_ = random_tensor(Shape{c.M, c.in}, c.dx_dtype, 2);
+    for (size_t i = 0; i < c.ranks.size(); ++i) {
+      A_.push_back(random_tensor(Shape{c.ranks[i], c.in}, c.dtype, 10 + i, -0.2f, 0.2f));
+      B_.push_back(random_tensor(Shape{c.outs[i], c.ranks[i]}, c.dtype, 20 + i, -0.2f, 0.2f));
+      y0_.push_back(random_tensor(Shape{c.M, c.outs[i]}, c.dtype, 30 + i));
+      dy_.push_back(random_tensor(Shape{c.M, c.outs[i]}, c.dtype, 40 + i));
+      params_.push_back(LoraParams{16.0f, dropout, /*training=*/true, 0x5eed00ull + i});
+    }
+  }
+
+  // The group's tensors on a device, ready to run.
+  struct Placed {
+    Tensor x, dx, xa;
+    std::vector<Tensor> A, B, y, dy, dA, dB;
+    std::vector<LoraSite> sites;
+    std::vector<LoraSiteGrads> grads;
+    std::vector<TensorView> ys, dys;
+    void step() {
+      lora_forward_group(ys, xa, x, sites);
+      lora_backward_group(dx, grads, dys, x, xa, sites);
+    }
+  };
+
+  Placed place(Device device) const {
+    Placed p;
+    auto to = [&](const Tensor& t) { return copy_to(t, device); };
+    p.x = to(x_);
+    p.dx = to(dx0_);
+    int64_t total = 0;
+    for (size_t i = 0; i < A_.size(); ++i) {
+      p.A.push_back(to(A_[i]));
+      p.B.push_back(to(B_[i]));
+      p.y.push_back(to(y0_[i]));
+      p.dy.push_back(to(dy_[i]));
+      p.dA.push_back(Tensor::zeros(A_[i].shape(), DType::F32, device));
+      p.dB.push_back(Tensor::zeros(B_[i].shape(), DType::F32, device));
+      total += c_.ranks[i];
+    }
+    for (size_t i = 0; i < A_.size(); ++i) {
+      p.sites.push_back(LoraSite{p.A[i], p.B[i], params_[i]});
+      p.grads.push_back(LoraSiteGrads{p.dA[i], p.dB[i]});
+      p.ys.push_back(p.y[i]);
+      p.dys.push_back(p.dy[i]);
+    }
+    p.xa = Tensor::empty(Shape{c_.M, total}, c_.dtype, device);
+    return p;
+  }
+
+  GroupRun run(Device device) const {
+    Placed p = place(device);
+    p.step();
+    GroupRun r{test::on_cpu(p.xa), test::on_cpu(p.dx), {}, {}, {}};
+    for (size_t i = 0; i < p.A.size(); ++i) {
+      r.y.push_back(test::on_cpu(p.y[i]));
+      r.dA.push_back(test::on_cpu(p.dA[i]));
+      r.dB.push_back(test::on_cpu(p.dB[i]));
+    }
+    return r;
+  }
+
+ private:
+  GroupCase c_;
+  Tensor x_, dx0_;
+  std::vector<Tensor> A_, B_, y0_, dy_;
+  std::vector<LoraParams> params_;
+};
+
+void expect_runs_close(const GroupRun& got, const GroupRun& want, const std::string& what) {
+  expect_close(got.xa, want.xa, 2e-2, what + " xa");
+  expect_close(got.dx, want.dx, 2e-2, what + " dx");
+  for (size_t i = 0; i < got.y.size(); ++i) {
+    expect_close(got.y[i], want.y[i], 2e-2, fmt::format("{} y {}", what, i));
+    expect_close(got.dA[i], want.dA[i], 2e-2, fmt::format("{} dA {}", what, i));
+    expect_close(got.dB[i], want.dB[i], 2e-2, fmt::format("{} dB {}", what, i));
+  }
+}
+
+class GpuOpsLoraFused : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    test::use_gpu();
+    saved_ = gpu_lora_kernels();
+  }
+  void TearDown() override { set_gpu_lora_kernels(saved_); }
+
+ private:
+  GpuLoraKernels saved_ = GpuLoraKernels::Fused;
+};
+
+// Groups as a Llama layer has them (q, k, v; gate, up; o; down) at small widths, rows that are and
+// are not multiples of the kernels' 64-row tiles and 1024-row weight-gradient chunks, both 16-bit
+// types and dx in bf16 and fp32.
+TEST_F(GpuOpsLoraFused, MatchesTheCpuAndTheSeparatePath) {
+  const std::vector<GroupCase> cases = {
+      {77, 256, {64, 16, 16}, {256, 64, 64}, DType::BF16, DType::BF16},
+      {1, 128, {16}, {128}, DType::BF16, DType::F32},
+      {1100, 384, {32, 32}, {512, 512}, DType::BF16, DType::BF16},
+      {2100, 512, {64}, {256}, DType::F16, DType::F16},
+      {300, 1024, {128, 64, 64}, {1024, 256, 256}, DType::BF16, DType::F32},
+      {64, 640, {64, 64, 64, 64}, {128, 128, 128, 128}, DType::F16, DType::F32},
+  };
+  for (const GroupCase& c : cases) {
+    SCOPED_TRACE(c.name());
+    const LoraGroup group(c);
+    const GroupRun cpu = group.run(Device::CPU);
+    set_gpu_lora_kernels(GpuLoraKernels::Fused);
+    const int64_t before = cuda_ops::lora_fused_runs();
+    const GroupRun fused = group.run(Device::CUDA);
+    EXPECT_EQ(cuda_ops::lora_fused_runs() - before, 2) << "the forward and the backward on the fused kernels";
+    set_gpu_lora_kernels(GpuLoraKernels::Separate);
+    const GroupRun separate = group.run(Device::CUDA);
+    EXPECT_EQ(cuda_ops::lora_fused_runs() - before, 2) << "the separate path ran a fused kernel";
+    expect_runs_close(fused, cpu, "fused vs cpu");
+    expect_runs_close(fused, separate, "fused vs separate");
+  }
+}
+
+// The same inputs twice: the same bits (fixed split and reduction orders).
+TEST_F(GpuOpsLoraFused, RepeatsBitForBit) {
+  set_gpu_lora_kernels(GpuLoraKernels::Fused);
+  const LoraGroup group({3000, 512, {64, 64, 64}, {512, 128, 128}, DType::BF16, DType::BF16});
+  const GroupRun a = group.run(Device::CUDA), b = group.run(Device::CUDA);
+  EXPECT_EQ(test::values_of(a.xa), test::values_of(b.xa));
+  EXPECT_EQ(test::values_of(a.dx), test::values_of(b.dx));
+  for (size_t i = 0; i < a.dA.size(); ++i) EXPECT_EQ(test::values_of(a.dA[i]), test::values_of(b.dA[i]));
+}
+
+// Groups the kernels do not take run the separate path, and still match the CPU: a rank that is
+// not a multiple of 16, a width that is not a multiple of 128, fp32 operands, and no dropout
+// (one stacked cuBLAS product, no masks at all).
+TEST_F(GpuOpsLoraFused, OtherGroupsTakeTheSeparatePath) {
+  set_gpu_lora_kernels(GpuLoraKernels::Fused);
+  struct Other {
+    GroupCase c;
+    float dropout;
+    double tolerance;
+  };
+  for (const Other& o : {Other{{100, 256, {8, 8}, {64, 64}, DType::BF16, DType::BF16}, 0.1f, 2e-2},
+                         Other{{100, 200, {16}, {64}, DType::BF16, DType::BF16}, 0.1f, 2e-2},
+                         Other{{100, 256, {16}, {64}, DType::F32, DType::F32}, 0.1f, 1e-5},
+                         Other{{100, 256, {16, 16}, {64, 64}, DType::BF16, DType::BF16}, 0.0f, 2e-2}}) {
+    SCOPED_TRACE(o.c.name() + fmt::format(" dropout {}", o.dropout));
+    const LoraGroup group(o.c, o.dropout);
+    const int64_t before = cuda_ops::lora_fused_runs();
+    const GroupRun gpu = group.run(Device::CUDA), cpu = group.run(Device::CPU);
+    EXPECT_EQ(cuda_ops::lora_fused_runs(), before);
+    expect_close(gpu.dx, cpu.dx, o.tolerance, "dx");
+    expect_close(gpu.xa, cpu.xa, o.tolerance, "xa");
+    for (size_t i = 0; i < gpu.dA.size(); ++i) expect_close(gpu.dA[i], cpu.dA[i], o.tolerance, "dA");
+  }
+}
+
+// Llama-2-7B's groups at ctx 2048 bs 4 (8192 rows), r 64, dropout 0.1: the whole group forward +
+// backward, fused against separate (FSDPQ_GPU_PERF=1 prints; never a pass/fail condition).
+TEST_F(GpuOpsLoraFused, Perf) {
+  if (!test::perf_mode()) GTEST_SKIP() << "FSDPQ_GPU_PERF=1 prints the timings";
+  const int64_t M = 8192;
+  const std::vector<std::pair<std::string, GroupCase>> groups = {
+      {"q,k,v", {M, 4096, {64, 64, 64}, {4096, 4096, 4096}, DType::BF16, DType::BF16}},
+      {"gate,up", {M, 4096, {64, 64}, {11008, 11008}, DType::BF16, DType::BF16}},
+      {"o", {M, 4096, {64}, {4096}, DType::BF16, DType::BF16}},
+      {"down", {M, 11008, {64}, {4096}, DType::BF16, DType::BF16}}};
+  for (const auto& [name, c] : groups) {
+    LoraGroup::Placed placed = LoraGroup(c).place(Device::CUDA);
+    for (GpuLoraKernels k : {GpuLoraKernels::Separate, GpuLoraKernels::Fused}) {
+      set_gpu_lora_kernels(k);
+      test::report_perf(fmt::format("lora group {} {} M {} (forward + backward)", name,
+                                    k == GpuLoraKernels::Fused ? "fused" : "separate", M),
+                        0, 0, [&] { placed.step(); });
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fsdpq
