@@ -82,6 +82,32 @@ GpuResults run_on_gpu(const Case& c, DType in, DType grad, const Tensor& q, cons
   return {test::on_cpu(out), test::on_cpu(lse), test::on_cpu(dq), test::on_cpu(dk), test::on_cpu(dv)};
 }
 
+// One case on the current route against the CPU reference (whose gradients are fp32): random q,
+// k, v, dout and segments drawn from `seed`; `out_tolerance` for the output, `grad_tolerance` for
+// the gradients. With one-token examples dq and dk are zero up to rounding noise.
+void expect_case_matches_the_cpu(const Case& c, DType in, DType grad, uint32_t seed, const std::string& what,
+                                 double out_tolerance, double grad_tolerance) {
+  const Shape qs{c.B, c.T, c.H, c.D}, ks{c.B, c.T, c.KV, c.D};
+  Tensor q = random_tensor(qs, in, seed, -2.0f, 2.0f), k = random_tensor(ks, in, seed + 1, -2.0f, 2.0f);
+  Tensor v = random_tensor(ks, in, seed + 2), dout = random_tensor(qs, in, seed + 3);
+  const Tensor starts = random_segment_starts(c.B, c.T, c.max_len, seed + 4);
+  Tensor out = Tensor::empty(qs, in), lse = Tensor::empty(Shape{c.B, c.H, c.T}, DType::F32);
+  Tensor dq = Tensor::empty(qs, DType::F32), dk = Tensor::empty(ks, DType::F32), dv = Tensor::empty(ks, DType::F32);
+  attention_forward(out, lse, q, k, v, starts);
+  attention_backward(dq, dk, dv, dout, q, k, v, out, lse, starts);
+  const GpuResults g = run_on_gpu(c, in, grad, q, k, v, dout, starts);
+  expect_close(g.out, out, out_tolerance, what + " out");
+  expect_close(g.lse, lse, 1e-5, what + " lse");
+  if (c.max_len == 1) {
+    EXPECT_LE(test::max_abs_diff(test::values_of(g.dq), test::values_of(dq)), 1e-5) << what << " dq";
+    EXPECT_LE(test::max_abs_diff(test::values_of(g.dk), test::values_of(dk)), 1e-5) << what << " dk";
+  } else {
+    expect_close(g.dq, dq, grad_tolerance, what + " dq");
+    expect_close(g.dk, dk, grad_tolerance, what + " dk");
+  }
+  expect_close(g.dv, dv, grad_tolerance, what + " dv");
+}
+
 class GpuOpsAttentionSegments : public ::testing::Test {
  protected:
   void SetUp() override { saved_ = gpu_attention_kernels(); }
@@ -101,26 +127,8 @@ TEST_F(GpuOpsAttentionSegments, SimtKernelsMatchTheCpu) {
                         Case{1, 300, 4, 4, 256, 100}, Case{2, 130, 2, 1, 80, 1}, Case{1, 129, 4, 1, 64, 129}})
     for (const auto& [in, grad] : {std::pair{DType::F32, DType::F32}, {DType::BF16, DType::F32}}) {
       const std::string what = c.name() + " " + std::string(dtype_name(in));
-      const Shape qs{c.B, c.T, c.H, c.D}, ks{c.B, c.T, c.KV, c.D};
-      Tensor q = random_tensor(qs, in, seed, -2.0f, 2.0f), k = random_tensor(ks, in, seed + 1, -2.0f, 2.0f);
-      Tensor v = random_tensor(ks, in, seed + 2), dout = random_tensor(qs, in, seed + 3);
-      const Tensor starts = random_segment_starts(c.B, c.T, c.max_len, seed + 4);
+      expect_case_matches_the_cpu(c, in, grad, seed, what, tolerance_for(in, 1e-5), 1e-4);
       seed += 10;
-      Tensor out = Tensor::empty(qs, in), lse = Tensor::empty(Shape{c.B, c.H, c.T}, DType::F32);
-      Tensor dq = Tensor::empty(qs, grad), dk = Tensor::empty(ks, grad), dv = Tensor::empty(ks, grad);
-      attention_forward(out, lse, q, k, v, starts);
-      attention_backward(dq, dk, dv, dout, q, k, v, out, lse, starts);
-      const GpuResults g = run_on_gpu(c, in, grad, q, k, v, dout, starts);
-      expect_close(g.out, out, tolerance_for(in, 1e-5), what + " out");
-      expect_close(g.lse, lse, 1e-5, what + " lse");
-      if (c.max_len == 1) {  // one key per query: dq = dk = 0 up to rounding noise
-        EXPECT_LE(test::max_abs_diff(test::values_of(g.dq), test::values_of(dq)), 1e-5) << what << " dq";
-        EXPECT_LE(test::max_abs_diff(test::values_of(g.dk), test::values_of(dk)), 1e-5) << what << " dk";
-      } else {
-        expect_close(g.dq, dq, 1e-4, what + " dq");
-        expect_close(g.dk, dk, 1e-4, what + " dk");
-      }
-      expect_close(g.dv, dv, 1e-4, what + " dv");
     }
 }
 
@@ -135,26 +143,8 @@ void expect_route_matches_the_cpu(GpuAttentionKernels route, const std::string& 
     for (const auto& [in, grad] : {std::pair{DType::BF16, DType::F32}, {DType::F16, DType::F16}, {DType::BF16, DType::BF16}}) {
       const std::string what = route_name + " " + c.name() + " " + std::string(dtype_name(in)) + " grads " +
                                std::string(dtype_name(grad));
-      const Shape qs{c.B, c.T, c.H, c.D}, ks{c.B, c.T, c.KV, c.D};
-      Tensor q = random_tensor(qs, in, seed, -2.0f, 2.0f), k = random_tensor(ks, in, seed + 1, -2.0f, 2.0f);
-      Tensor v = random_tensor(ks, in, seed + 2), dout = random_tensor(qs, in, seed + 3);
-      const Tensor starts = random_segment_starts(c.B, c.T, c.max_len, seed + 4);
+      expect_case_matches_the_cpu(c, in, grad, seed, what, 1e-2, 2e-2);
       seed += 10;
-      Tensor out = Tensor::empty(qs, in), lse = Tensor::empty(Shape{c.B, c.H, c.T}, DType::F32);
-      Tensor dq = Tensor::empty(qs, DType::F32), dk = Tensor::empty(ks, DType::F32), dv = Tensor::empty(ks, DType::F32);
-      attention_forward(out, lse, q, k, v, starts);
-      attention_backward(dq, dk, dv, dout, q, k, v, out, lse, starts);
-      const GpuResults g = run_on_gpu(c, in, grad, q, k, v, dout, starts);
-      expect_close(g.out, out, 1e-2, what + " out");
-      expect_close(g.lse, lse, 1e-5, what + " lse");
-      if (c.max_len == 1) {  // one key per query: dq = dk = 0 up to rounding noise
-        EXPECT_LE(test::max_abs_diff(test::values_of(g.dq), test::values_of(dq)), 1e-5) << what << " dq";
-        EXPECT_LE(test::max_abs_diff(test::values_of(g.dk), test::values_of(dk)), 1e-5) << what << " dk";
-      } else {
-        expect_close(g.dq, dq, 2e-2, what + " dq");
-        expect_close(g.dk, dk, 2e-2, what + " dk");
-      }
-      expect_close(g.dv, dv, 2e-2, what + " dv");
     }
 }
 

@@ -251,6 +251,22 @@ std::map<int64_t, double> losses_by_step(const fs::path& out) {
   return l;
 }
 
+// 8 steps' losses and the saved weights of the run in `got_dir` against `want_dir`'s: bit for bit,
+// or within the tolerances of another summation order (another world size).
+void expect_same_losses(const fs::path& got_dir, const fs::path& want_dir, bool bit_identical) {
+  const auto want = losses_by_step(want_dir), got = losses_by_step(got_dir);
+  ASSERT_EQ(want.size(), 8u);
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [step, loss] : want) {
+    if (bit_identical)
+      EXPECT_EQ(got.at(step), loss) << "step " << step;
+    else
+      EXPECT_NEAR(got.at(step), loss, 1e-5 * loss) << "step " << step;
+  }
+  const double d = max_relative_difference(saved_weights(got_dir), saved_weights(want_dir));
+  EXPECT_LE(d, bit_identical ? 0.0 : 2.0 / 128.0);
+}
+
 class Checkpoints : public FsdpTrain {
  protected:
   // 8 steps of 4 examples, a checkpoint every 2 steps.
@@ -287,20 +303,7 @@ class Checkpoints : public FsdpTrain {
   // the tolerances of another summation order (another world size).
   static void expect_same_as_reference(const std::string& out, bool bit_identical,
                                        const std::string& reference = "ck_ref") {
-    const auto want = losses_by_step(dir_ / reference), got = losses_by_step(dir_ / out);
-    ASSERT_EQ(want.size(), 8u);
-    ASSERT_EQ(got.size(), want.size());
-    for (const auto& [step, loss] : want) {
-      if (bit_identical)
-        EXPECT_EQ(got.at(step), loss) << "step " << step;
-      else
-        EXPECT_NEAR(got.at(step), loss, 1e-5 * loss) << "step " << step;
-    }
-    const double d = max_relative_difference(saved_weights(dir_ / out), saved_weights(dir_ / reference));
-    if (bit_identical)
-      EXPECT_EQ(d, 0.0);
-    else
-      EXPECT_LE(d, 2.0 / 128.0);
+    expect_same_losses(dir_ / out, dir_ / reference, bit_identical);
   }
   // A 2-rank run of `overrides` killed (SIGKILL on rank 1) after step 5, which leaves the step-4
   // checkpoint the latest, then resumed on `resume_ranks` ranks; `resumed` gets that run's result.
@@ -454,19 +457,6 @@ TEST_F(Checkpoints, ResumesAtOtherWorldSizesWithTheSameGlobalBatch) {
 // 4 rows of up to 256 tokens per step (about three demo examples a row), a checkpoint every 2 steps.
 const std::string kPacked = " --packing true --context_length 256";
 
-void expect_same_losses(const fs::path& got_dir, const fs::path& want_dir, bool bit_identical) {
-  const auto want = losses_by_step(want_dir), got = losses_by_step(got_dir);
-  ASSERT_EQ(want.size(), 8u);
-  ASSERT_EQ(got.size(), want.size());
-  for (const auto& [step, loss] : want) {
-    if (bit_identical)
-      EXPECT_EQ(got.at(step), loss) << "step " << step;
-    else
-      EXPECT_NEAR(got.at(step), loss, 1e-5 * loss) << "step " << step;
-  }
-  const double d = max_relative_difference(saved_weights(got_dir), saved_weights(want_dir));
-  EXPECT_LE(d, bit_identical ? 0.0 : 2.0 / 128.0);
-}
 
 // The same rows per step at 1, 2 and 4 ranks (dealt by tokens, one row per micro-batch): the same
 // objective, as the unpacked Equivalence test argues; and the metrics report the real tokens.
