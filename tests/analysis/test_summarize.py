@@ -26,6 +26,17 @@ def records(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
+def edited_copy(tmp_path, name, edit):
+    """The 2-rank tiny QLoRA run's metrics.jsonl copied to tmp_path/name/, each record through
+    edit(record) (it returns the record to keep, or None to drop it)."""
+    source = os.path.join(RUNS, "cpu_tiny", "qlora_bs1_ctx256_np2", "metrics.jsonl")
+    target = tmp_path / name / "metrics.jsonl"
+    target.parent.mkdir()
+    kept = [r for r in map(edit, records(source)) if r is not None]
+    target.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    return target
+
+
 def tables(markdown):
     """{section title: [ {column: cell} ]} of the report's Markdown tables."""
     out, title, columns = {}, None, None
@@ -117,15 +128,11 @@ def test_step_time_breakdown_subtracts_the_disjoint_phases():
 
 def test_older_step_records_without_phase_seconds(tmp_path):
     # Today's first format: only gather_wait_seconds / reduce_seconds; optimizer and offload unknown.
-    source = os.path.join(RUNS, "cpu_tiny", "qlora_bs1_ctx256_np2", "metrics.jsonl")
-    target = tmp_path / "old" / "metrics.jsonl"
-    target.parent.mkdir()
-    lines = []
-    for r in records(source):
+    def without_phases(r):
         r.pop("phase_seconds", None)
-        if r["type"] != "memory":
-            lines.append(json.dumps(r))
-    target.write_text("\n".join(lines) + "\n")
+        return None if r["type"] == "memory" else r
+
+    target = edited_copy(tmp_path, "old", without_phases)
     result = run_script("summarize.py", target.parent)
     assert result.returncode == 0, result.stderr
     row = tables(result.stdout)["Step time"][0]
@@ -349,15 +356,12 @@ def test_header_with_bad_values_is_one_line_not_a_traceback(tmp_path, edit, word
 def test_throughput_counts_real_tokens_not_padding(tmp_path):
     # A run whose records give real_tokens (every run since packing, docs/packing.md): the table's
     # Tokens/s is their rate, not that of the padded slots.
-    source = os.path.join(RUNS, "cpu_tiny", "qlora_bs1_ctx256_np2", "metrics.jsonl")
-    target = tmp_path / "padded" / "metrics.jsonl"
-    target.parent.mkdir()
-    lines = []
-    for r in records(source):
+    def a_third_real(r):
         if r["type"] == "step":
             r["real_tokens"] = r["tokens"] // 3
-        lines.append(json.dumps(r))
-    target.write_text("\n".join(lines) + "\n")
+        return r
+
+    target = edited_copy(tmp_path, "padded", a_third_real)
     result = run_script("summarize.py", target.parent)
     assert result.returncode == 0, result.stderr
     row = tables(result.stdout)["Throughput"][0]
