@@ -54,26 +54,35 @@ __global__ void apply_kernel(const DropoutOutputs outs_param, const T* in, int64
   }
 }
 
-template <class T, bool Vector>
-__global__ void accumulate_kernel(T* dx, const float* g, int64_t n, uint64_t key, uint32_t threshold,
+template <class T, class G, bool Vector>
+__global__ void accumulate_kernel(T* dx, const DropoutGradients gs_param, int64_t n, uint32_t threshold,
                                   float keep_scale) {
+  __shared__ DropoutGradients gs;  // indexed by gradient at run time (see apply_kernel)
+  if (threadIdx.x == 0) gs = gs_param;
+  __syncthreads();
   const int64_t quads = (n + 3) / 4;
   for (int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; q < quads;
        q += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t base = q * 4;
-    const uint64_t word = keep_word(key, q);
     if (Vector && base + 4 <= n) {
       Quad<T> d = reinterpret_cast<Quad<T>*>(dx)[q];
-      const float4 gq = reinterpret_cast<const float4*>(g)[q];
-      const float gv[4] = {gq.x, gq.y, gq.z, gq.w};
+      for (int j = 0; j < gs.count; ++j) {
+        const Quad<G> g = reinterpret_cast<const Quad<G>*>(gs.g[j])[q];
+        const uint64_t word = keep_word(gs.mixed_key[j], q);
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        if (keeps_lane(word, e, threshold)) d.v[e] = from_float<T>(to_float(d.v[e]) + keep_scale * gv[e]);
+        for (int e = 0; e < 4; ++e)
+          if (keeps_lane(word, e, threshold)) d.v[e] = from_float<T>(to_float(d.v[e]) + keep_scale * to_float(g.v[e]));
+      }
       reinterpret_cast<Quad<T>*>(dx)[q] = d;
       continue;
     }
-    for (int e = 0; e < 4 && base + e < n; ++e)
-      if (keeps_lane(word, e, threshold)) dx[base + e] = from_float<T>(to_float(dx[base + e]) + keep_scale * g[base + e]);
+    for (int e = 0; e < 4 && base + e < n; ++e) {
+      T d = dx[base + e];
+      for (int j = 0; j < gs.count; ++j)
+        if (keeps_lane(keep_word(gs.mixed_key[j], q), e, threshold))
+          d = from_float<T>(to_float(d) + keep_scale * to_float(static_cast<const G*>(gs.g[j])[base + e]));
+      dx[base + e] = d;
+    }
   }
 }
 
@@ -92,14 +101,18 @@ void lora_dropout_apply(KType type, const DropoutOutputs& outs, const void* in, 
   check_launch("lora_dropout_apply");
 }
 
-void lora_dropout_accumulate(KType type, void* dx, const float* g, int64_t n, uint64_t mixed_key,
+void lora_dropout_accumulate(KType type, void* dx, KType g_type, const DropoutGradients& gs, int64_t n,
                              uint32_t threshold, float keep_scale, cudaStream_t stream) {
-  if (n == 0) return;
-  with_ktype(type, [&](auto tag) {
-    using T = decltype(tag);
-    const bool aligned = quad_aligned<T>(dx) && quad_aligned<float>(g);
-    const auto kernel = aligned ? accumulate_kernel<T, true> : accumulate_kernel<T, false>;
-    kernel<<<blocks_for((n + 3) / 4), 256, 0, stream>>>(static_cast<T*>(dx), g, n, mixed_key, threshold, keep_scale);
+  if (n == 0 || gs.count == 0) return;
+  with_ktype(type, [&](auto dx_tag) {
+    using T = decltype(dx_tag);
+    with_ktype(g_type, [&](auto g_tag) {
+      using G = decltype(g_tag);
+      bool aligned = quad_aligned<T>(dx);
+      for (int j = 0; j < gs.count; ++j) aligned = aligned && quad_aligned<G>(gs.g[j]);
+      const auto kernel = aligned ? accumulate_kernel<T, G, true> : accumulate_kernel<T, G, false>;
+      kernel<<<blocks_for((n + 3) / 4), 256, 0, stream>>>(static_cast<T*>(dx), gs, n, threshold, keep_scale);
+    });
   });
   check_launch("lora_dropout_accumulate");
 }

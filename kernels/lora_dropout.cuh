@@ -17,8 +17,16 @@ struct DropoutOutputs {
 // outs.out[j][i] = keep_j(i) ? in[i] * keep_scale : 0, all of storage `type`; `in` is read once.
 void lora_dropout_apply(KType type, const DropoutOutputs& outs, const void* in, int64_t n, uint32_t threshold,
                         float keep_scale, cudaStream_t stream);
-// dx[i] = keep(i) ? dx[i] + keep_scale * g[i] : dx[i]; dx of storage `type`, g fp32.
-void lora_dropout_accumulate(KType type, void* dx, const float* g, int64_t n, uint64_t mixed_key,
+// The gradients at a group's dropped copies, each with its adapter's key, all of one storage type.
+struct DropoutGradients {
+  int count = 0;
+  const void* g[kMaxDropoutOutputs] = {};
+  uint64_t mixed_key[kMaxDropoutOutputs] = {};
+};
+// For j = 0, 1, ... in turn: dx[i] = keep_j(i) ? dx[i] + keep_scale * g_j[i] : dx[i], rounded to dx's
+// storage `type` after each j (as that many single accumulations would); g of storage `g_type`.
+// dx is read and written once.
+void lora_dropout_accumulate(KType type, void* dx, KType g_type, const DropoutGradients& gs, int64_t n,
                              uint32_t threshold, float keep_scale, cudaStream_t stream);
 
 }  // namespace fsdpq::cuda

@@ -60,11 +60,12 @@ CrossEntropyResult cross_entropy_forward_backward(const TensorView& logits, cons
                                                   int64_t T, TensorView dlogits, float grad_scale);
 
 // lora.h's dropout (the mask of kernels/lora_dropout_mask.h): outs[i] = x · keep_i / (1 - p) for
-// the mixed key mixed_keys[i], in x's dtype; and dx += keep / (1 - p) ⊙ g (g F32, dx's shape).
+// the mixed key mixed_keys[i], in x's dtype; and dx += keep_j / (1 - p) ⊙ g_j for each j in turn
+// (every g_j of dx's shape and of one float dtype, rounded to dx's after each j).
 void lora_dropout_apply(std::span<const TensorView> outs, const TensorView& x, std::span<const uint64_t> mixed_keys,
                         uint32_t threshold, float keep_scale);
-void lora_dropout_accumulate(TensorView dx, const TensorView& g, uint64_t mixed_key, uint32_t threshold,
-                             float keep_scale);
+void lora_dropout_accumulate(TensorView dx, std::span<const TensorView> gs, std::span<const uint64_t> mixed_keys,
+                             uint32_t threshold, float keep_scale);
 
 // lora.h's fused group products (kernels/lora_fused.cuh) for a group whose dropout is active, with
 // the group's mask: xa = [dropout_i(x) · A_iᵀ]_i; and dA_i += dxa_iᵀ · dropout_i(x), dx (+)= the

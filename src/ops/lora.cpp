@@ -196,23 +196,36 @@ MatrixView columns_of(const TensorView& xa, const GroupDims& g, size_t i) {
   return MatrixView(xa, g.first_column[i], g.site[i].rank);
 }
 
-// dx += mask / (1 - p) ⊙ g, with the mask of `params`' key.
-void accumulate_dropped(TensorView dx, const TensorView& g_view, const LoraParams& params) {
+// For each adapter j of the mask in turn: dx += mask_j / (1 - p) ⊙ g_j, rounded to dx's dtype after
+// each (every g_j of one float dtype, dx's size). One pass over dx.
+void accumulate_dropped(TensorView dx, std::span<const TensorView> gs, const GroupMask& mask) {
   constexpr const char* op = "lora_backward";
-  const uint64_t mixed_key = mix64(params.dropout_key);
-  const uint32_t threshold = drop_threshold(params.dropout);
-  const float keep_scale = 1.0f / (1.0f - params.dropout);
-  const float* g = g_view.as<const float>();
+  check_that(gs.size() == mask.count, "{}: {} gradients for {} masks", op, gs.size(), mask.count);
+  for (const TensorView& g : gs) {
+    check_float(op, "g", g);
+    check_that(g.dtype == gs[0].dtype && g.numel() == dx.numel(), "{}: g {} must be {} elements of {}", op,
+               g.describe(), dx.numel(), dtype_name(gs[0].dtype));
+    runs_on_cuda(op, {dx, g});
+  }
+  const uint32_t threshold = mask.threshold;
+  const float keep_scale = mask.keep_scale;
   const int64_t n = dx.numel();
-  if (runs_on_cuda(op, {dx, g_view}))
-    if constexpr (kWithCuda) return cuda_ops::lora_dropout_accumulate(dx, g_view, mixed_key, threshold, keep_scale);
-  with_storage(dx.dtype, op, [&](auto tag) {
-    using S = decltype(tag);
-    S* out = dx.as<S>();
-    for_each_quad(n, [&](int64_t q, int64_t begin, int64_t end) {
-      const uint64_t word = keep_word(mixed_key, q);
-      for (int64_t e = begin; e < end; ++e)
-        if (keeps_lane(word, static_cast<int>(e - begin), threshold)) out[e] = from_f32<S>(to_f32(out[e]) + keep_scale * g[e]);
+  if (runs_on_cuda(op, {dx, gs[0]}))
+    if constexpr (kWithCuda) return cuda_ops::lora_dropout_accumulate(dx, gs, mask.mixed_keys(), threshold, keep_scale);
+  with_storage(dx.dtype, op, [&](auto dx_tag) {
+    using S = decltype(dx_tag);
+    with_storage(gs[0].dtype, op, [&](auto g_tag) {
+      using G = decltype(g_tag);
+      S* out = dx.as<S>();
+      for_each_quad(n, [&](int64_t q, int64_t begin, int64_t end) {
+        for (size_t j = 0; j < gs.size(); ++j) {
+          const G* g = gs[j].as<const G>();
+          const uint64_t word = keep_word(mask.keys[j], q);
+          for (int64_t e = begin; e < end; ++e)
+            if (keeps_lane(word, static_cast<int>(e - begin), threshold))
+              out[e] = from_f32<S>(to_f32(out[e]) + keep_scale * to_f32(g[e]));
+        }
+      });
     });
   });
 }
@@ -247,7 +260,8 @@ void lora_dropout_backward(TensorView dx, const TensorView& g, const LoraParams&
   check_that(g.numel() == dx.numel(), "{}: g {} and dx {} differ in size", op, g.describe(), dx.describe());
   runs_on_cuda(op, {dx, g});
   if (!dropout_active(params)) return add_scaled(dx, g, 1.0f);
-  accumulate_dropped(dx, g, params);
+  const LoraSite site{TensorView{}, TensorView{}, params};
+  accumulate_dropped(dx, std::span(&g, 1), GroupMask(std::span(&site, 1)));
 }
 
 void lora_forward_group(std::span<const TensorView> ys, TensorView xa, const TensorView& x,
@@ -348,16 +362,21 @@ void lora_backward_input(TensorView dx, std::span<const TensorView> dAs, const T
       linear_backward_weight(dAs[i], columns_of(dxa, g, i), inputs.views[i], /*accumulate=*/true);
   }
   if (dx.data == nullptr) return;
-  for (size_t i = 0; i < sites.size(); ++i) {
-    if (!dropout_active(sites[i].params)) {
+  if (!dropout_active(sites[0].params)) {
+    for (size_t i = 0; i < sites.size(); ++i)
       linear_backward_input(dx, columns_of(dxa, g, i), sites[i].A, /*accumulate=*/true);
-      continue;
-    }
-    // dx += mask / (1 - p) ⊙ (d(xa) · A)
-    Tensor dx_dropped = Tensor::empty(Shape{rows, in}, DType::F32, x.device);
-    linear_backward_input(dx_dropped, columns_of(dxa, g, i), sites[i].A);
-    accumulate_dropped(dx, dx_dropped, sites[i].params);
+    return;
   }
+  // dx += mask_i / (1 - p) ⊙ (d(xa)_i · A_i) for every adapter: each product in x's dtype (as PEFT's
+  // autograd rounds it), then one pass over dx for the whole group.
+  std::vector<Tensor> products;
+  std::vector<TensorView> views;
+  for (size_t i = 0; i < sites.size(); ++i) {
+    products.push_back(Tensor::empty(Shape{rows, in}, x.dtype, x.device));
+    views.push_back(products.back().view());
+    linear_backward_input(views.back(), columns_of(dxa, g, i), sites[i].A);
+  }
+  accumulate_dropped(dx, views, GroupMask(sites));
 }
 
 void lora_backward_group(TensorView dx, std::span<const LoraSiteGrads> grads, std::span<const TensorView> dys,

@@ -155,8 +155,8 @@ struct OpTemporaries {
 // input (one pass writes them all); without, the stacked A. Backward: the group's d(xa) (fp32
 // [N, Σr]) throughout, with each module's dy cast to the compute dtype in turn (GPU, where the
 // activation gradients are fp32: fp16), then for
-// the dA and dx GEMMs d(xa) rounded (GPU) beside the dropped copies, or beside one dx_dropped
-// (fp32 [N, in]) at a time, or beside the stacked A and dA. A group the fused LoRA kernels take
+// the dA and dx GEMMs d(xa) rounded (GPU) beside the dropped copies, then beside every adapter's
+// masked product d(xa)_i · A_i (x's dtype, as many bytes as the copies), or beside the stacked A and dA. A group the fused LoRA kernels take
 // (GPU, 16-bit, dropout: ops/lora.h) writes no dropped copy: only their fp32 partial sums
 // (kernels/lora_fused_shape.h), the forward's split-K ones and the backward's per-chunk dA.
 OpTemporaries lora_temporaries(const PlanInput& p, const std::vector<Linear>& lin, int64_t N) {
@@ -188,7 +188,7 @@ OpTemporaries lora_temporaries(const PlanInput& p, const std::vector<Linear>& li
                                               : stacked);
     const int64_t dxa = R(N * rank * kF32), dxa_cast = cast ? R(N * rank * a) : 0;
     const int64_t input_phase = fused     ? R(lora_fused::weight_grad_workspace_floats(N, in, rank) * kF32)
-                                : dropout ? std::max(dropped_copies, R(N * in * kF32))
+                                : dropout ? dropped_copies
                                           : stacked + (adapters > 1 ? R(rank * in * kF32) : 0);
     t.backward = std::max(t.backward, dxa + std::max(dy_cast, dxa_cast + input_phase));
   }
@@ -199,7 +199,7 @@ OpTemporaries lora_temporaries(const PlanInput& p, const std::vector<Linear>& li
 // as a group of one), the largest over the adapted modules. Forward: the weight norm's fp32 block
 // of rows (at most kDoraNormChunkBytes) and then g, the dropped input copy (dropout: DoRA's and
 // LoRA's own). Backward: g and dy ⊙ g, then with dropout (g − 1) ⊙ dy and the fp32 gradient at the
-// dropped input, or LoRA's d(xa) (fp32, rounded on the GPU) beside its dropped copy or dx_dropped.
+// dropped input, or LoRA's d(xa) (fp32, rounded on the GPU) beside its dropped copy or its product.
 OpTemporaries dora_temporaries(const PlanInput& p, const std::vector<Linear>& lin, int64_t N) {
   const bool gpu = p.on_gpu, dropout = p.lora_dropout > 0;
   const int64_t a = static_cast<int64_t>(dtype_size(p.activation));
@@ -214,7 +214,7 @@ OpTemporaries dora_temporaries(const PlanInput& p, const std::vector<Linear>& li
     const int64_t dy_g = R(N * l.out * g);
     const int64_t base_dropped = dropout ? R(N * l.out * g) + R(N * l.in * kF32) : 0;
     const int64_t dxa = R(N * l.rank * kF32) + (gpu && p.activation != DType::F32 ? R(N * l.rank * a) : 0);
-    const int64_t lora = dxa + (dropout ? std::max(R(N * l.in * a), R(N * l.in * kF32)) : 0);
+    const int64_t lora = dxa + (dropout ? R(N * l.in * a) : 0);
     t.backward = std::max(t.backward, scale + dy_g + std::max(base_dropped, lora));
   }
   return t;
