@@ -102,7 +102,44 @@ __device__ __forceinline__ void load_dropped_x(T* xm_s, const T* x, const LoraFu
 
 // ---- down: xa = [dropout_i(x) · A_iᵀ]_i. Block (row tile, split of in); warp w owns rows 16w..
 // and every xa column (SLABS · 64 of them, 8 per tile); the split's partial sums go to `partial`
-// (or straight to xa with one split).
+// (or straight to xa with one split). The raw x tile and the A tile of step k + 1 are copied
+// asynchronously into the other half of a two-stage ring while step k is masked and multiplied:
+// the loads overlap the products (at 3 blocks an SM nothing else hid their latency).
+template <class T>
+__device__ __forceinline__ void stage_down_tiles(T* raw_s, T* a_s, const T* x, const LoraFusedGroup& g, int64_t m0,
+                                                 int64_t M, int64_t k0, int64_t in) {
+  constexpr int kChunks = kTileK / 8;
+  for (int idx = threadIdx.x; idx < kRows * kChunks; idx += kThreads) {
+    const int r = idx / kChunks, c = (idx - r * kChunks) * 8;
+    const int64_t row = m0 + r;
+    const bool inside = row < M;
+    cp_async16(raw_s + r * kLdTileK + c, x + (inside ? row : 0) * in + k0 + c, inside ? 16 : 0);
+  }
+  for (int i = 0; i < g.count; ++i) {
+    const T* A = static_cast<const T*>(g.A[i]);
+    for (int idx = threadIdx.x; idx < g.rank[i] * kChunks; idx += kThreads) {
+      const int r = idx / kChunks, c = (idx - r * kChunks) * 8;
+      cp_async16(a_s + (g.first[i] + r) * kLdTileK + c, A + r * in + k0 + c, 16);
+    }
+  }
+  cp_async_commit();
+}
+
+// The staged raw x tile masked once per adapter into xm_s[i] (rows past M stay zero: their raw
+// rows were zero-filled and a masked zero is zero).
+template <class T>
+__device__ __forceinline__ void mask_staged_x(T* xm_s, const T* raw_s, const LoraFusedGroup& g, int64_t m0,
+                                              int64_t k0, int64_t in) {
+  constexpr int kChunks = kTileK / 8;
+  for (int idx = threadIdx.x; idx < kRows * kChunks; idx += kThreads) {
+    const int r = idx / kChunks, c = (idx - r * kChunks) * 8;
+    const uint4 raw = *reinterpret_cast<const uint4*>(raw_s + r * kLdTileK + c);
+    const int64_t e = (m0 + r) * in + k0 + c;
+    for (int i = 0; i < g.count; ++i)
+      *reinterpret_cast<uint4*>(xm_s + (i * kRows + r) * kLdTileK + c) = dropped8<T>(raw, e, g.mixed_key[i], g);
+  }
+}
+
 template <class T, class XA, int SLABS>
 __global__ void __launch_bounds__(kThreads) down_kernel(XA* xa, float* partial, const T* x, const LoraFusedGroup param,
                                                         int64_t M, int64_t in, int64_t k_per_split) {
@@ -110,8 +147,10 @@ __global__ void __launch_bounds__(kThreads) down_kernel(XA* xa, float* partial, 
   __shared__ LoraFusedGroup g;
   share_group(g, param);
   extern __shared__ uint4 smem_raw[];
-  T* xm_s = reinterpret_cast<T*>(smem_raw);        // [count][kRows][kLdTileK]
-  T* a_s = xm_s + g.count * kRows * kLdTileK;      // [Σ rank][kLdTileK]: every adapter's A, stacked
+  T* xm_s = reinterpret_cast<T*>(smem_raw);                 // [count][kRows][kLdTileK]: masked x
+  T* raw_s = xm_s + g.count * kRows * kLdTileK;             // [2][kRows][kLdTileK]: the ring's raw x
+  T* a_ring = raw_s + 2 * kRows * kLdTileK;                 // [2][Σ rank][kLdTileK]: the ring's A
+  const int a_stage = g.total_rank * kLdTileK;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t4 = lane & 3;
   const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kRows;
   const int64_t k_begin = static_cast<int64_t>(blockIdx.y) * k_per_split;
@@ -120,18 +159,17 @@ __global__ void __launch_bounds__(kThreads) down_kernel(XA* xa, float* partial, 
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 
-  for (int64_t k0 = k_begin; k0 < k_end; k0 += kTileK) {
-    __syncthreads();  // the previous tiles are no longer read
-    load_dropped_x(xm_s, x, g, m0, M, k0, in);
-    for (int i = 0; i < g.count; ++i) {
-      const T* A = static_cast<const T*>(g.A[i]);
-      for (int idx = threadIdx.x; idx < g.rank[i] * (kTileK / 8); idx += kThreads) {
-        const int r = idx / (kTileK / 8), c = (idx - r * (kTileK / 8)) * 8;
-        *reinterpret_cast<uint4*>(a_s + (g.first[i] + r) * kLdTileK + c) =
-            *reinterpret_cast<const uint4*>(A + r * in + k0 + c);
-      }
-    }
+  if (k_begin < k_end) stage_down_tiles(raw_s, a_ring, x, g, m0, M, k_begin, in);
+  int stage = 0;
+  for (int64_t k0 = k_begin; k0 < k_end; k0 += kTileK, stage ^= 1) {
+    cp_async_wait<0>();  // this step's tiles have landed (this thread's copies) ...
+    __syncthreads();     // ... everyone's, and the previous step's products are done
+    if (k0 + kTileK < k_end)
+      stage_down_tiles(raw_s + (stage ^ 1) * kRows * kLdTileK, a_ring + (stage ^ 1) * a_stage, x, g, m0, M,
+                       k0 + kTileK, in);
+    mask_staged_x(xm_s, raw_s + stage * kRows * kLdTileK, g, m0, k0, in);
     __syncthreads();
+    const T* a_s = a_ring + stage * a_stage;
 #pragma unroll
     for (int kk = 0; kk < kTileK / 16; ++kk)
       for (int i = 0; i < g.count; ++i) {
@@ -402,7 +440,8 @@ void lora_fused_down(void* xa, KType xa_type, const void* x, KType type, const L
   if (M == 0) return;
   const int64_t per = down_k_per_split(M, in), splits = down_splits(M, in);
   if (splits > 1 && workspace == nullptr) throw std::logic_error("cuda::lora_fused_down: no workspace for the split");
-  const size_t smem = sizeof(uint16_t) * static_cast<size_t>((g.count * kRows + g.total_rank) * kLdTileK);
+  // masked x per adapter, and the two-stage ring of raw x and A tiles
+  const size_t smem = sizeof(uint16_t) * static_cast<size_t>((g.count * kRows + 2 * kRows + 2 * g.total_rank) * kLdTileK);
   with_16bit(type, [&](auto tag) {
     using T = decltype(tag);
     with_ktype(xa_type, [&](auto xa_tag) {
