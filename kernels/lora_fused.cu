@@ -312,9 +312,11 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int NT = kTileK / 8;
   __shared__ LoraFusedGroup g;
   share_group(g, param);
+  constexpr int LDR = SLABS * kSlabRank + 8;  // a [rows][Σ rank] tile of dxa, its slabs only
   extern __shared__ uint4 smem_raw[];
-  T* dxa_s = reinterpret_cast<T*>(smem_raw);  // [kRows][kLdRank]
-  T* xm_s = dxa_s + kRows * kLdRank;          // [count][kRows][kLdTileK]
+  T* xm_s = reinterpret_cast<T*>(smem_raw);       // [count][kRows][kLdTileK]: masked x
+  T* raw_s = xm_s + g.count * kRows * kLdTileK;   // [2][kRows][kLdTileK]: the ring's raw x
+  T* dxa_ring = raw_s + 2 * kRows * kLdTileK;     // [2][kRows][LDR]: the ring's dxa rows
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t4 = lane & 3;
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTileK;
   const int64_t m_begin = static_cast<int64_t>(blockIdx.y) * kChunkRows;
@@ -334,11 +336,33 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int j = 0; j < NT; ++j) acc[q][j][0] = acc[q][j][1] = acc[q][j][2] = acc[q][j][3] = 0.0f;
 
-  for (int64_t m0 = m_begin; m0 < m_end; m0 += kRows) {
-    __syncthreads();  // the previous tiles are no longer read
-    load_dxa_rows<kThreads>(dxa_s, dxa, m0, m_end, total);
-    load_dropped_x(xm_s, x, g, m0, m_end, c0, in);
+  // Rows [m0, m0 + kRows) of dxa and of x's columns c0.. into ring stage `stage`, zeros past m_end.
+  const auto stage_tiles = [&](int stage, int64_t m0) {
+    T* dxa_s = dxa_ring + stage * kRows * LDR;
+    const int chunks = total / 8;
+    for (int idx = threadIdx.x; idx < kRows * chunks; idx += kThreads) {
+      const int r = idx / chunks, c = (idx - r * chunks) * 8;
+      const bool inside = m0 + r < m_end;
+      cp_async16(dxa_s + r * LDR + c, dxa + (inside ? m0 + r : 0) * total + c, inside ? 16 : 0);
+    }
+    constexpr int kChunks = kTileK / 8;
+    for (int idx = threadIdx.x; idx < kRows * kChunks; idx += kThreads) {
+      const int r = idx / kChunks, c = (idx - r * kChunks) * 8;
+      const bool inside = m0 + r < m_end;
+      cp_async16(raw_s + (stage * kRows + r) * kLdTileK + c, x + (inside ? m0 + r : 0) * in + c0 + c, inside ? 16 : 0);
+    }
+    cp_async_commit();
+  };
+
+  if (m_begin < m_end) stage_tiles(0, m_begin);
+  int stage = 0;
+  for (int64_t m0 = m_begin; m0 < m_end; m0 += kRows, stage ^= 1) {
+    cp_async_wait<0>();  // this step's tiles have landed (this thread's copies) ...
+    __syncthreads();     // ... everyone's, and the previous step's products are done
+    if (m0 + kRows < m_end) stage_tiles(stage ^ 1, m0 + kRows);
+    mask_staged_x(xm_s, raw_s + stage * kRows * kLdTileK, g, m0, c0, in);
     __syncthreads();
+    const T* dxa_s = dxa_ring + stage * kRows * LDR;
 #pragma unroll
     for (int q = 0; q < kSlabsPerWarp; ++q) {
       if (adapter_of[q] < 0) continue;  // warp-uniform
@@ -346,7 +370,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int kk = 0; kk < kRows / 16; ++kk) {
         uint32_t a[4];
-        ldsm_a_trans<kLdRank>(a, dxa_s, (warp + 4 * q) * 16, kk * 16, lane);  // dxaᵀ: rank rows, M columns
+        ldsm_a_trans<LDR>(a, dxa_s, (warp + 4 * q) * 16, kk * 16, lane);  // dxaᵀ: rank rows, M columns
 #pragma unroll
         for (int j = 0; j < NT; j += 2) {
           uint32_t b[4];
@@ -375,8 +399,12 @@ struct AdapterGrads {
 };
 
 // dA_i += the chunks' partial sums, added in chunk order.
-__global__ void weight_grad_reduce_kernel(AdapterGrads grads, const float* partial, LoraFusedGroup g, int chunks,
-                                          int64_t in) {
+__global__ void weight_grad_reduce_kernel(const AdapterGrads grads_param, const float* partial,
+                                          const LoraFusedGroup param, int chunks, int64_t in) {
+  __shared__ LoraFusedGroup g;  // indexed by adapter: in shared memory, not local (see the top)
+  __shared__ AdapterGrads grads;
+  if (threadIdx.x == 0) grads = grads_param;
+  share_group(g, param);
   const int64_t n = static_cast<int64_t>(g.total_rank) * in;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < n;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -488,11 +516,13 @@ void lora_fused_weight_grad(float* const* dA, const void* dxa, const void* x, KT
   if (M == 0) return;
   if (workspace == nullptr) throw std::logic_error("cuda::lora_fused_weight_grad: no workspace");
   const int64_t chunks = weight_grad_chunks(M);
-  const size_t smem = sizeof(uint16_t) * static_cast<size_t>(kRows * kLdRank + g.count * kRows * kLdTileK);
   with_16bit(type, [&](auto tag) {
     using T = decltype(tag);
     with_slabs(g.total_rank, [&](auto slabs) {
       constexpr int SLABS = decltype(slabs)::value;
+      // masked x per adapter, and the two-stage ring of raw x tiles and dxa rows
+      const size_t smem = sizeof(uint16_t) * static_cast<size_t>((g.count + 2) * kRows * kLdTileK +
+                                                                 2 * kRows * (SLABS * kSlabRank + 8));
       allow_smem(weight_grad_kernel<T, SLABS>, smem, "lora_fused_weight_grad (shared memory attribute)");
       const dim3 grid(static_cast<unsigned>(in / kTileK), static_cast<unsigned>(chunks));
       weight_grad_kernel<T, SLABS><<<grid, kThreads, smem, stream>>>(workspace, static_cast<const T*>(dxa),
