@@ -21,7 +21,13 @@ bool quad_aligned(const void* p) {
 // quad when a pointer is not aligned) element by element. Loops over the 4 lanes have constant
 // bounds, so the quad stays in registers.
 template <class T, bool Vector>
-__global__ void apply_kernel(DropoutOutputs outs, const T* in, int64_t n, uint32_t threshold, float keep_scale) {
+__global__ void apply_kernel(const DropoutOutputs outs_param, const T* in, int64_t n, uint32_t threshold,
+                             float keep_scale) {
+  // Indexed by output at run time: in shared memory, or the parameter is copied to local memory
+  // (a 72-byte stack frame, read for every quad).
+  __shared__ DropoutOutputs outs;
+  if (threadIdx.x == 0) outs = outs_param;
+  __syncthreads();
   const int64_t quads = (n + 3) / 4;
   for (int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; q < quads;
        q += static_cast<int64_t>(gridDim.x) * blockDim.x) {
