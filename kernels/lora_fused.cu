@@ -1,9 +1,11 @@
 // The fused LoRA kernels (kernels/lora_fused.cuh). The kernels multiply 16x8x16 tiles with
 // mma.sync, their fragments read from shared memory with ldmatrix (kernels/mma_fragments.cuh);
-// operands go global -> shared with 16-byte loads, and dropout is applied on the way in (a masked
-// copy of the x tile per adapter, one hash per 4 elements as kernels/lora_dropout.cu draws them) or
-// on the way out (input grad: the mask of each product element, one hash per 2). Blocks that would
-// read past M load zeros.
+// operands go global -> shared with 16-byte cp.async copies into two-stage rings, the next step's
+// tiles landing while this step's are multiplied, and dropout is applied from shared memory (a
+// masked copy of the x tile per adapter, one hash per 4 elements as kernels/lora_dropout.cu draws
+// them) or on the way out (input grad: the mask of each product element, one hash per 2). Rows
+// past M are copied as zeros. The input grad keeps A's columns in shared memory while a block
+// walks kInputGradRowTiles row tiles.
 // What keeps them fast: the group's description is copied to shared memory once per block (indexed
 // by adapter at run time, a kernel parameter would live in local memory), and the accumulators are
 // sized for the group's Σ rank (a template over its 64-column slabs) rather than for the largest.
@@ -23,7 +25,6 @@ using namespace mma_fragments;
 constexpr int kThreads = 128;           // down and weight grad: 4 warps
 constexpr int kInputGradThreads = 256;  // input grad: 8 warps, 4 row slabs x 2 column halves
 constexpr int kRows = static_cast<int>(lora_fused::kRows);  // rows of M per step (16 per warp)
-constexpr int kLdRank = kLoraFusedMaxRank + 8;              // a [rows][Σ rank] tile of dxa in shared memory
 constexpr int kGradCols = static_cast<int>(lora_fused::kWidthMultiple);  // dx columns per block (input grad)
 constexpr int kLdGradCols = kGradCols + 8;
 constexpr int kTileK = static_cast<int>(lora_fused::kTileK);  // columns of x per step (down, weight grad)
@@ -71,38 +72,46 @@ __device__ __forceinline__ uint4 dropped8(const uint4& raw, int64_t e, uint64_t 
   return out;
 }
 
-// Rows [m0, m0 + kRows) of dxa (all Σ rank columns) into dxa_s, zeros at rows >= row_end.
-template <int THREADS, class T>
-__device__ __forceinline__ void load_dxa_rows(T* dxa_s, const T* dxa, int64_t m0, int64_t row_end, int total) {
-  const int chunks = total / 8;
-  for (int idx = threadIdx.x; idx < kRows * chunks; idx += THREADS) {
-    const int r = idx / chunks, c = (idx - r * chunks) * 8;
-    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (m0 + r < row_end) v = *reinterpret_cast<const uint4*>(dxa + (m0 + r) * total + c);
-    *reinterpret_cast<uint4*>(dxa_s + r * kLdRank + c) = v;
-  }
-}
-
-// Rows [m0, m0 + kRows), columns [c0, c0 + kTileK) of x, masked once per adapter into xm_s[i]
-// ([kRows][kLdTileK] each); zeros at rows >= row_end.
+// ---- down: xa = [dropout_i(x) · A_iᵀ]_i. Block (row tile, split of in); warp w owns rows 16w..
+// and every xa column (SLABS · 64 of them, 8 per tile); the split's partial sums go to `partial`
+// (or straight to xa with one split). The raw x tile and the A tile of step k + 1 are copied
+// asynchronously into the other half of a two-stage ring while step k is masked and multiplied:
+// the loads overlap the products (at 3 blocks an SM nothing else hid their latency).
 template <class T>
-__device__ __forceinline__ void load_dropped_x(T* xm_s, const T* x, const LoraFusedGroup& g, int64_t m0,
-                                               int64_t row_end, int64_t c0, int64_t in) {
+__device__ __forceinline__ void stage_down_tiles(T* raw_s, T* a_s, const T* x, const LoraFusedGroup& g, int64_t m0,
+                                                 int64_t M, int64_t k0, int64_t in) {
   constexpr int kChunks = kTileK / 8;
   for (int idx = threadIdx.x; idx < kRows * kChunks; idx += kThreads) {
     const int r = idx / kChunks, c = (idx - r * kChunks) * 8;
-    const int64_t row = m0 + r, e = row * in + c0 + c;
-    const bool inside = row < row_end;
-    const uint4 raw = inside ? *reinterpret_cast<const uint4*>(x + e) : make_uint4(0u, 0u, 0u, 0u);
+    const int64_t row = m0 + r;
+    const bool inside = row < M;
+    cp_async16(raw_s + r * kLdTileK + c, x + (inside ? row : 0) * in + k0 + c, inside ? 16 : 0);
+  }
+  for (int i = 0; i < g.count; ++i) {
+    const T* A = static_cast<const T*>(g.A[i]);
+    for (int idx = threadIdx.x; idx < g.rank[i] * kChunks; idx += kThreads) {
+      const int r = idx / kChunks, c = (idx - r * kChunks) * 8;
+      cp_async16(a_s + (g.first[i] + r) * kLdTileK + c, A + r * in + k0 + c, 16);
+    }
+  }
+  cp_async_commit();
+}
+
+// The staged raw x tile masked once per adapter into xm_s[i] (rows past M stay zero: their raw
+// rows were zero-filled and a masked zero is zero).
+template <class T>
+__device__ __forceinline__ void mask_staged_x(T* xm_s, const T* raw_s, const LoraFusedGroup& g, int64_t m0,
+                                              int64_t k0, int64_t in) {
+  constexpr int kChunks = kTileK / 8;
+  for (int idx = threadIdx.x; idx < kRows * kChunks; idx += kThreads) {
+    const int r = idx / kChunks, c = (idx - r * kChunks) * 8;
+    const uint4 raw = *reinterpret_cast<const uint4*>(raw_s + r * kLdTileK + c);
+    const int64_t e = (m0 + r) * in + k0 + c;
     for (int i = 0; i < g.count; ++i)
-      *reinterpret_cast<uint4*>(xm_s + (i * kRows + r) * kLdTileK + c) =
-          inside ? dropped8<T>(raw, e, g.mixed_key[i], g) : make_uint4(0u, 0u, 0u, 0u);
+      *reinterpret_cast<uint4*>(xm_s + (i * kRows + r) * kLdTileK + c) = dropped8<T>(raw, e, g.mixed_key[i], g);
   }
 }
 
-// ---- down: xa = [dropout_i(x) · A_iᵀ]_i. Block (row tile, split of in); warp w owns rows 16w..
-// and every xa column (SLABS · 64 of them, 8 per tile); the split's partial sums go to `partial`
-// (or straight to xa with one split).
 template <class T, class XA, int SLABS>
 __global__ void __launch_bounds__(kThreads) down_kernel(XA* xa, float* partial, const T* x, const LoraFusedGroup param,
                                                         int64_t M, int64_t in, int64_t k_per_split) {
@@ -110,8 +119,10 @@ __global__ void __launch_bounds__(kThreads) down_kernel(XA* xa, float* partial, 
   __shared__ LoraFusedGroup g;
   share_group(g, param);
   extern __shared__ uint4 smem_raw[];
-  T* xm_s = reinterpret_cast<T*>(smem_raw);        // [count][kRows][kLdTileK]
-  T* a_s = xm_s + g.count * kRows * kLdTileK;      // [Σ rank][kLdTileK]: every adapter's A, stacked
+  T* xm_s = reinterpret_cast<T*>(smem_raw);                 // [count][kRows][kLdTileK]: masked x
+  T* raw_s = xm_s + g.count * kRows * kLdTileK;             // [2][kRows][kLdTileK]: the ring's raw x
+  T* a_ring = raw_s + 2 * kRows * kLdTileK;                 // [2][Σ rank][kLdTileK]: the ring's A
+  const int a_stage = g.total_rank * kLdTileK;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t4 = lane & 3;
   const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kRows;
   const int64_t k_begin = static_cast<int64_t>(blockIdx.y) * k_per_split;
@@ -120,18 +131,17 @@ __global__ void __launch_bounds__(kThreads) down_kernel(XA* xa, float* partial, 
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 
-  for (int64_t k0 = k_begin; k0 < k_end; k0 += kTileK) {
-    __syncthreads();  // the previous tiles are no longer read
-    load_dropped_x(xm_s, x, g, m0, M, k0, in);
-    for (int i = 0; i < g.count; ++i) {
-      const T* A = static_cast<const T*>(g.A[i]);
-      for (int idx = threadIdx.x; idx < g.rank[i] * (kTileK / 8); idx += kThreads) {
-        const int r = idx / (kTileK / 8), c = (idx - r * (kTileK / 8)) * 8;
-        *reinterpret_cast<uint4*>(a_s + (g.first[i] + r) * kLdTileK + c) =
-            *reinterpret_cast<const uint4*>(A + r * in + k0 + c);
-      }
-    }
+  if (k_begin < k_end) stage_down_tiles(raw_s, a_ring, x, g, m0, M, k_begin, in);
+  int stage = 0;
+  for (int64_t k0 = k_begin; k0 < k_end; k0 += kTileK, stage ^= 1) {
+    cp_async_wait<0>();  // this step's tiles have landed (this thread's copies) ...
+    __syncthreads();     // ... everyone's, and the previous step's products are done
+    if (k0 + kTileK < k_end)
+      stage_down_tiles(raw_s + (stage ^ 1) * kRows * kLdTileK, a_ring + (stage ^ 1) * a_stage, x, g, m0, M,
+                       k0 + kTileK, in);
+    mask_staged_x(xm_s, raw_s + stage * kRows * kLdTileK, g, m0, k0, in);
     __syncthreads();
+    const T* a_s = a_ring + stage * a_stage;
 #pragma unroll
     for (int kk = 0; kk < kTileK / 16; ++kk)
       for (int i = 0; i < g.count; ++i) {
@@ -199,69 +209,96 @@ __device__ __forceinline__ void add_pair(DX* p, float lo, float hi) {  // 16-bit
   *reinterpret_cast<uint32_t*>(p) = pack2<DX>(to_float(v[0]) + lo, to_float(v[1]) + hi);
 }
 
-template <class T, class DX>
+// The rows one input-grad block walks (row tiles of kRows), keeping A's columns in shared memory:
+// 8 tiles give a 7B layer's q,k,v group (8192 rows, in 4096) 512 blocks.
+constexpr int kInputGradRowTiles = 8;
+
+template <class T, class DX, int SLABS>
 __global__ void __launch_bounds__(kInputGradThreads)
     input_grad_kernel(DX* dx, const T* dxa, const LoraFusedGroup param, int64_t M, int64_t in) {
-  constexpr int NT = 64 / 8;  // the warp's 64 columns
+  constexpr int NT = 64 / 8;                  // the warp's 64 columns
+  constexpr int LDR = SLABS * kSlabRank + 8;  // a [rows][Σ rank] tile of dxa, its slabs only
   __shared__ LoraFusedGroup g;
   share_group(g, param);
   extern __shared__ uint4 smem_raw[];
-  T* dxa_s = reinterpret_cast<T*>(smem_raw);  // [kRows][kLdRank]
-  T* a_s = dxa_s + kRows * kLdRank;           // [Σ rank][kLdGradCols]: every adapter's A columns c0..
+  T* a_s = reinterpret_cast<T*>(smem_raw);               // [Σ rank][kLdGradCols]: every adapter's A columns c0..
+  T* dxa_ring = a_s + g.total_rank * kLdGradCols;        // [2][kRows][LDR]: the ring's dxa rows
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t4 = lane & 3;
   const int row_slab = warp % 4, col_half = warp / 4;
-  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kGradCols, m0 = static_cast<int64_t>(blockIdx.y) * kRows;
-  load_dxa_rows<kInputGradThreads>(dxa_s, dxa, m0, M, g.total_rank);
+  const int col0 = col_half * 64;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kGradCols;
+  const int64_t tiles = (M + kRows - 1) / kRows;
+  const int64_t tile_begin = static_cast<int64_t>(blockIdx.y) * kInputGradRowTiles;
+  const int64_t tile_end = tile_begin + kInputGradRowTiles < tiles ? tile_begin + kInputGradRowTiles : tiles;
+  const int total = g.total_rank;
+
+  // A's columns once, with the first dxa rows (one copy group).
   for (int i = 0; i < g.count; ++i) {
     const T* A = static_cast<const T*>(g.A[i]);
     for (int idx = threadIdx.x; idx < g.rank[i] * (kGradCols / 8); idx += kInputGradThreads) {
       const int r = idx / (kGradCols / 8), c = (idx - r * (kGradCols / 8)) * 8;
-      *reinterpret_cast<uint4*>(a_s + (g.first[i] + r) * kLdGradCols + c) =
-          *reinterpret_cast<const uint4*>(A + r * in + c0 + c);
+      cp_async16(a_s + (g.first[i] + r) * kLdGradCols + c, A + r * in + c0 + c, 16);
     }
   }
-  __syncthreads();
-
-  const int64_t r_lo = m0 + row_slab * 16 + (lane >> 2);
-  const int col0 = col_half * 64;
-  float sum[NT][4];
-#pragma unroll
-  for (int j = 0; j < NT; ++j) sum[j][0] = sum[j][1] = sum[j][2] = sum[j][3] = 0.0f;
-  for (int i = 0; i < g.count; ++i) {
-    float acc[NT][4];
-#pragma unroll
-    for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-    for (int kk = 0; kk < g.rank[i] / 16; ++kk) {
-      uint32_t a[4];
-      ldsm_a<kLdRank>(a, dxa_s, row_slab * 16, g.first[i] + kk * 16, lane);
-#pragma unroll
-      for (int j = 0; j < NT; j += 2) {
-        uint32_t b[4];
-        ldsm_b_trans_pair<kLdGradCols>(b, a_s, g.first[i] + kk * 16, col0 + j * 8, lane);
-        mma<T>(acc[j], a, b[0], b[1]);
-        mma<T>(acc[j + 1], a, b[2], b[3]);
-      }
+  // Rows [m0, m0 + kRows) of dxa into ring stage `stage`, zeros past M.
+  const auto stage_dxa = [&](int stage, int64_t m0) {
+    T* dxa_s = dxa_ring + stage * kRows * LDR;
+    const int chunks = total / 8;
+    for (int idx = threadIdx.x; idx < kRows * chunks; idx += kInputGradThreads) {
+      const int r = idx / chunks, c = (idx - r * chunks) * 8;
+      const bool inside = m0 + r < M;
+      cp_async16(dxa_s + r * LDR + c, dxa + (inside ? m0 + r : 0) * total + c, inside ? 16 : 0);
     }
-    // Each element's own mask: columns 2t, 2t + 1 of a row share a quad (in is a multiple of 4).
-    const uint64_t key = g.mixed_key[i];
+    cp_async_commit();
+  };
+  if (tile_begin < tile_end) stage_dxa(0, tile_begin * kRows);
+
+  int stage = 0;
+  for (int64_t tile = tile_begin; tile < tile_end; ++tile, stage ^= 1) {
+    cp_async_wait<0>();  // this tile's dxa rows (and A) have landed (this thread's copies) ...
+    __syncthreads();     // ... everyone's, and the previous tile's products are done
+    if (tile + 1 < tile_end) stage_dxa(stage ^ 1, (tile + 1) * kRows);
+    const T* dxa_s = dxa_ring + stage * kRows * LDR;
+    const int64_t r_lo = tile * kRows + row_slab * 16 + (lane >> 2);
+    float sum[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) sum[j][0] = sum[j][1] = sum[j][2] = sum[j][3] = 0.0f;
+    for (int i = 0; i < g.count; ++i) {
+      float acc[NT][4];
+#pragma unroll
+      for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+      for (int kk = 0; kk < g.rank[i] / 16; ++kk) {
+        uint32_t a[4];
+        ldsm_a<LDR>(a, dxa_s, row_slab * 16, g.first[i] + kk * 16, lane);
+#pragma unroll
+        for (int j = 0; j < NT; j += 2) {
+          uint32_t b[4];
+          ldsm_b_trans_pair<kLdGradCols>(b, a_s, g.first[i] + kk * 16, col0 + j * 8, lane);
+          mma<T>(acc[j], a, b[0], b[1]);
+          mma<T>(acc[j + 1], a, b[2], b[3]);
+        }
+      }
+      // Each element's own mask: columns 2t, 2t + 1 of a row share a quad (in is a multiple of 4).
+      const uint64_t key = g.mixed_key[i];
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int64_t e = (r_lo + 8 * h) * in + c0 + col0 + j * 8 + 2 * t4;
+          const uint64_t word = keep_word(key, e >> 2);
+          const int first_lane = static_cast<int>(e & 3);
+          if (keeps_lane(word, first_lane, g.threshold)) sum[j][2 * h] += g.keep_scale * acc[j][2 * h];
+          if (keeps_lane(word, first_lane + 1, g.threshold)) sum[j][2 * h + 1] += g.keep_scale * acc[j][2 * h + 1];
+        }
+    }
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int64_t e = (r_lo + 8 * h) * in + c0 + col0 + j * 8 + 2 * t4;
-        const uint64_t word = keep_word(key, e >> 2);
-        const int first_lane = static_cast<int>(e & 3);
-        if (keeps_lane(word, first_lane, g.threshold)) sum[j][2 * h] += g.keep_scale * acc[j][2 * h];
-        if (keeps_lane(word, first_lane + 1, g.threshold)) sum[j][2 * h + 1] += g.keep_scale * acc[j][2 * h + 1];
+        const int64_t row = r_lo + 8 * h;
+        if (row < M) add_pair(dx + row * in + c0 + col0 + j * 8 + 2 * t4, sum[j][2 * h], sum[j][2 * h + 1]);
       }
   }
-#pragma unroll
-  for (int j = 0; j < NT; ++j)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t row = r_lo + 8 * h;
-      if (row < M) add_pair(dx + row * in + c0 + col0 + j * 8 + 2 * t4, sum[j][2 * h], sum[j][2 * h + 1]);
-    }
 }
 
 // ---- weight grad: partial[chunk] = [dxa_iᵀ · dropout_i(x)]_i over the chunk's rows. Block (64
@@ -274,9 +311,11 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int NT = kTileK / 8;
   __shared__ LoraFusedGroup g;
   share_group(g, param);
+  constexpr int LDR = SLABS * kSlabRank + 8;  // a [rows][Σ rank] tile of dxa, its slabs only
   extern __shared__ uint4 smem_raw[];
-  T* dxa_s = reinterpret_cast<T*>(smem_raw);  // [kRows][kLdRank]
-  T* xm_s = dxa_s + kRows * kLdRank;          // [count][kRows][kLdTileK]
+  T* xm_s = reinterpret_cast<T*>(smem_raw);       // [count][kRows][kLdTileK]: masked x
+  T* raw_s = xm_s + g.count * kRows * kLdTileK;   // [2][kRows][kLdTileK]: the ring's raw x
+  T* dxa_ring = raw_s + 2 * kRows * kLdTileK;     // [2][kRows][LDR]: the ring's dxa rows
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t4 = lane & 3;
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTileK;
   const int64_t m_begin = static_cast<int64_t>(blockIdx.y) * kChunkRows;
@@ -296,11 +335,33 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int j = 0; j < NT; ++j) acc[q][j][0] = acc[q][j][1] = acc[q][j][2] = acc[q][j][3] = 0.0f;
 
-  for (int64_t m0 = m_begin; m0 < m_end; m0 += kRows) {
-    __syncthreads();  // the previous tiles are no longer read
-    load_dxa_rows<kThreads>(dxa_s, dxa, m0, m_end, total);
-    load_dropped_x(xm_s, x, g, m0, m_end, c0, in);
+  // Rows [m0, m0 + kRows) of dxa and of x's columns c0.. into ring stage `stage`, zeros past m_end.
+  const auto stage_tiles = [&](int stage, int64_t m0) {
+    T* dxa_s = dxa_ring + stage * kRows * LDR;
+    const int chunks = total / 8;
+    for (int idx = threadIdx.x; idx < kRows * chunks; idx += kThreads) {
+      const int r = idx / chunks, c = (idx - r * chunks) * 8;
+      const bool inside = m0 + r < m_end;
+      cp_async16(dxa_s + r * LDR + c, dxa + (inside ? m0 + r : 0) * total + c, inside ? 16 : 0);
+    }
+    constexpr int kChunks = kTileK / 8;
+    for (int idx = threadIdx.x; idx < kRows * kChunks; idx += kThreads) {
+      const int r = idx / kChunks, c = (idx - r * kChunks) * 8;
+      const bool inside = m0 + r < m_end;
+      cp_async16(raw_s + (stage * kRows + r) * kLdTileK + c, x + (inside ? m0 + r : 0) * in + c0 + c, inside ? 16 : 0);
+    }
+    cp_async_commit();
+  };
+
+  if (m_begin < m_end) stage_tiles(0, m_begin);
+  int stage = 0;
+  for (int64_t m0 = m_begin; m0 < m_end; m0 += kRows, stage ^= 1) {
+    cp_async_wait<0>();  // this step's tiles have landed (this thread's copies) ...
+    __syncthreads();     // ... everyone's, and the previous step's products are done
+    if (m0 + kRows < m_end) stage_tiles(stage ^ 1, m0 + kRows);
+    mask_staged_x(xm_s, raw_s + stage * kRows * kLdTileK, g, m0, c0, in);
     __syncthreads();
+    const T* dxa_s = dxa_ring + stage * kRows * LDR;
 #pragma unroll
     for (int q = 0; q < kSlabsPerWarp; ++q) {
       if (adapter_of[q] < 0) continue;  // warp-uniform
@@ -308,7 +369,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int kk = 0; kk < kRows / 16; ++kk) {
         uint32_t a[4];
-        ldsm_a_trans<kLdRank>(a, dxa_s, (warp + 4 * q) * 16, kk * 16, lane);  // dxaᵀ: rank rows, M columns
+        ldsm_a_trans<LDR>(a, dxa_s, (warp + 4 * q) * 16, kk * 16, lane);  // dxaᵀ: rank rows, M columns
 #pragma unroll
         for (int j = 0; j < NT; j += 2) {
           uint32_t b[4];
@@ -337,8 +398,12 @@ struct AdapterGrads {
 };
 
 // dA_i += the chunks' partial sums, added in chunk order.
-__global__ void weight_grad_reduce_kernel(AdapterGrads grads, const float* partial, LoraFusedGroup g, int chunks,
-                                          int64_t in) {
+__global__ void weight_grad_reduce_kernel(const AdapterGrads grads_param, const float* partial,
+                                          const LoraFusedGroup param, int chunks, int64_t in) {
+  __shared__ LoraFusedGroup g;  // indexed by adapter: in shared memory, not local (see the top)
+  __shared__ AdapterGrads grads;
+  if (threadIdx.x == 0) grads = grads_param;
+  share_group(g, param);
   const int64_t n = static_cast<int64_t>(g.total_rank) * in;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < n;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -402,7 +467,8 @@ void lora_fused_down(void* xa, KType xa_type, const void* x, KType type, const L
   if (M == 0) return;
   const int64_t per = down_k_per_split(M, in), splits = down_splits(M, in);
   if (splits > 1 && workspace == nullptr) throw std::logic_error("cuda::lora_fused_down: no workspace for the split");
-  const size_t smem = sizeof(uint16_t) * static_cast<size_t>((g.count * kRows + g.total_rank) * kLdTileK);
+  // masked x per adapter, and the two-stage ring of raw x and A tiles
+  const size_t smem = sizeof(uint16_t) * static_cast<size_t>((g.count * kRows + 2 * kRows + 2 * g.total_rank) * kLdTileK);
   with_16bit(type, [&](auto tag) {
     using T = decltype(tag);
     with_ktype(xa_type, [&](auto xa_tag) {
@@ -429,15 +495,21 @@ void lora_fused_input_grad(void* dx, KType dx_type, const void* dxa, KType type,
                            int64_t in, cudaStream_t stream) {
   check_group("cuda::lora_fused_input_grad", type, in, g);
   if (M == 0) return;
-  const size_t smem = sizeof(uint16_t) * static_cast<size_t>(kRows * kLdRank + g.total_rank * kLdGradCols);
+  const int64_t row_blocks = (row_tiles(M) + kInputGradRowTiles - 1) / kInputGradRowTiles;
   with_16bit(type, [&](auto tag) {
     using T = decltype(tag);
     with_ktype(dx_type, [&](auto dx_tag) {
       using DX = decltype(dx_tag);
-      allow_smem(input_grad_kernel<T, DX>, smem, "lora_fused_input_grad (shared memory attribute)");
-      const dim3 grid(static_cast<unsigned>(in / kGradCols), static_cast<unsigned>(row_tiles(M)));
-      input_grad_kernel<T, DX><<<grid, kInputGradThreads, smem, stream>>>(static_cast<DX*>(dx), static_cast<const T*>(dxa), g,
-                                                                M, in);
+      with_slabs(g.total_rank, [&](auto slabs) {
+        constexpr int SLABS = decltype(slabs)::value;
+        // A's columns, and the two-stage ring of dxa rows
+        const size_t smem = sizeof(uint16_t) * static_cast<size_t>(g.total_rank * kLdGradCols +
+                                                                   2 * kRows * (SLABS * kSlabRank + 8));
+        allow_smem(input_grad_kernel<T, DX, SLABS>, smem, "lora_fused_input_grad (shared memory attribute)");
+        const dim3 grid(static_cast<unsigned>(in / kGradCols), static_cast<unsigned>(row_blocks));
+        input_grad_kernel<T, DX, SLABS><<<grid, kInputGradThreads, smem, stream>>>(
+            static_cast<DX*>(dx), static_cast<const T*>(dxa), g, M, in);
+      });
     });
   });
   check_launch("lora_fused_input_grad");
@@ -449,11 +521,13 @@ void lora_fused_weight_grad(float* const* dA, const void* dxa, const void* x, KT
   if (M == 0) return;
   if (workspace == nullptr) throw std::logic_error("cuda::lora_fused_weight_grad: no workspace");
   const int64_t chunks = weight_grad_chunks(M);
-  const size_t smem = sizeof(uint16_t) * static_cast<size_t>(kRows * kLdRank + g.count * kRows * kLdTileK);
   with_16bit(type, [&](auto tag) {
     using T = decltype(tag);
     with_slabs(g.total_rank, [&](auto slabs) {
       constexpr int SLABS = decltype(slabs)::value;
+      // masked x per adapter, and the two-stage ring of raw x tiles and dxa rows
+      const size_t smem = sizeof(uint16_t) * static_cast<size_t>((g.count + 2) * kRows * kLdTileK +
+                                                                 2 * kRows * (SLABS * kSlabRank + 8));
       allow_smem(weight_grad_kernel<T, SLABS>, smem, "lora_fused_weight_grad (shared memory attribute)");
       const dim3 grid(static_cast<unsigned>(in / kTileK), static_cast<unsigned>(chunks));
       weight_grad_kernel<T, SLABS><<<grid, kThreads, smem, stream>>>(workspace, static_cast<const T*>(dxa),

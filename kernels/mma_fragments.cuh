@@ -143,4 +143,19 @@ __device__ __forceinline__ void ldsm_b_trans_pair(uint32_t (&b)[4], const T* s, 
   ldmatrix_x4_trans(b, s + (k0 + i + (m & 1) * 8) * LD + n0 + (m >> 1) * 8);
 }
 
+// ---- 16-byte asynchronous copies global -> shared (sm_80+), for kernels that stage their next
+// tiles while multiplying the current ones. `bytes` 16 copies, 0 fills the 16 shared bytes with
+// zeros (rows past the end).
+__device__ __forceinline__ void cp_async16(void* shared, const void* global, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(shared)), "l"(global),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 }  // namespace fsdpq::cuda::mma_fragments
