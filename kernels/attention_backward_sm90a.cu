@@ -19,6 +19,11 @@
 // the mma kernels do; the scale of dK and dQ is applied once at the end.
 // Rows past T load as zeros: their lse reads as +inf (P = 0) and their drow as 0, so they add
 // nothing; keys past T give garbage rows of dK, dV that are never stored.
+// Packed rows (segment_start, ops/attention.h; the kSegmented instantiations): key j is masked for
+// query i also where j < segment_start[i], and both kernels skip the tiles no query can see: a
+// prepare step writes each 64-query tile's smallest segment start; kernel 3 starts at the key tile
+// of its block's smallest, and kernel 2 lists (in shared memory) the query tiles whose smallest
+// start is within its key tile. With every start 0 they give plain causal attention's bits.
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -51,11 +56,17 @@ constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
 constexpr float kLog2e = 1.4426950408889634f;
 static_assert(kBlockRows % kStepRows == 0, "a block's rows are whole steps (the causal mask's tiles)");
 
+// Packed rows: the most 64-query tiles a kernel-2 block lists (T up to 65536; longer packed rows
+// take the mma kernels).
+constexpr int kMaxListedTiles = 1024;
+
 struct Params {
   int T, H, KV;
   float scale;       // 1 / sqrt(D)
   const float* lse;  // [B, H, T], natural log
   const float* drow;  // [B, H, T]
+  const int32_t* segment_start;   // [B, T]; nullptr: plain causal
+  const int32_t* tile_min_start;  // [B, ceil(T / 64)]: each 64-query tile's smallest segment start
   void* grad_a;      // dk (kernel 2) or dq (kernel 3)
   KType grad_a_type;
   void* grad_b;  // dv (kernel 2)
@@ -76,10 +87,13 @@ struct Smem {
   static constexpr int kFixedB = kFixedBytes;
   static constexpr int kRingA = 2 * kFixedBytes;
   static constexpr int kRingB = kRingA + kStages * kStepBytes;
-  // Kernel 2's per-step column statistics (lse · log2 e, drow) of each consumer, double-buffered.
+  // Kernel 2's per-step column statistics (lse · log2 e, drow, segment start) of each consumer,
+  // double-buffered.
   static constexpr int kStats = kRingB + kStages * kStepBytes;
-  static constexpr int kStatsBytes = 2 * 2 * kStepRows * static_cast<int>(sizeof(float));  // per consumer
-  static constexpr int kBarriers = kStats + kConsumers * kStatsBytes;
+  static constexpr int kStatsBytes = 2 * 3 * kStepRows * static_cast<int>(sizeof(float));  // per consumer
+  // Kernel 2 with segments: the count of listed query tiles, then the tiles.
+  static constexpr int kTileList = kStats + kConsumers * kStatsBytes;
+  static constexpr int kBarriers = kTileList + (1 + kMaxListedTiles + 3) / 4 * 16;  // 16-byte aligned
   static constexpr int kConsumerRows = 64 * kSwizzleRowBytes;  // consumer c's rows of a fixed tile: c times this
 };
 
@@ -173,19 +187,33 @@ __device__ void store_rows(void* grad, KType type, const float (&acc)[D / 2], fl
 // ---- kernel 2: dk, dv ----
 
 // This block's work: key tile (keys k0..k0+127) of kv head kv_head of batch b; per query head of
-// the group, the query tiles first_tile..query_tiles-1 (64 rows each).
+// the group, the query tiles first_tile..query_tiles-1 (64 rows each), or with segments those of
+// them `listed` (shared memory: the count, then the tiles) after list_query_tiles.
 struct KeyTile {
   int k0, kv_head, b, group, first_tile, query_tiles;
-  __device__ int steps() const { return group * (query_tiles - first_tile); }
+  const int* listed;  // nullptr: plain causal
+  __device__ int per_head() const { return listed != nullptr ? listed[0] : query_tiles - first_tile; }
+  __device__ int steps() const { return group * per_head(); }
   __device__ void step_at(int i, int* q0, int* head) const {
-    const int per_head = query_tiles - first_tile;
-    *head = kv_head * group + i / per_head;
-    *q0 = (first_tile + i % per_head) * kStepRows;
+    const int n = per_head();
+    *head = kv_head * group + i / n;
+    *q0 = (listed != nullptr ? listed[1 + i % n] : first_tile + i % n) * kStepRows;
   }
 };
 
-__device__ __forceinline__ KeyTile key_tile_of_block(const Params& p) {
+// Segments: one thread lists the query tiles from the block's first on whose smallest segment
+// start is within the key tile (the tile holding k0 always is: a query sees itself).
+__device__ void list_query_tiles(const Params& p, const KeyTile& t, int* list) {
+  const int32_t* tile_min = p.tile_min_start + static_cast<int64_t>(t.b) * t.query_tiles;
+  int n = 0;
+  for (int tile = t.first_tile; tile < t.query_tiles; ++tile)
+    if (tile_min[tile] < t.k0 + kBlockRows) list[1 + n++] = tile;
+  list[0] = n;
+}
+
+__device__ __forceinline__ KeyTile key_tile_of_block(const Params& p, const int* listed) {
   KeyTile t;
+  t.listed = listed;
   t.k0 = static_cast<int>(blockIdx.x) * kBlockRows;  // tile 0 (the longest) first
   t.kv_head = static_cast<int>(blockIdx.y);
   t.b = static_cast<int>(blockIdx.z);
@@ -195,10 +223,13 @@ __device__ __forceinline__ KeyTile key_tile_of_block(const Params& p) {
   return t;
 }
 
-// Step i's products overlap step i - 1's and the softmax: S_{i+1}ᵀ and dP_{i+1}ᵀ are issued right
-// behind dK_i, so the tensor cores keep busy while the warpgroup waits and computes; Pᵀ and dSᵀ
-// (the A operands in flight) live across iterations until the wait that retires their products.
-template <class T, int D>
+// Step i: Sᵀ and dPᵀ back to back; Pᵀ while dPᵀ runs, then dV += Pᵀ dO; dSᵀ while dV runs, then
+// dK += dSᵀ Q. Every product is waited for within its step, and Sᵀ's registers die before dSᵀ's
+// are written: ptxas serialises every wgmma of the kernel (a wait behind each) when one is in
+// flight across a loop's back edge, or when too many registers are live to keep an in-flight
+// product's operands apart from the next one's (dK, dV, Sᵀ, dPᵀ, Pᵀ and dSᵀ together were too
+// many at D 128).
+template <class T, int D, bool kSegmented>
 __device__ void consume_dkdv(uint8_t* smem, Barriers& bar, const Params& p, const KeyTile& t) {
   using S = Smem<D>;
   const int consumer = static_cast<int>(threadIdx.x) / 128 - 1;
@@ -214,56 +245,52 @@ __device__ void consume_dkdv(uint8_t* smem, Barriers& bar, const Params& p, cons
   const float c = p.scale * kLog2e;
   float dk[D / 2] = {}, dv[D / 2] = {}, st[32], dpt[32];
   uint32_t pt[16] = {}, dst[16] = {};
-  auto issue_scores_of = [&](int i) {
-    const int stage = stage_of(i);
-    mbarrier_wait(&bar.full[stage], parity_of(i));
-    wgmma_fence();
-    issue_scores<T, D>(st, k_rows, q_tile(stage));
-    wgmma_commit();
-    issue_scores<T, D>(dpt, v_rows, do_tile(stage));
-    wgmma_commit();
-  };
   mbarrier_wait(&bar.fixed_full, 0);
   const int steps = t.steps();
-  issue_scores_of(0);
   for (int i = 0; i < steps; ++i) {
     int q0 = 0, head = 0;
     t.step_at(i, &q0, &head);
     const int s = stage_of(i);
-    wgmma_wait<1>();  // S_iᵀ, and step i - 1's dV and dK before it; dP_iᵀ may still run
-    fence_operand(st);
-    fence_operand(dk);
-    fence_operand(dv);
-    fence_operand(pt);
-    fence_operand(dst);
-    if (i > 0) mbarrier_arrive(&bar.empty[stage_of(i - 1)]);
-    // The step's 64 query columns' lse (scaled to log2; past T, +inf) and drow (past T, 0), staged
-    // in shared memory by the warpgroup's first 64 threads: read from there where used, they take
-    // no registers across the products (kept in registers they made ptxas spill at D 128).
-    const float* lse2 = stats + (i & 1) * 2 * kStepRows;
-    const float* drow = lse2 + kStepRows;
+    // The step's 64 query columns' lse (scaled to log2; past T, +inf), drow (past T, 0) and
+    // segment start, staged in shared memory by the warpgroup's first 64 threads (double-buffered):
+    // read from there where used, they take no registers across the products (kept in registers
+    // they made ptxas spill at D 128).
+    float* const lse2 = stats + (i & 1) * 3 * kStepRows;
+    float* const drow = lse2 + kStepRows;
+    int* const start = reinterpret_cast<int*>(drow + kStepRows);
     if (thread < kStepRows) {
       const int64_t row_base = (static_cast<int64_t>(t.b) * p.H + head) * p.T;
       const int query = q0 + thread;
-      stats[(i & 1) * 2 * kStepRows + thread] = query < p.T ? __ldg(p.lse + row_base + query) * kLog2e : INFINITY;
-      stats[(i & 1) * 2 * kStepRows + kStepRows + thread] = query < p.T ? __ldg(p.drow + row_base + query) : 0.0f;
+      lse2[thread] = query < p.T ? __ldg(p.lse + row_base + query) * kLog2e : INFINITY;
+      drow[thread] = query < p.T ? __ldg(p.drow + row_base + query) : 0.0f;
+      if constexpr (kSegmented)
+        start[thread] = query < p.T ? __ldg(p.segment_start + static_cast<int64_t>(t.b) * p.T + query) : 0;
     }
     warpgroup_sync(1 + consumer);
+    mbarrier_wait(&bar.full[s], parity_of(i));
+    wgmma_fence();
+    issue_scores<T, D>(st, k_rows, q_tile(s));
+    wgmma_commit();
+    issue_scores<T, D>(dpt, v_rows, do_tile(s));
+    wgmma_commit();
+    wgmma_wait<1>();  // Sᵀ; dPᵀ may still run
+    fence_operand(st);
     const bool diagonal = q0 < t.k0 + kBlockRows;  // some key of the tile lies after some query
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int query = q0 + column_of(j, e, t4);
-        const bool masked = diagonal && key + 8 * (e >> 1) > query;
+        const int query = q0 + column_of(j, e, t4), k = key + 8 * (e >> 1);
+        const bool masked = kSegmented ? k > query || k < start[column_of(j, e, t4)] : diagonal && k > query;
         st[4 * j + e] = masked ? 0.0f : exp2f(fmaf(st[4 * j + e], c, -lse2[column_of(j, e, t4)]));
       }
     to_a_operand<T>(st, pt);
     fence_operand(pt);
+    fence_operand(dv);
     wgmma_fence();
     issue_gradient<T, D>(dv, pt, do_tile(s));
     wgmma_commit();
-    wgmma_wait<1>();  // dP_iᵀ (committed before dV_i)
+    wgmma_wait<1>();  // dPᵀ (committed before dV)
     fence_operand(dpt);
 #pragma unroll
     for (int j = 0; j < 8; ++j)
@@ -271,17 +298,17 @@ __device__ void consume_dkdv(uint8_t* smem, Barriers& bar, const Params& p, cons
       for (int e = 0; e < 4; ++e) dpt[4 * j + e] = st[4 * j + e] * (dpt[4 * j + e] - drow[column_of(j, e, t4)]);
     to_a_operand<T>(dpt, dst);
     fence_operand(dst);
+    fence_operand(dk);
     wgmma_fence();
     issue_gradient<T, D>(dk, dst, q_tile(s));
     wgmma_commit();
-    if (i + 1 < steps) issue_scores_of(i + 1);
+    wgmma_wait<0>();
+    fence_operand(dk);
+    fence_operand(dv);
+    fence_operand(pt);
+    fence_operand(dst);
+    mbarrier_arrive(&bar.empty[s]);
   }
-  wgmma_wait<0>();
-  fence_operand(dk);
-  fence_operand(dv);
-  fence_operand(pt);
-  fence_operand(dst);
-  mbarrier_arrive(&bar.empty[stage_of(steps - 1)]);
   store_rows<D>(p.grad_a, p.grad_a_type, dk, p.scale, key, p.T, p.KV, t.kv_head, t.b, t4);
   store_rows<D>(p.grad_b, p.grad_b_type, dv, 1.0f, key, p.T, p.KV, t.kv_head, t.b, t4);
 }
@@ -289,9 +316,14 @@ __device__ void consume_dkdv(uint8_t* smem, Barriers& bar, const Params& p, cons
 // What both kernels' blocks do first and how their warpgroups split: the shared memory aligned to
 // 1024 bytes, the barriers set up, then warpgroup 0 produces (one thread: produce_tiles) with few
 // registers and the others consume (consume_tiles) with many.
+__device__ __forceinline__ uint8_t* aligned_smem(uint8_t* smem_raw) {
+  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+}
+
+// (A kernel may write shared memory before run_block: its barrier publishes that too.)
 template <int D, class Produce, class Consume>
 __device__ __forceinline__ void run_block(uint8_t* smem_raw, Produce&& produce_tiles, Consume&& consume_tiles) {
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  uint8_t* smem = aligned_smem(smem_raw);
   Barriers& bar = *reinterpret_cast<Barriers*>(smem + Smem<D>::kBarriers);
   if (threadIdx.x == 0) {
     mbarrier_init(&bar.fixed_full, 1);
@@ -311,30 +343,34 @@ __device__ __forceinline__ void run_block(uint8_t* smem_raw, Produce&& produce_t
   }
 }
 
-template <class T, int D>
+template <class T, int D, bool kSegmented>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_dkdv_sm90a_kernel(const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map,
                                 const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap do_map,
                                 const Params p) {
   extern __shared__ uint8_t smem_raw[];
-  const KeyTile t = key_tile_of_block(p);
+  int* const list = reinterpret_cast<int*>(aligned_smem(smem_raw) + Smem<D>::kTileList);
+  const KeyTile t = key_tile_of_block(p, kSegmented ? list : nullptr);
+  if (kSegmented && threadIdx.x == 32) list_query_tiles(p, t, list);  // thread 0 sets up the barriers
   run_block<D>(
       smem_raw,
       [&](uint8_t* smem, Barriers& bar) {
         produce<D>(k_map, v_map, t.k0, t.kv_head, q_map, do_map, t.steps(),
                    [&](int i, int* rows, int* head) { t.step_at(i, rows, head); }, t.b, smem, bar);
       },
-      [&](uint8_t* smem, Barriers& bar) { consume_dkdv<T, D>(smem, bar, p, t); });
+      [&](uint8_t* smem, Barriers& bar) { consume_dkdv<T, D, kSegmented>(smem, bar, p, t); });
 }
 
 // ---- kernel 3: dq ----
 
-// This block's work: query tile (rows q0..q0+127) of head h of batch b, key tiles 0..key_tiles-1.
+// This block's work: query tile (rows q0..q0+127) of head h of batch b, key tiles
+// first_tile..key_tiles-1 (first_tile 0 without segments).
 struct QueryTile {
-  int q0, h, kv_head, b, key_tiles;
-  __device__ int steps() const { return key_tiles; }
+  int q0, h, kv_head, b, first_tile, key_tiles;
+  __device__ int steps() const { return key_tiles - first_tile; }
+  __device__ int key0(int i) const { return (first_tile + i) * kStepRows; }
   __device__ void step_at(int i, int* k0, int* head) const {
-    *k0 = i * kStepRows;
+    *k0 = key0(i);
     *head = kv_head;
   }
 };
@@ -348,12 +384,21 @@ __device__ __forceinline__ QueryTile query_tile_of_block(const Params& p) {
   t.b = static_cast<int>(blockIdx.z);
   const int last_row = min(t.q0 + kBlockRows, p.T);  // keys up to the block's last row
   t.key_tiles = (last_row + kStepRows - 1) / kStepRows;
+  t.first_tile = 0;
+  if (p.segment_start != nullptr) {  // the key tile of the smallest start of the block's query tiles
+    const int query_tiles = (p.T + kStepRows - 1) / kStepRows;
+    const int32_t* tile_min = p.tile_min_start + static_cast<int64_t>(t.b) * query_tiles;
+    int first = tile_min[t.q0 / kStepRows];
+    for (int tile = t.q0 / kStepRows + 1; tile < query_tiles && tile * kStepRows < last_row; ++tile)
+      first = min(first, tile_min[tile]);
+    t.first_tile = first / kStepRows;
+  }
   return t;
 }
 
-// As in kernel 2, S_{i+1} and dP_{i+1} are issued right behind dQ_i, and dS (dQ_i's A operand)
-// lives until the wait that retires it.
-template <class T, int D>
+// As in kernel 2: step i issues dQ += dS_{i-1} K_{i-1} (dS kept in registers from step i - 1),
+// then S_i and dP_i; P is computed while dP runs, and every product is waited for within its step.
+template <class T, int D, bool kSegmented>
 __device__ void consume_dq(uint8_t* smem, Barriers& bar, const Params& p, const QueryTile& t) {
   using S = Smem<D>;
   const int consumer = static_cast<int>(threadIdx.x) / 128 - 1;
@@ -367,28 +412,31 @@ __device__ void consume_dq(uint8_t* smem, Barriers& bar, const Params& p, const 
   const float c = p.scale * kLog2e;
   const int64_t row_base = (static_cast<int64_t>(t.b) * p.H + t.h) * p.T;
   float lse2[2], drow[2];
+  int start[2] = {0, 0};  // the first key rows query and query + 8 see
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int r = query + 8 * i;
     lse2[i] = r < p.T ? p.lse[row_base + r] * kLog2e : INFINITY;
     drow[i] = r < p.T ? p.drow[row_base + r] : 0.0f;
+    if constexpr (kSegmented) start[i] = r < p.T ? p.segment_start[static_cast<int64_t>(t.b) * p.T + r] : 0;
   }
   float dq[D / 2] = {}, sc[32], dp[32];
   uint32_t ds[16] = {};
-  auto issue_scores_of = [&](int i) {
-    const int stage = stage_of(i);
-    mbarrier_wait(&bar.full[stage], parity_of(i));
-    wgmma_fence();
-    issue_scores<T, D>(sc, q_rows, k_tile(stage));
-    wgmma_commit();
-    issue_scores<T, D>(dp, do_rows, v_tile(stage));
-    wgmma_commit();
-  };
   mbarrier_wait(&bar.fixed_full, 0);
-  issue_scores_of(0);
-  for (int i = 0; i < t.key_tiles; ++i) {
-    const int s = stage_of(i), k0 = i * kStepRows;
-    wgmma_wait<1>();  // S_i, and dQ_{i - 1} before it; dP_i may still run
+  const int steps = t.steps();
+  for (int i = 0; i < steps; ++i) {
+    const int s = stage_of(i), k0 = t.key0(i);
+    mbarrier_wait(&bar.full[s], parity_of(i));
+    wgmma_fence();
+    if (i > 0) {
+      issue_gradient<T, D>(dq, ds, k_tile(stage_of(i - 1)));
+      wgmma_commit();
+    }
+    issue_scores<T, D>(sc, q_rows, k_tile(s));
+    wgmma_commit();
+    issue_scores<T, D>(dp, do_rows, v_tile(s));
+    wgmma_commit();
+    wgmma_wait<1>();  // dQ_{i-1} and S_i; dP_i may still run
     fence_operand(sc);
     fence_operand(dq);
     fence_operand(ds);
@@ -398,7 +446,8 @@ __device__ void consume_dq(uint8_t* smem, Barriers& bar, const Params& p, const 
     for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const bool masked = diagonal && k0 + column_of(j, e, t4) > query + 8 * (e >> 1);
+        const bool masked = (diagonal && k0 + column_of(j, e, t4) > query + 8 * (e >> 1)) ||
+                            (kSegmented && k0 + column_of(j, e, t4) < start[e >> 1]);
         sc[4 * j + e] = masked ? 0.0f : exp2f(fmaf(sc[4 * j + e], c, -lse2[e >> 1]));
       }
     wgmma_wait<0>();  // dP_i
@@ -409,19 +458,18 @@ __device__ void consume_dq(uint8_t* smem, Barriers& bar, const Params& p, const 
       for (int e = 0; e < 4; ++e) dp[4 * j + e] = sc[4 * j + e] * (dp[4 * j + e] - drow[e >> 1]);
     to_a_operand<T>(dp, ds);
     fence_operand(ds);
-    wgmma_fence();
-    issue_gradient<T, D>(dq, ds, k_tile(s));
-    wgmma_commit();
-    if (i + 1 < t.key_tiles) issue_scores_of(i + 1);
   }
+  wgmma_fence();
+  issue_gradient<T, D>(dq, ds, k_tile(stage_of(steps - 1)));
+  wgmma_commit();
   wgmma_wait<0>();
   fence_operand(dq);
   fence_operand(ds);
-  mbarrier_arrive(&bar.empty[stage_of(t.key_tiles - 1)]);
+  mbarrier_arrive(&bar.empty[stage_of(steps - 1)]);
   store_rows<D>(p.grad_a, p.grad_a_type, dq, p.scale, query, p.T, p.H, t.h, t.b, t4);
 }
 
-template <class T, int D>
+template <class T, int D, bool kSegmented>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_dq_sm90a_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap do_map,
                               const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map,
@@ -434,7 +482,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         produce<D>(q_map, do_map, t.q0, t.h, k_map, v_map, t.steps(),
                    [&](int i, int* rows, int* head) { t.step_at(i, rows, head); }, t.b, smem, bar);
       },
-      [&](uint8_t* smem, Barriers& bar) { consume_dq<T, D>(smem, bar, p, t); });
+      [&](uint8_t* smem, Barriers& bar) { consume_dq<T, D, kSegmented>(smem, bar, p, t); });
 }
 
 // ---- kernel 1: drow, and dout as a 16-bit tile source ----
@@ -463,6 +511,20 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// Packed rows: tile_min[b, tile] = the smallest segment start of the tile's 64 query rows (< T).
+__global__ void __launch_bounds__(256)
+    tile_min_start_kernel(int32_t* tile_min, const int32_t* segment_start, int B, int T) {
+  const int tiles = (T + kStepRows - 1) / kStepRows;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < static_cast<int64_t>(B) * tiles;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t b = i / tiles;
+    const int first = static_cast<int>(i % tiles) * kStepRows, last = min(first + kStepRows, T);
+    int smallest = first;  // a row's start is at most the row
+    for (int t = first; t < last; ++t) smallest = min(smallest, segment_start[b * T + t]);
+    tile_min[i] = smallest;
+  }
+}
+
 template <class Kernel>
 void allow_smem(Kernel kernel, size_t bytes, const char* what) {
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)) !=
@@ -472,17 +534,25 @@ void allow_smem(Kernel kernel, size_t bytes, const char* what) {
 
 }  // namespace
 
+namespace {
+int64_t round_up_256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+}  // namespace
+
 int64_t attention_sm90a_backward_workspace_bytes(KType type, KType dout_type, int64_t B, int64_t T, int64_t H,
-                                                 int64_t D) {
+                                                 int64_t D, bool segmented) {
   const int64_t drow = B * H * T * static_cast<int64_t>(sizeof(float));
   const int64_t dout16 = dout_type == type ? 0 : B * T * H * D * 2;
-  return drow + (dout16 + 255) / 256 * 256;
+  const int64_t tile_min = segmented ? B * ((T + kStepRows - 1) / kStepRows) * static_cast<int64_t>(sizeof(int32_t)) : 0;
+  return round_up_256(drow) + round_up_256(dout16) + tile_min;
 }
+
+bool attention_sm90a_backward_takes_segments(int64_t T) { return (T + kStepRows - 1) / kStepRows <= kMaxListedTiles; }
 
 void attention_sm90a_backward(void* dq, KType dq_type, void* dk, KType dk_type, void* dv, KType dv_type,
                               const void* dout, KType dout_type, const void* q, const void* k, const void* v,
-                              KType type, const void* out, KType out_type, const float* lse, void* workspace,
-                              int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, cudaStream_t stream) {
+                              KType type, const void* out, KType out_type, const float* lse,
+                              const int32_t* segment_start, void* workspace, int64_t B, int64_t T, int64_t H,
+                              int64_t KV, int64_t D, cudaStream_t stream) {
   if (!attention_sm90a_supported(type, type, type, type, D))
     throw std::logic_error("cuda::attention_sm90a_backward: needs BF16 or F16 operands and head dim 64 or 128");
   if (B < 0 || T < 0 || H <= 0 || KV <= 0 || H % KV != 0 || T > (1 << 30) || B > 65535 || H > 65535)
@@ -490,14 +560,22 @@ void attention_sm90a_backward(void* dq, KType dq_type, void* dk, KType dk_type, 
   for (const void* ptr : {dout, q, k, v, static_cast<const void*>(workspace)})
     if (!attention_sm90a_aligned(ptr))
       throw std::logic_error("cuda::attention_sm90a_backward: operands must be 16-byte aligned");
+  if (segment_start != nullptr && !attention_sm90a_backward_takes_segments(T))
+    throw std::logic_error("cuda::attention_sm90a_backward: packed rows longer than the kernel lists (T " +
+                           std::to_string(T) + ")");
   if (B == 0 || T == 0) return;
-  // The workspace: drow, then dout rounded to `type` when it is stored in another.
+  // The workspace: drow, then dout rounded to `type` when it is stored in another, then (segments)
+  // each query tile's smallest segment start.
+  uint8_t* const bytes = static_cast<uint8_t*>(workspace);
   float* drow = static_cast<float*>(workspace);
-  const int64_t drow_bytes = (B * H * T * static_cast<int64_t>(sizeof(float)) + 255) / 256 * 256;
-  void* dout16 = dout_type == type ? nullptr : static_cast<uint8_t*>(workspace) + drow_bytes;
+  const int64_t drow_bytes = round_up_256(B * H * T * static_cast<int64_t>(sizeof(float)));
+  const int64_t dout16_bytes = round_up_256(dout_type == type ? 0 : B * T * H * D * 2);
+  void* dout16 = dout_type == type ? nullptr : bytes + drow_bytes;
+  int32_t* tile_min = segment_start != nullptr ? reinterpret_cast<int32_t*>(bytes + drow_bytes + dout16_bytes) : nullptr;
   const void* do_tiles = dout16 != nullptr ? dout16 : dout;
   const Params base{static_cast<int>(T), static_cast<int>(H), static_cast<int>(KV),
-                    1.0f / std::sqrt(static_cast<float>(D)), lse, drow, nullptr, KType::F32, nullptr, KType::F32};
+                    1.0f / std::sqrt(static_cast<float>(D)), lse, drow, segment_start, tile_min,
+                    nullptr, KType::F32, nullptr, KType::F32};
   with_type_and_dim(type, D, "attention_sm90a_backward", [&](auto tag, auto dim) {
     using T16 = decltype(tag);
     constexpr int HD = decltype(dim)::value;
@@ -507,6 +585,12 @@ void attention_sm90a_backward(void* dq, KType dq_type, void* dk, KType dk_type, 
         drow, static_cast<T16*>(dout16), dout, dout_type, out, out_type, rows, static_cast<int>(T),
         static_cast<int>(H), static_cast<int>(D));
     check_launch("attention_sm90a_backward (rowsum dout*out)");
+    if (segment_start != nullptr) {
+      const int64_t tiles = B * ((T + kStepRows - 1) / kStepRows);
+      tile_min_start_kernel<<<static_cast<unsigned>(std::min<int64_t>((tiles + 255) / 256, 65535)), 256, 0, stream>>>(
+          tile_min, segment_start, static_cast<int>(B), static_cast<int>(T));
+      check_launch("attention_sm90a_backward (segments' smallest starts)");
+    }
     const CUtensorMap q_map = head_tensor_map(q, B, T, H, D, 64), do_map = head_tensor_map(do_tiles, B, T, H, D, 64);
     const CUtensorMap k_map = head_tensor_map(k, B, T, KV, D, 64), v_map = head_tensor_map(v, B, T, KV, D, 64);
     const size_t smem = smem_bytes<HD>();
@@ -517,7 +601,8 @@ void attention_sm90a_backward(void* dq, KType dq_type, void* dk, KType dk_type, 
     kv.grad_a_type = dk_type;
     kv.grad_b = dv;
     kv.grad_b_type = dv_type;
-    const auto dkdv = attention_dkdv_sm90a_kernel<T16, HD>;
+    const auto dkdv = segment_start != nullptr ? attention_dkdv_sm90a_kernel<T16, HD, true>
+                                               : attention_dkdv_sm90a_kernel<T16, HD, false>;
     allow_smem(dkdv, smem, "attention_sm90a_backward (dk, dv: shared memory attribute)");
     dkdv<<<dim3(tiles, static_cast<unsigned>(KV), static_cast<unsigned>(B)), kThreads, smem, stream>>>(
         k_map, v_map, q_map, do_map, kv);
@@ -526,7 +611,8 @@ void attention_sm90a_backward(void* dq, KType dq_type, void* dk, KType dk_type, 
     Params qp = base;
     qp.grad_a = dq;
     qp.grad_a_type = dq_type;
-    const auto dqk = attention_dq_sm90a_kernel<T16, HD>;
+    const auto dqk = segment_start != nullptr ? attention_dq_sm90a_kernel<T16, HD, true>
+                                              : attention_dq_sm90a_kernel<T16, HD, false>;
     allow_smem(dqk, smem, "attention_sm90a_backward (dq: shared memory attribute)");
     dqk<<<dim3(tiles, static_cast<unsigned>(H), static_cast<unsigned>(B)), kThreads, smem, stream>>>(
         q_map, do_map, k_map, v_map, qp);

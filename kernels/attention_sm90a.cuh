@@ -37,12 +37,16 @@ void attention_sm90a_forward(void* out, float* lse, const void* q, const void* k
 // The backward (kernels/attention_backward_sm90a.cu): deterministic, every gradient written once.
 // dq, dk, dv of any KType; dout of any KType, rounded to `type` (what autocast does; drow uses the
 // rounded dout too). The workspace holds drow (B·H·T floats) and, when dout_type != type, dout
-// rounded to `type`: attention_sm90a_backward_workspace_bytes of it, 16-byte aligned.
+// rounded to `type`, and with segments each 64-query tile's smallest start:
+// attention_sm90a_backward_workspace_bytes of it, 16-byte aligned. segment_start as the forward
+// takes it (nullptr: plain causal), for T where attention_sm90a_backward_takes_segments.
 int64_t attention_sm90a_backward_workspace_bytes(KType type, KType dout_type, int64_t B, int64_t T, int64_t H,
-                                                 int64_t D);
+                                                 int64_t D, bool segmented);
+bool attention_sm90a_backward_takes_segments(int64_t T);
 void attention_sm90a_backward(void* dq, KType dq_type, void* dk, KType dk_type, void* dv, KType dv_type,
                               const void* dout, KType dout_type, const void* q, const void* k, const void* v,
-                              KType type, const void* out, KType out_type, const float* lse, void* workspace,
-                              int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, cudaStream_t stream);
+                              KType type, const void* out, KType out_type, const float* lse,
+                              const int32_t* segment_start, void* workspace, int64_t B, int64_t T, int64_t H,
+                              int64_t KV, int64_t D, cudaStream_t stream);
 
 }  // namespace fsdpq::cuda

@@ -20,6 +20,12 @@ PY
 export LD_LIBRARY_PATH=$PWD/.device/lib:${LD_LIBRARY_PATH:-}${CUDNN_LIB:+:$CUDNN_LIB}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 echo "kernel images: $(cuobjdump -sass "$T" 2>/dev/null | grep -c HGMMA) HGMMA, $(cuobjdump -sass "$T" 2>/dev/null | grep -c UTMALDG) UTMALDG (0: no cuobjdump here)"
+# A serialised kernel (ptxas put a wait behind every wgmma: docs/cuda.md) has as many waits as products.
+cuobjdump -sass "$T" 2>/dev/null | awk '/Function :/ { if (name) print name, h, d; name = ""; h = d = 0 }
+  /Function : .*attention_(dq|dkdv)_sm90a_kernel|Function : .*attention_sm90a_kernel/ { name = $3 }
+  name && /HGMMA/ { h++ } name && /WARPGROUP.DEPBAR/ { d++ } END { if (name) print name, h, d }' |
+  sed -E 's/.*(attention_[a-z]*_?sm90a_kernel)I([0-9]*__[a-z_0-9]*)Li([0-9]*)ELb([01]).* ([0-9]+) ([0-9]+)$/\1 \2 D\3 segments=\4: \5 HGMMA, \6 waits/'
+
 
 if ! skip tiles; then
   echo "== one warpgroup tile through TMA + wgmma (GpuHopperWgmma.*)"
@@ -52,14 +58,14 @@ if ! skip perf; then
 fi
 
 if ! skip ncu; then
-  # Where the backward's time goes: the first launches of each backward kernel in the perf test
-  # (T 512 comes first), one ncu pass per kernel so the forward's many launches do not crowd them
+  # Where the backward's time goes: a launch of each backward kernel in the perf test at T 2048
+  # (FSDPQ_PERF_T, NCU_T= another), one ncu pass per kernel so the forward's many launches do not crowd them
   # out; speed of light, occupancy and the warps' stall reasons.
   echo "== ncu: the wgmma backward kernels, one at a time"
   NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
   if [ -z "$NCU" ]; then echo "no ncu here"; else
     for kernel in dkdv_sm90a dq_sm90a prepare_kernel; do
-      FSDPQ_GPU_PERF=1 timeout 120 "$NCU" --clock-control none --kernel-name regex:$kernel --launch-skip 2 --launch-count 1 \
+      FSDPQ_GPU_PERF=1 FSDPQ_PERF_T=${NCU_T:-2048} timeout 120 "$NCU" --clock-control none --kernel-name regex:$kernel --launch-skip 2 --launch-count 1 \
         --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats \
         "$T" --gtest_filter='GpuOpsAttentionCudnn.Perf' > $OUT/wgmma_ncu_$kernel.txt 2>&1
       echo "-- $kernel rc=$?"

@@ -42,9 +42,8 @@ void attention_backward(TensorView dq, TensorView dk, TensorView dv, const Tenso
 // deterministic backward (docs/cuda.md).
 // The environment's FSDPQ_ATTENTION (auto, mma, simt, cudnn, cudnn-nondeterministic, wgmma) sets
 // the choice at start-up; tests set it with set_gpu_attention_kernels.
-// With segment_start the SIMT and mma kernels run both passes, the wgmma kernel the forward; cuDNN
-// and the wgmma backward decline it and the pass falls through (ops/cuda/attention.cpp, one
-// condition per route; docs/packing.md).
+// With segment_start the SIMT, mma and wgmma kernels run both passes; cuDNN declines it and the
+// pass falls through (ops/cuda/attention.cpp, one condition per route; docs/packing.md).
 enum class GpuAttentionKernels { Auto, TensorCores, Simt, Cudnn, CudnnNondeterministic, Wgmma };
 GpuAttentionKernels gpu_attention_kernels();
 void set_gpu_attention_kernels(GpuAttentionKernels kernels);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -314,10 +315,10 @@ void perf_case(int64_t T, int64_t KV) {
   });
   if (cuda::attention_sm90a_unavailable().empty()) {
     Tensor wgmma_workspace = Tensor::empty(
-        Shape{cuda::attention_sm90a_backward_workspace_bytes(bf, bf, c.B, c.T, c.H, c.D) / 4 + 1}, DType::F32,
+        Shape{cuda::attention_sm90a_backward_workspace_bytes(bf, bf, c.B, c.T, c.H, c.D, false) / 4 + 1}, DType::F32,
         Device::CUDA);
     test::report_perf("attention wgmma bwd " + shape, 0, 2.5 * fwd, [&] {
-      cuda::attention_sm90a_backward(dq, bf, dk, bf, dv, bf, dout, bf, q, k, v, bf, out, bf, lse,
+      cuda::attention_sm90a_backward(dq, bf, dk, bf, dv, bf, dout, bf, q, k, v, bf, out, bf, lse, nullptr,
                                      wgmma_workspace.data<float>(), c.B, c.T, c.H, c.KV, c.D, cuda::stream());
     });
   }
@@ -360,6 +361,10 @@ TEST(GpuOpsAttentionCudnn, Perf) {
   test::use_gpu();
   if (!test::perf_mode()) GTEST_SKIP() << "set FSDPQ_GPU_PERF=1";
   FSDPQ_NEED_CUDNN();
+  if (const char* only = std::getenv("FSDPQ_PERF_T")) {  // one length alone (ncu: scripts/device_wgmma.sh)
+    perf_case(std::atoll(only), 32);
+    return;
+  }
   for (int64_t T : {512, 2048, 8192}) perf_case(T, 32);
   perf_case(2048, 8);
   for (int64_t T : {512, 2048, 8192}) perf_op_model_types(T);

@@ -4,10 +4,9 @@
 // chosen and fit, else the SIMT ones (kernels/attention.cuh). ops/attention.cpp checks the
 // arguments and holds the CPU reference.
 //
-// Packed rows (segment_start, ops/attention.h): the SIMT and mma kernels take them in both passes,
-// the wgmma kernel in the forward. A route without them declines a segmented pass through its
-// constant below and the pass falls through to the next: on Hopper a packed forward runs on
-// wgmma, its backward on mma; cuDNN takes none yet.
+// Packed rows (segment_start, ops/attention.h): the SIMT, mma and wgmma kernels take them in both
+// passes. A route without them declines a segmented pass through its constant below and the pass
+// falls through to the next: on Hopper a packed step runs on wgmma; cuDNN takes none yet.
 #include "kernels/attention.cuh"
 #include "kernels/attention_mma.cuh"
 #include "ops/attention.h"
@@ -35,7 +34,7 @@ Dims dims_of(const char* op, const TensorView& q, const TensorView& k) {
 // Which routes run packed rows (segment_start given); the rest decline and the pass falls through.
 constexpr bool kCudnnAcceptsSegments = false;
 constexpr bool kWgmmaForwardAcceptsSegments = true;
-constexpr bool kWgmmaBackwardAcceptsSegments = false;
+constexpr bool kWgmmaBackwardAcceptsSegments = true;
 constexpr bool kMmaAcceptsSegments = true;
 
 bool segmented(const TensorView& segment_start) { return segment_start.data != nullptr; }
@@ -83,7 +82,7 @@ void attention_backward(TensorView dq, TensorView dk, TensorView dv, const Tenso
       cudnn_attention_backward(dq, dk, dv, dout, q, k, v, out, lse))
     return;
   if ((!packed || kWgmmaBackwardAcceptsSegments) && wgmma_attention_chosen() &&
-      wgmma_attention_backward(dq, dk, dv, dout, q, k, v, out, lse))
+      wgmma_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, segment_start))
     return;
   // rowsum(dout * out) per query row, the one temporary (B * H * T floats).
   Tensor drow = Tensor::empty(Shape{d.B, d.H, d.T}, DType::F32, Device::CUDA);

@@ -60,19 +60,23 @@ bool wgmma_attention_forward(const TensorView& out, const TensorView& lse, const
 
 bool wgmma_attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv, const TensorView& dout,
                               const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
-                              const TensorView& lse) {
+                              const TensorView& lse, const TensorView& segment_start) {
   constexpr const char* op = "attention_backward";
   // `out` may be of any type here (the backward reads it through load_any), so q stands in for it.
   if (const std::string why = why_not(op, q, lse, q, k, v); !why.empty()) return decline(Pass::Backward, why);
   if (!cuda::attention_sm90a_aligned(dout.data)) return decline(Pass::Backward, "dout is not 16-byte aligned");
   const int64_t B = q.shape[0], T = q.shape[1], H = q.shape[2], KV = k.shape[2], D = q.shape[3];
   if (H == 0) return decline(Pass::Backward, "there are no heads");
+  const bool segmented = segment_start.data != nullptr;
+  if (segmented && !cuda::attention_sm90a_backward_takes_segments(T))
+    return decline(Pass::Backward, fmt::format("packed rows of {} tokens are longer than it takes", T));
   const cuda::KType type = ktype(op, q), dout_type = ktype(op, dout);
-  const int64_t bytes = cuda::attention_sm90a_backward_workspace_bytes(type, dout_type, B, T, H, D);
+  const int64_t bytes = cuda::attention_sm90a_backward_workspace_bytes(type, dout_type, B, T, H, D, segmented);
   Tensor workspace = Tensor::empty(Shape{(bytes + 3) / 4}, DType::F32, Device::CUDA);
   cuda::attention_sm90a_backward(dq.data, ktype(op, dq), dk.data, ktype(op, dk), dv.data, ktype(op, dv), dout.data,
                                  dout_type, q.data, k.data, v.data, type, out.data, ktype(op, out),
-                                 lse.as<const float>(), workspace.data<float>(), B, T, H, KV, D, cuda::stream());
+                                 lse.as<const float>(), segment_start.as<const int32_t>(), workspace.data<float>(), B,
+                                 T, H, KV, D, cuda::stream());
   count_ran(Pass::Backward);
   return true;
 }

@@ -29,11 +29,11 @@ bool wgmma_attention_forward(const TensorView& out, const TensorView& lse, const
                              const TensorView& v, const TensorView& segment_start = {});
 
 // True when the wgmma kernels ran the backward (their workspace allocated here); false when they
-// declined and queued nothing. It takes no packed rows yet: a caller with segment_start does not
-// call it (ops/cuda/attention.cpp).
+// declined and queued nothing. segment_start as the forward takes it (packed rows up to 65536
+// tokens; longer ones it declines).
 bool wgmma_attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv, const TensorView& dout,
                               const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
-                              const TensorView& lse);
+                              const TensorView& lse, const TensorView& segment_start = {});
 
 // How often the route ran or declined since the process started (the tests check which kernel ran).
 using WgmmaAttentionCounts = AttentionRouteCounts;
