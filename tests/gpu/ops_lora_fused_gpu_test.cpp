@@ -67,6 +67,16 @@ class LoraGroup {
       lora_forward_group(ys, xa, x, sites);
       lora_backward_group(dx, grads, dys, x, xa, sites);
     }
+    // The backward's two steps (lora.h): dB and d(xa) per adapter (cuBLAS on either path), then
+    // every dA and dx, where the fused kernels differ from the separate ones.
+    void backward_output(Tensor& dxa) {
+      for (size_t i = 0; i < sites.size(); ++i) lora_backward_output(dxa, i, grads[i].dB, dys[i], x, xa, sites);
+    }
+    void backward_input(const Tensor& dxa) {
+      std::vector<TensorView> dAs;
+      for (const LoraSiteGrads& g : grads) dAs.push_back(g.dA);
+      lora_backward_input(dx, dAs, dxa, x, xa, sites);
+    }
   };
 
   Placed place(Device device) const {
@@ -210,11 +220,14 @@ TEST_F(GpuOpsLoraFused, Perf) {
       {"down", {M, 11008, {64}, {4096}, DType::BF16, DType::BF16}}};
   for (const auto& [name, c] : groups) {
     LoraGroup::Placed placed = LoraGroup(c).place(Device::CUDA);
+    Tensor dxa = Tensor::empty(placed.xa.shape(), DType::F32, Device::CUDA);
     for (GpuLoraKernels k : {GpuLoraKernels::Separate, GpuLoraKernels::Fused}) {
       set_gpu_lora_kernels(k);
-      test::report_perf(fmt::format("lora group {} {} M {} (forward + backward)", name,
-                                    k == GpuLoraKernels::Fused ? "fused" : "separate", M),
-                        0, 0, [&] { placed.step(); });
+      const std::string what = fmt::format("lora group {} {} M {}", name, k == GpuLoraKernels::Fused ? "fused" : "separate", M);
+      test::report_perf(what + " (forward + backward)", 0, 0, [&] { placed.step(); });
+      test::report_perf(what + " forward", 0, 0, [&] { lora_forward_group(placed.ys, placed.xa, placed.x, placed.sites); });
+      test::report_perf(what + " backward dB, d(xa)", 0, 0, [&] { placed.backward_output(dxa); });
+      test::report_perf(what + " backward dA, dx", 0, 0, [&] { placed.backward_input(dxa); });
     }
   }
 }
