@@ -251,10 +251,16 @@ __device__ void consume_dkdv(uint8_t* smem, Barriers& bar, const Params& p, cons
     int q0 = 0, head = 0;
     t.step_at(i, &q0, &head);
     const int s = stage_of(i);
-    // The step's 64 query columns' lse (scaled to log2; past T, +inf), drow (past T, 0) and
-    // segment start, staged in shared memory by the warpgroup's first 64 threads (double-buffered):
-    // read from there where used, they take no registers across the products (kept in registers
-    // they made ptxas spill at D 128).
+    mbarrier_wait(&bar.full[s], parity_of(i));
+    wgmma_fence();
+    issue_scores<T, D>(st, k_rows, q_tile(s));
+    wgmma_commit();
+    issue_scores<T, D>(dpt, v_rows, do_tile(s));
+    wgmma_commit();
+    // While they run: the step's 64 query columns' lse (scaled to log2; past T, +inf), drow (past
+    // T, 0) and segment start, staged in shared memory by the warpgroup's first 64 threads
+    // (double-buffered): read from there where used, they take no registers across the products
+    // (kept in registers they made ptxas spill at D 128).
     float* const lse2 = stats + (i & 1) * 3 * kStepRows;
     float* const drow = lse2 + kStepRows;
     int* const start = reinterpret_cast<int*>(drow + kStepRows);
@@ -267,12 +273,6 @@ __device__ void consume_dkdv(uint8_t* smem, Barriers& bar, const Params& p, cons
         start[thread] = query < p.T ? __ldg(p.segment_start + static_cast<int64_t>(t.b) * p.T + query) : 0;
     }
     warpgroup_sync(1 + consumer);
-    mbarrier_wait(&bar.full[s], parity_of(i));
-    wgmma_fence();
-    issue_scores<T, D>(st, k_rows, q_tile(s));
-    wgmma_commit();
-    issue_scores<T, D>(dpt, v_rows, do_tile(s));
-    wgmma_commit();
     wgmma_wait<1>();  // Sᵀ; dPᵀ may still run
     fence_operand(st);
     const bool diagonal = q0 < t.k0 + kBlockRows;  // some key of the tile lies after some query
