@@ -128,12 +128,21 @@ void UnitBuild::finish() {
     storage.format().encode_statistics(static_cast<int>(piece.segment), storage.numel(), piece.from, piece.to,
                                        statistics_.data() + statistics_at_[piece.weight], storage.scalars, piece.out);
   }
-  for (WaitingPiece& waiting : waiting_) {
-    const FrozenPiece& piece = frozen_[waiting.piece];
-    const FrozenStorage& storage = unit_.frozen.at(piece.weight)->frozen;
-    storage.format().encode_values_with_scalars(static_cast<int>(piece.segment), storage.numel(), piece.from, piece.to,
-                                                waiting.values.data(), waiting.dtype, storage.scalars, piece.out);
-    waiting.values = {};
+  // A weight's waiting pieces together (HQQ's codes and zero points share one solver run), each
+  // weight's values let go of once it is encoded.
+  for (size_t k = 0; k < unit_.frozen.size(); ++k) {
+    std::vector<FrozenFormat::ScalarsPiece> pieces;
+    for (const WaitingPiece& waiting : waiting_) {
+      const FrozenPiece& piece = frozen_[waiting.piece];
+      if (piece.weight == k)
+        pieces.push_back({static_cast<int>(piece.segment), piece.from, piece.to, waiting.values.data(), waiting.dtype,
+                          piece.out});
+    }
+    if (pieces.empty()) continue;
+    const FrozenStorage& storage = unit_.frozen[k]->frozen;
+    storage.format().encode_pieces_with_scalars(storage.numel(), pieces, storage.scalars);
+    for (WaitingPiece& waiting : waiting_)
+      if (frozen_[waiting.piece].weight == k) waiting.values = {};
   }
   waiting_.clear();
 }

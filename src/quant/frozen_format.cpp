@@ -32,6 +32,12 @@ void FrozenFormat::encode_values_with_scalars(int segment, int64_t, size_t, size
   throw std::logic_error(name() + ": segment " + std::to_string(segment) + " does not need the scalars");
 }
 
+void FrozenFormat::encode_pieces_with_scalars(int64_t numel, std::span<const ScalarsPiece> pieces,
+                                              const FrozenScalars& scalars) const {
+  for (const ScalarsPiece& p : pieces)
+    encode_values_with_scalars(p.segment, numel, p.from, p.to, p.values, p.dtype, scalars, p.out);
+}
+
 size_t stored_bytes(const FrozenFormat& format, int64_t numel) {
   size_t bytes = 0;
   for (const SegmentSpec& s : format.segments(numel)) bytes += s.bytes;

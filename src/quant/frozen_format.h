@@ -100,6 +100,18 @@ class FrozenFormat {
   // measure_values was given and the scalars.
   virtual void encode_values_with_scalars(int segment, int64_t numel, size_t from, size_t to, const void* values,
                                           DType dtype, const FrozenScalars& scalars, uint8_t* out) const;
+  // encode_values_with_scalars for every needs_scalars piece of one weight a caller holds, together,
+  // so a format whose segments share work does it once (HQQ: its codes and zero points need the
+  // same solver run). The default encodes the pieces one by one.
+  struct ScalarsPiece {
+    int segment = 0;
+    size_t from = 0, to = 0;
+    const void* values = nullptr;  // as measure_values (or values_for) had them
+    DType dtype = DType::F32;
+    uint8_t* out = nullptr;
+  };
+  virtual void encode_pieces_with_scalars(int64_t numel, std::span<const ScalarsPiece> pieces,
+                                          const FrozenScalars& scalars) const;
 
   // ---- decoding ----
   // out (`numel` elements, F32, BF16 or F16, on the segments' device) = the stored values, as

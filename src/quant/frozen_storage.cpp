@@ -40,18 +40,27 @@ FrozenStorage FrozenStorage::encode(const FrozenFormat& format, const Shape& sha
       format.encode_values(segment, numel, 0, spec.bytes, values_of(segment, spec.bytes), dtype, s.segment(i).data(),
                            statistics.data());
   }
-  // Step 2: the scalars, then statistics segments and value segments that need the scalars.
+  // Step 2: the scalars, then statistics segments, and the value segments that need the scalars
+  // together (encode_pieces_with_scalars; each with its own copy of the values it reads).
   s.scalars = format.scalars_from(statistics.data(), numel);
+  std::vector<FrozenFormat::ScalarsPiece> pieces;
+  std::vector<std::vector<uint8_t>> piece_values;
   for (size_t i = 0; i < s.specs_.size(); ++i) {
     const SegmentSpec& spec = s.specs_[i];
     if (spec.bytes == 0) continue;
     const int segment = static_cast<int>(i);
-    if (spec.from_statistics)
+    if (spec.from_statistics) {
       format.encode_statistics(segment, numel, 0, spec.bytes, statistics.data(), s.scalars, s.segment(i).data());
-    else if (spec.needs_scalars)
-      format.encode_values_with_scalars(segment, numel, 0, spec.bytes, values_of(segment, spec.bytes), dtype, s.scalars,
-                                        s.segment(i).data());
+    } else if (spec.needs_scalars) {
+      const void* at = values_of(segment, spec.bytes);
+      if (at == gathered.data()) {  // values_of's buffer is reused by the next segment: keep a copy
+        piece_values.push_back(gathered);
+        at = piece_values.back().data();
+      }
+      pieces.push_back({segment, 0, spec.bytes, at, dtype, s.segment(i).data()});
+    }
   }
+  format.encode_pieces_with_scalars(numel, pieces, s.scalars);
   return s;
 }
 

@@ -196,41 +196,20 @@ class HqqFormat final : public FrozenFormat {
 
   void encode_values_with_scalars(int segment, int64_t numel, size_t from, size_t to, const void* values, DType dtype,
                                   const FrozenScalars& scalars, uint8_t* out) const override {
-    check_dtype(dtype);
-    const HqqPacking p = packing(numel);
-    const ElementRanges ranges = values_for(segment, numel, from, to);
-    const GroupValues source(ranges, values, dtype);
-    // Groups [first, end) after the run's number of updates, with their values.
-    std::vector<float> w;
-    const auto solve = [&](int64_t first, int64_t end) {
-      source.gather(first, end, w);
-      return hqq_solve_groups(w.data(), end - first, n_bits_, scalars.hqq_zero_updates, precision_, false).groups;
-    };
-    if (segment == kZeros) {
-      const GroupRange groups = meta_groups(from, to);
-      const std::vector<HqqGroup> solved = solve(groups.first, groups.end);
-      write_meta(groups, from, to, out, [&](int64_t g) {
-        return hqq_stored(solved[static_cast<size_t>(g - groups.first)], precision_, meta_).zero;
-      });
-      return;
-    }
-    if (segment != kCodes) FrozenFormat::encode_values_with_scalars(segment, numel, from, to, values, dtype, scalars, out);
-    // The codes of every slice's groups under the packed rows, then the rows' words, then the bytes.
-    const int64_t word_row = kHqqGroupSize * p.word_bytes;
-    const int64_t r0 = static_cast<int64_t>(from) / word_row, r1 = ceil_div(static_cast<int64_t>(to), word_row);
-    std::vector<uint8_t> codes(static_cast<size_t>(p.slices * (r1 - r0) * kHqqGroupSize), 0);
-    for (int k = 0; k < p.slices; ++k) {
-      const int64_t first = std::min(k * p.rows + r0, p.groups), end = std::min(k * p.rows + r1, p.groups);
-      if (first == end) continue;  // 3 bits: the padding rows' codes are 0
-      const std::vector<HqqGroup> solved = solve(first, end);
-      uint8_t* slice_codes = codes.data() + k * (r1 - r0) * kHqqGroupSize;
-#pragma omp parallel for schedule(static) if (end - first >= 256)
-      for (int64_t g = first; g < end; ++g)
-        hqq_group_codes(w.data() + (g - first) * kHqqGroupSize, solved[static_cast<size_t>(g - first)], n_bits_,
-                        slice_codes + (g - first) * kHqqGroupSize);
-    }
-    const std::vector<uint8_t> words = pack_rows(p, r1 - r0, codes);
-    std::memcpy(out, words.data() + (from - static_cast<size_t>(r0 * word_row)), to - from);
+    SolvedGroups solved;
+    encode_piece({segment, from, to, values, dtype, out}, numel, scalars, solved);
+  }
+
+  // The codes first: their solver run gives the zero points of the same groups (a rank holding a
+  // weight's codes holds its zero points' groups too), so the solver runs once, not twice.
+  void encode_pieces_with_scalars(int64_t numel, std::span<const ScalarsPiece> pieces,
+                                  const FrozenScalars& scalars) const override {
+    SolvedGroups solved;
+    for (const int segment : {kCodes, kZeros})
+      for (const ScalarsPiece& piece : pieces)
+        if (piece.segment == segment) encode_piece(piece, numel, scalars, solved);
+    for (const ScalarsPiece& piece : pieces)
+      if (piece.segment != kCodes && piece.segment != kZeros) encode_piece(piece, numel, scalars, solved);
   }
 
   void dequantize(std::span<const TensorView> segments, const FrozenScalars&, int64_t numel,
@@ -252,6 +231,73 @@ class HqqFormat final : public FrozenFormat {
 
   // How many of a weight's statistics are error sums (the scales follow them).
   static int64_t error_statistics(int64_t groups) { return ceil_div(groups, kBlockGroups) * kHqqSolverIterations; }
+  // Groups a solver run has given (after the run's number of updates), by range.
+  struct SolvedGroups {
+    std::vector<std::pair<GroupRange, std::vector<HqqGroup>>> runs;
+    // Groups [first, end) if runs hold them all (false otherwise, `out` untouched).
+    bool find(int64_t first, int64_t end, std::vector<HqqGroup>& out) const {
+      std::vector<HqqGroup> found;
+      for (int64_t g = first; g < end; ++g) {
+        const auto run = std::find_if(runs.begin(), runs.end(),
+                                      [&](const auto& r) { return g >= r.first.first && g < r.first.end; });
+        if (run == runs.end()) return false;
+        found.push_back(run->second[static_cast<size_t>(g - run->first.first)]);
+      }
+      out = std::move(found);
+      return true;
+    }
+  };
+
+  // One needs_scalars piece (encode_values_with_scalars), solving only groups `solved` lacks and
+  // adding what it solves there.
+  void encode_piece(const ScalarsPiece& piece, int64_t numel, const FrozenScalars& scalars, SolvedGroups& solved) const {
+    const int segment = piece.segment;
+    const size_t from = piece.from, to = piece.to;
+    uint8_t* const out = piece.out;
+    check_dtype(piece.dtype);
+    const HqqPacking p = packing(numel);
+    const ElementRanges ranges = values_for(segment, numel, from, to);
+    const GroupValues source(ranges, piece.values, piece.dtype);
+    // Groups [first, end) after the run's number of updates; w holds their values when
+    // `with_values` (the codes need them, the zero points do not).
+    std::vector<float> w;
+    const auto solve = [&](int64_t first, int64_t end, bool with_values) {
+      std::vector<HqqGroup> groups;
+      if (with_values) source.gather(first, end, w);
+      if (solved.find(first, end, groups)) return groups;
+      if (!with_values) source.gather(first, end, w);
+      groups = hqq_solve_groups(w.data(), end - first, n_bits_, scalars.hqq_zero_updates, precision_, false).groups;
+      solved.runs.push_back({{first, end}, groups});
+      return groups;
+    };
+    if (segment == kZeros) {
+      const GroupRange groups = meta_groups(from, to);
+      const std::vector<HqqGroup> zero_points = solve(groups.first, groups.end, false);
+      write_meta(groups, from, to, out, [&](int64_t g) {
+        return hqq_stored(zero_points[static_cast<size_t>(g - groups.first)], precision_, meta_).zero;
+      });
+      return;
+    }
+    if (segment != kCodes)
+      FrozenFormat::encode_values_with_scalars(segment, numel, from, to, piece.values, piece.dtype, scalars, out);
+    // The codes of every slice's groups under the packed rows, then the rows' words, then the bytes.
+    const int64_t word_row = kHqqGroupSize * p.word_bytes;
+    const int64_t r0 = static_cast<int64_t>(from) / word_row, r1 = ceil_div(static_cast<int64_t>(to), word_row);
+    std::vector<uint8_t> codes(static_cast<size_t>(p.slices * (r1 - r0) * kHqqGroupSize), 0);
+    for (int k = 0; k < p.slices; ++k) {
+      const int64_t first = std::min(k * p.rows + r0, p.groups), end = std::min(k * p.rows + r1, p.groups);
+      if (first == end) continue;  // 3 bits: the padding rows' codes are 0
+      const std::vector<HqqGroup> slice = solve(first, end, true);
+      uint8_t* slice_codes = codes.data() + k * (r1 - r0) * kHqqGroupSize;
+#pragma omp parallel for schedule(static) if (end - first >= 256)
+      for (int64_t g = first; g < end; ++g)
+        hqq_group_codes(w.data() + (g - first) * kHqqGroupSize, slice[static_cast<size_t>(g - first)], n_bits_,
+                        slice_codes + (g - first) * kHqqGroupSize);
+    }
+    const std::vector<uint8_t> words = pack_rows(p, r1 - r0, codes);
+    std::memcpy(out, words.data() + (from - static_cast<size_t>(r0 * word_row)), to - from);
+  }
+
   void check_dtype(DType dtype) const {
     if (!accepts_values(dtype))
       throw std::logic_error(fmt::format("{}: values given as {}, expected BF16 or F32", name(), dtype_name(dtype)));

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "quant/frozen_format.h"
+#include "quant/hqq_solve.h"
 #include "quant/frozen_storage.h"
 #include "quant/hqq.h"
 #include "quant/nf4.h"
@@ -326,6 +327,17 @@ TEST(FrozenFormat, HqqEncodingInPiecesEqualsTheWhole) {
       EXPECT_EQ(scalars.hqq_zero_updates, whole.scalars.hqq_zero_updates);
     }
   }
+}
+
+// A weight's codes and zero points share the solver run after the measuring one
+// (encode_pieces_with_scalars): the solver sees each group twice, not three times.
+TEST(FrozenFormat, HqqSolvesEachGroupTwice) {
+  const int64_t groups = 136;
+  const std::vector<uint8_t> v = random_values(groups * kHqqGroupSize, DType::BF16, 9);
+  const HqqSolverWork before = hqq_solver_work();
+  const FrozenStorage s = FrozenStorage::encode(hqq_format(4, DType::BF16), Shape{groups * kHqqGroupSize}, v.data(),
+                                                DType::BF16);
+  EXPECT_EQ(hqq_solver_work().groups - before.groups, 2 * groups);
 }
 
 // What hqq cannot pack is refused with the reason; the sizes are hqq's.
