@@ -41,14 +41,14 @@ __global__ void apply_kernel(const DropoutOutputs outs_param, const T* in, int64
         Quad<T> out;
 #pragma unroll
         for (int e = 0; e < 4; ++e) out.v[e] = keeps_lane(word, e, threshold) ? kept.v[e] : from_float<T>(0.0f);
-        reinterpret_cast<Quad<T>*>(outs.out[j])[q] = out;
+        reinterpret_cast<Quad<T>*>(outs.data[j])[q] = out;
       }
       continue;
     }
     for (int e = 0; e < 4 && base + e < n; ++e) {
       const T kept = from_float<T>(to_float(in[base + e]) * keep_scale);
       for (int j = 0; j < outs.count; ++j)
-        static_cast<T*>(outs.out[j])[base + e] = keeps_lane(keep_word(outs.mixed_key[j], q), e, threshold) ? kept
+        static_cast<T*>(outs.data[j])[base + e] = keeps_lane(keep_word(outs.mixed_key[j], q), e, threshold) ? kept
                                                                                                      : from_float<T>(0.0f);
     }
   }
@@ -67,7 +67,7 @@ __global__ void accumulate_kernel(T* dx, const DropoutGradients gs_param, int64_
     if (Vector && base + 4 <= n) {
       Quad<T> d = reinterpret_cast<Quad<T>*>(dx)[q];
       for (int j = 0; j < gs.count; ++j) {
-        const Quad<G> g = reinterpret_cast<const Quad<G>*>(gs.g[j])[q];
+        const Quad<G> g = reinterpret_cast<const Quad<G>*>(gs.data[j])[q];
         const uint64_t word = keep_word(gs.mixed_key[j], q);
 #pragma unroll
         for (int e = 0; e < 4; ++e)
@@ -80,7 +80,7 @@ __global__ void accumulate_kernel(T* dx, const DropoutGradients gs_param, int64_
       T d = dx[base + e];
       for (int j = 0; j < gs.count; ++j)
         if (keeps_lane(keep_word(gs.mixed_key[j], q), e, threshold))
-          d = from_float<T>(to_float(d) + keep_scale * to_float(static_cast<const G*>(gs.g[j])[base + e]));
+          d = from_float<T>(to_float(d) + keep_scale * to_float(static_cast<const G*>(gs.data[j])[base + e]));
       dx[base + e] = d;
     }
   }
@@ -94,7 +94,7 @@ void lora_dropout_apply(KType type, const DropoutOutputs& outs, const void* in, 
   with_ktype(type, [&](auto tag) {
     using T = decltype(tag);
     bool aligned = quad_aligned<T>(in);
-    for (int j = 0; j < outs.count; ++j) aligned = aligned && quad_aligned<T>(outs.out[j]);
+    for (int j = 0; j < outs.count; ++j) aligned = aligned && quad_aligned<T>(outs.data[j]);
     const auto kernel = aligned ? apply_kernel<T, true> : apply_kernel<T, false>;
     kernel<<<blocks_for((n + 3) / 4), 256, 0, stream>>>(outs, static_cast<const T*>(in), n, threshold, keep_scale);
   });
@@ -109,7 +109,7 @@ void lora_dropout_accumulate(KType type, void* dx, KType g_type, const DropoutGr
     with_ktype(g_type, [&](auto g_tag) {
       using G = decltype(g_tag);
       bool aligned = quad_aligned<T>(dx);
-      for (int j = 0; j < gs.count; ++j) aligned = aligned && quad_aligned<G>(gs.g[j]);
+      for (int j = 0; j < gs.count; ++j) aligned = aligned && quad_aligned<G>(gs.data[j]);
       const auto kernel = aligned ? accumulate_kernel<T, G, true> : accumulate_kernel<T, G, false>;
       kernel<<<blocks_for((n + 3) / 4), 256, 0, stream>>>(static_cast<T*>(dx), gs, n, threshold, keep_scale);
     });

@@ -6,24 +6,23 @@
 
 namespace fsdpq::cuda {
 
-// Where one pass over an input writes each adapter of a group's dropped copy, with its own key.
+// A group's tensors of one kind, each with its adapter's key: where one pass over an input writes
+// each adapter's dropped copy (DropoutOutputs), or the gradients at those copies
+// (DropoutGradients, all of one storage type).
 inline constexpr int kMaxDropoutOutputs = 4;
-struct DropoutOutputs {
+template <class Pointer>
+struct DropoutGroup {
   int count = 0;
-  void* out[kMaxDropoutOutputs] = {};
+  Pointer data[kMaxDropoutOutputs] = {};
   uint64_t mixed_key[kMaxDropoutOutputs] = {};
 };
+using DropoutOutputs = DropoutGroup<void*>;
+using DropoutGradients = DropoutGroup<const void*>;
 
-// outs.out[j][i] = keep_j(i) ? in[i] * keep_scale : 0, all of storage `type`; `in` is read once.
+// outs.data[j][i] = keep_j(i) ? in[i] * keep_scale : 0, all of storage `type`; `in` is read once.
 void lora_dropout_apply(KType type, const DropoutOutputs& outs, const void* in, int64_t n, uint32_t threshold,
                         float keep_scale, cudaStream_t stream);
-// The gradients at a group's dropped copies, each with its adapter's key, all of one storage type.
-struct DropoutGradients {
-  int count = 0;
-  const void* g[kMaxDropoutOutputs] = {};
-  uint64_t mixed_key[kMaxDropoutOutputs] = {};
-};
-// For j = 0, 1, ... in turn: dx[i] = keep_j(i) ? dx[i] + keep_scale * g_j[i] : dx[i], rounded to dx's
+// For j = 0, 1, ... in turn, g_j = gs.data[j]: dx[i] = keep_j(i) ? dx[i] + keep_scale * g_j[i] : dx[i], rounded to dx's
 // storage `type` after each j (as that many single accumulations would); g of storage `g_type`.
 // dx is read and written once.
 void lora_dropout_accumulate(KType type, void* dx, KType g_type, const DropoutGradients& gs, int64_t n,

@@ -205,11 +205,10 @@ class HqqFormat final : public FrozenFormat {
   void encode_pieces_with_scalars(int64_t numel, std::span<const ScalarsPiece> pieces,
                                   const FrozenScalars& scalars) const override {
     SolvedGroups solved;
-    for (const int segment : {kCodes, kZeros})
-      for (const ScalarsPiece& piece : pieces)
-        if (piece.segment == segment) encode_piece(piece, numel, scalars, solved);
     for (const ScalarsPiece& piece : pieces)
-      if (piece.segment != kCodes && piece.segment != kZeros) encode_piece(piece, numel, scalars, solved);
+      if (piece.segment == kCodes) encode_piece(piece, numel, scalars, solved);
+    for (const ScalarsPiece& piece : pieces)
+      if (piece.segment != kCodes) encode_piece(piece, numel, scalars, solved);
   }
 
   void dequantize(std::span<const TensorView> segments, const FrozenScalars&, int64_t numel,

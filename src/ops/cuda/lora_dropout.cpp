@@ -9,25 +9,28 @@ namespace fsdpq::cuda_ops {
 
 static_assert(cuda::kMaxDropoutOutputs == static_cast<int>(kMaxLoraGroup));
 
+namespace {
+template <class Group>
+Group dropout_group(std::span<const TensorView> tensors, std::span<const uint64_t> mixed_keys) {
+  Group group{};
+  group.count = static_cast<int>(mixed_keys.size());
+  for (size_t i = 0; i < mixed_keys.size(); ++i) {
+    group.data[i] = tensors[i].data;
+    group.mixed_key[i] = mixed_keys[i];
+  }
+  return group;
+}
+}  // namespace
+
 void lora_dropout_apply(std::span<const TensorView> outs, const TensorView& x, std::span<const uint64_t> mixed_keys,
                         uint32_t threshold, float keep_scale) {
-  cuda::DropoutOutputs targets{};
-  targets.count = static_cast<int>(mixed_keys.size());
-  for (size_t i = 0; i < mixed_keys.size(); ++i) {
-    targets.out[i] = outs[i].data;
-    targets.mixed_key[i] = mixed_keys[i];
-  }
+  const auto targets = dropout_group<cuda::DropoutOutputs>(outs, mixed_keys);
   cuda::lora_dropout_apply(ktype("lora_dropout", x), targets, x.data, x.numel(), threshold, keep_scale, cuda::stream());
 }
 
 void lora_dropout_accumulate(TensorView dx, std::span<const TensorView> gs, std::span<const uint64_t> mixed_keys,
                              uint32_t threshold, float keep_scale) {
-  cuda::DropoutGradients gradients{};
-  gradients.count = static_cast<int>(gs.size());
-  for (size_t j = 0; j < gs.size(); ++j) {
-    gradients.g[j] = gs[j].data;
-    gradients.mixed_key[j] = mixed_keys[j];
-  }
+  const auto gradients = dropout_group<cuda::DropoutGradients>(gs, mixed_keys);
   cuda::lora_dropout_accumulate(ktype("lora_backward", dx), dx.data, ktype("lora_backward", gs[0]), gradients,
                                 dx.numel(), threshold, keep_scale, cuda::stream());
 }
