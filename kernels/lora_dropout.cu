@@ -55,8 +55,8 @@ __global__ void apply_kernel(const DropoutOutputs outs_param, const T* in, int64
 }
 
 template <class T, class G, bool Vector>
-__global__ void accumulate_kernel(T* dx, const DropoutGradients gs_param, int64_t n, uint32_t threshold,
-                                  float keep_scale) {
+__global__ void accumulate_kernel(T* dx, bool overwrite, const DropoutGradients gs_param, int64_t n,
+                                  uint32_t threshold, float keep_scale) {
   __shared__ DropoutGradients gs;  // indexed by gradient at run time (see apply_kernel)
   if (threadIdx.x == 0) gs = gs_param;
   __syncthreads();
@@ -65,7 +65,13 @@ __global__ void accumulate_kernel(T* dx, const DropoutGradients gs_param, int64_
        q += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t base = q * 4;
     if (Vector && base + 4 <= n) {
-      Quad<T> d = reinterpret_cast<Quad<T>*>(dx)[q];
+      Quad<T> d;
+      if (overwrite) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) d.v[e] = from_float<T>(0.0f);
+      } else {
+        d = reinterpret_cast<Quad<T>*>(dx)[q];
+      }
       for (int j = 0; j < gs.count; ++j) {
         const Quad<G> g = reinterpret_cast<const Quad<G>*>(gs.data[j])[q];
         const uint64_t word = keep_word(gs.mixed_key[j], q);
@@ -77,7 +83,7 @@ __global__ void accumulate_kernel(T* dx, const DropoutGradients gs_param, int64_
       continue;
     }
     for (int e = 0; e < 4 && base + e < n; ++e) {
-      T d = dx[base + e];
+      T d = overwrite ? from_float<T>(0.0f) : dx[base + e];
       for (int j = 0; j < gs.count; ++j)
         if (keeps_lane(keep_word(gs.mixed_key[j], q), e, threshold))
           d = from_float<T>(to_float(d) + keep_scale * to_float(static_cast<const G*>(gs.data[j])[base + e]));
@@ -101,8 +107,8 @@ void lora_dropout_apply(KType type, const DropoutOutputs& outs, const void* in, 
   check_launch("lora_dropout_apply");
 }
 
-void lora_dropout_accumulate(KType type, void* dx, KType g_type, const DropoutGradients& gs, int64_t n,
-                             uint32_t threshold, float keep_scale, cudaStream_t stream) {
+void lora_dropout_accumulate(KType type, void* dx, bool overwrite, KType g_type, const DropoutGradients& gs,
+                             int64_t n, uint32_t threshold, float keep_scale, cudaStream_t stream) {
   if (n == 0 || gs.count == 0) return;
   with_ktype(type, [&](auto dx_tag) {
     using T = decltype(dx_tag);
@@ -111,7 +117,8 @@ void lora_dropout_accumulate(KType type, void* dx, KType g_type, const DropoutGr
       bool aligned = quad_aligned<T>(dx);
       for (int j = 0; j < gs.count; ++j) aligned = aligned && quad_aligned<G>(gs.data[j]);
       const auto kernel = aligned ? accumulate_kernel<T, G, true> : accumulate_kernel<T, G, false>;
-      kernel<<<blocks_for((n + 3) / 4), 256, 0, stream>>>(static_cast<T*>(dx), gs, n, threshold, keep_scale);
+      kernel<<<blocks_for((n + 3) / 4), 256, 0, stream>>>(static_cast<T*>(dx), overwrite, gs, n, threshold,
+                                                          keep_scale);
     });
   });
   check_launch("lora_dropout_accumulate");

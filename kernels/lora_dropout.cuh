@@ -24,8 +24,8 @@ void lora_dropout_apply(KType type, const DropoutOutputs& outs, const void* in, 
                         float keep_scale, cudaStream_t stream);
 // For j = 0, 1, ... in turn, g_j = gs.data[j]: dx[i] = keep_j(i) ? dx[i] + keep_scale * g_j[i] : dx[i], rounded to dx's
 // storage `type` after each j (as that many single accumulations would); g of storage `g_type`.
-// dx is read and written once.
-void lora_dropout_accumulate(KType type, void* dx, KType g_type, const DropoutGradients& gs, int64_t n,
-                             uint32_t threshold, float keep_scale, cudaStream_t stream);
+// dx is read (unless `overwrite`: its values start at 0) and written once.
+void lora_dropout_accumulate(KType type, void* dx, bool overwrite, KType g_type, const DropoutGradients& gs,
+                             int64_t n, uint32_t threshold, float keep_scale, cudaStream_t stream);
 
 }  // namespace fsdpq::cuda

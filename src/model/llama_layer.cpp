@@ -87,12 +87,35 @@ TensorView gemm_ready(const TensorView& dy, int m, const LayerCompute& w, Tensor
   return round_for_gemms(dy, {weight, adapter}, storage, "dy rounding");
 }
 
+// A group of one adapted module (o, down): dx = its adapter's part (written, not added), then
+// dx += dy·W through the base GEMM's beta, which reads dx as it stores its output: the adapter's
+// pass over dx [M, in] (down: 11,008 columns) no longer reads it. dW for a trainable base weight.
+// Its dy copy is held through both.
+void adapter_first_backward(TensorView dx, const TensorView& dy_in, const TensorView& x, int group,
+                            const LayerCompute& w, const LayerActivations& a, const GroupAdapters& g) {
+  const int m = group_modules(group)[0];
+  Tensor dy_storage;
+  const TensorView dy = gemm_ready(dy_in, m, w, dy_storage);
+  {
+    ScopedSection section("lora bwd");
+    Tensor dxa = Tensor::empty(a.xa[group].shape(), DType::F32, x.device);
+    lora_backward_output(dxa, 0, w.lora[m]->B.grad.view(), dy, x, a.xa[group], g.sites);
+    const TensorView dA = w.lora[m]->A.grad.view();
+    lora_backward_input(dx, std::span(&dA, 1), dxa, x, a.xa[group], g.sites, /*accumulate_dx=*/false);
+  }
+  ScopedSection section("linear bwd");
+  linear_backward_input(dx, dy, w.weight[m], /*accumulate=*/true);
+  if (w.d_weight[m].data) linear_backward_weight(w.d_weight[m], dy, x, /*accumulate=*/true);
+}
+
 // dx (+)= Σ_j dys[j]·W_m (+ the adapters' part), adding dW for trainable base weights and dA, dB
 // for adapters. Each module's dy is let go of once its own GEMMs have read it.
 void linear_group_backward(TensorView dx, bool accumulate, std::span<const TensorView> dys, const TensorView& x,
                            int group, const LayerCompute& w, const LayerActivations& a) {
   const std::span<const int> modules = group_modules(group);
   const GroupAdapters g = group_adapters(group, w);
+  if (modules.size() == 1 && g.sites.size() == 1 && !is_dora(w, modules[0]) && !accumulate && dx.data != nullptr)
+    return adapter_first_backward(dx, dys[0], x, group, w, a, g);
   Tensor dxa = g.sites.empty() ? Tensor() : Tensor::empty(a.xa[group].shape(), DType::F32, x.device);
   for (size_t j = 0; j < modules.size(); ++j) {
     const int m = modules[j];

@@ -61,15 +61,17 @@ CrossEntropyResult cross_entropy_forward_backward(const TensorView& logits, cons
 
 // lora.h's dropout (the mask of kernels/lora_dropout_mask.h): outs[i] = x · keep_i / (1 - p) for
 // the mixed key mixed_keys[i], in x's dtype; and dx += keep_j / (1 - p) ⊙ g_j for each j in turn
-// (every g_j of dx's shape and of one float dtype, rounded to dx's after each j).
+// (every g_j of dx's shape and of one float dtype, rounded to dx's after each j; `overwrite`: dx
+// starts at 0, unread).
 void lora_dropout_apply(std::span<const TensorView> outs, const TensorView& x, std::span<const uint64_t> mixed_keys,
                         uint32_t threshold, float keep_scale);
-void lora_dropout_accumulate(TensorView dx, std::span<const TensorView> gs, std::span<const uint64_t> mixed_keys,
-                             uint32_t threshold, float keep_scale);
+void lora_dropout_accumulate(TensorView dx, bool overwrite, std::span<const TensorView> gs,
+                             std::span<const uint64_t> mixed_keys, uint32_t threshold, float keep_scale);
 
 // lora.h's fused group products (kernels/lora_fused.cuh) for a group whose dropout is active, with
-// the group's mask: xa = [dropout_i(x) · A_iᵀ]_i; and dA_i += dxa_iᵀ · dropout_i(x), dx (+)= the
-// adapters' masked dxa_i · A_i (dx skipped when dx.data is null; dxa in A's dtype). Each returns
+// the group's mask: xa = [dropout_i(x) · A_iᵀ]_i; and dA_i += dxa_iᵀ · dropout_i(x), dx += (or with
+// accumulate_dx false, =) the adapters' masked dxa_i · A_i (dx skipped when dx.data is null; dxa in
+// A's dtype). Each returns
 // false and queues nothing where the kernels do not take the group (lora.h, GpuLoraKernels).
 struct LoraGroupMask {
   std::span<const uint64_t> mixed_keys;
@@ -77,8 +79,9 @@ struct LoraGroupMask {
   float keep_scale = 1.0f;
 };
 bool lora_fused_forward(TensorView xa, const TensorView& x, std::span<const LoraSite> sites, const LoraGroupMask& mask);
-bool lora_fused_backward_input(TensorView dx, std::span<const TensorView> dAs, const TensorView& dxa,
-                               const TensorView& x, std::span<const LoraSite> sites, const LoraGroupMask& mask);
+bool lora_fused_backward_input(TensorView dx, bool accumulate_dx, std::span<const TensorView> dAs,
+                               const TensorView& dxa, const TensorView& x, std::span<const LoraSite> sites,
+                               const LoraGroupMask& mask);
 // How many group products the fused kernels ran since the process started (the tests check it).
 int64_t lora_fused_runs();
 

@@ -197,8 +197,8 @@ MatrixView columns_of(const TensorView& xa, const GroupDims& g, size_t i) {
 }
 
 // For each adapter j of the mask in turn: dx += mask_j / (1 - p) ⊙ g_j, rounded to dx's dtype after
-// each (every g_j of one float dtype, dx's size). One pass over dx.
-void accumulate_dropped(TensorView dx, std::span<const TensorView> gs, const GroupMask& mask) {
+// each (every g_j of one float dtype, dx's size). One pass over dx; `overwrite`: dx starts at 0.
+void accumulate_dropped(TensorView dx, std::span<const TensorView> gs, const GroupMask& mask, bool overwrite = false) {
   constexpr const char* op = "lora_backward";
   check_that(gs.size() == mask.count, "{}: {} gradients for {} masks", op, gs.size(), mask.count);
   for (const TensorView& g : gs) {
@@ -211,13 +211,16 @@ void accumulate_dropped(TensorView dx, std::span<const TensorView> gs, const Gro
   const float keep_scale = mask.keep_scale;
   const int64_t n = dx.numel();
   if (runs_on_cuda(op, {dx, gs[0]}))
-    if constexpr (kWithCuda) return cuda_ops::lora_dropout_accumulate(dx, gs, mask.mixed_keys(), threshold, keep_scale);
+    if constexpr (kWithCuda)
+      return cuda_ops::lora_dropout_accumulate(dx, overwrite, gs, mask.mixed_keys(), threshold, keep_scale);
   with_storage(dx.dtype, op, [&](auto dx_tag) {
     using S = decltype(dx_tag);
     with_storage(gs[0].dtype, op, [&](auto g_tag) {
       using G = decltype(g_tag);
       S* out = dx.as<S>();
       for_each_quad(n, [&](int64_t q, int64_t begin, int64_t end) {
+        if (overwrite)
+          for (int64_t e = begin; e < end; ++e) out[e] = from_f32<S>(0.0f);
         for (size_t j = 0; j < gs.size(); ++j) {
           const G* g = gs[j].as<const G>();
           const uint64_t word = keep_word(mask.keys[j], q);
@@ -312,7 +315,8 @@ void lora_backward_output(TensorView dxa, size_t i, TensorView dB, const TensorV
 }
 
 void lora_backward_input(TensorView dx, std::span<const TensorView> dAs, const TensorView& dxa_f32,
-                         const TensorView& x, const TensorView& xa, std::span<const LoraSite> sites) {
+                         const TensorView& x, const TensorView& xa, std::span<const LoraSite> sites,
+                         bool accumulate_dx) {
   constexpr const char* op = "lora_backward";
   const GroupDims g = check_group(op, x, xa, sites);
   check_that(dAs.size() == sites.size(), "{}: {} dA for {} adapters", op, dAs.size(), sites.size());
@@ -344,13 +348,14 @@ void lora_backward_input(TensorView dx, std::span<const TensorView> dAs, const T
       for (size_t i = 0; i < sites.size(); ++i)
         accumulate(dAs[i], dA_stacked.view().slice_rows(g.first_column[i], g.site[i].rank));
     }
-    if (dx.data != nullptr) linear_backward_input(dx, dxa, stacked.view, /*accumulate=*/true);
+    if (dx.data != nullptr) linear_backward_input(dx, dxa, stacked.view, accumulate_dx);
     return;
   }
 
   // Both at once on the GPU, the masks applied inside the products.
   if (fused_on_gpu(x, [&](const GroupMask& mask) {
-        if constexpr (kWithCuda) return cuda_ops::lora_fused_backward_input(dx, dAs, dxa, x, sites, mask.for_gpu());
+        if constexpr (kWithCuda)
+          return cuda_ops::lora_fused_backward_input(dx, accumulate_dx, dAs, dxa, x, sites, mask.for_gpu());
         return false;
       }, sites))
     return;
@@ -364,7 +369,7 @@ void lora_backward_input(TensorView dx, std::span<const TensorView> dAs, const T
   if (dx.data == nullptr) return;
   if (!dropout_active(sites[0].params)) {
     for (size_t i = 0; i < sites.size(); ++i)
-      linear_backward_input(dx, columns_of(dxa, g, i), sites[i].A, /*accumulate=*/true);
+      linear_backward_input(dx, columns_of(dxa, g, i), sites[i].A, accumulate_dx || i > 0);
     return;
   }
   // dx += mask_i / (1 - p) ⊙ (d(xa)_i · A_i) for every adapter: each product in x's dtype (as PEFT's
@@ -376,7 +381,7 @@ void lora_backward_input(TensorView dx, std::span<const TensorView> dAs, const T
     views.push_back(products.back().view());
     linear_backward_input(views.back(), columns_of(dxa, g, i), sites[i].A);
   }
-  accumulate_dropped(dx, views, GroupMask(sites));
+  accumulate_dropped(dx, views, GroupMask(sites), /*overwrite=*/!accumulate_dx);
 }
 
 void lora_backward_group(TensorView dx, std::span<const LoraSiteGrads> grads, std::span<const TensorView> dys,

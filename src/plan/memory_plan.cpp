@@ -158,7 +158,8 @@ struct OpTemporaries {
 // the dA and dx GEMMs d(xa) rounded (GPU) beside the dropped copies, then beside every adapter's
 // masked product d(xa)_i · A_i (x's dtype, as many bytes as the copies), or beside the stacked A and dA. A group the fused LoRA kernels take
 // (GPU, 16-bit, dropout: ops/lora.h) writes no dropped copy: only their fp32 partial sums
-// (kernels/lora_fused_shape.h), the forward's split-K ones and the backward's per-chunk dA.
+// (kernels/lora_fused_shape.h), the forward's split-K ones and the backward's per-chunk dA. A group
+// of one module keeps its dy copy through its adapter's part, which runs first.
 OpTemporaries lora_temporaries(const PlanInput& p, const std::vector<Linear>& lin, int64_t N) {
   const bool gpu = p.on_gpu, dropout = p.lora_dropout > 0;
   const int64_t a = static_cast<int64_t>(dtype_size(p.activation));
@@ -190,7 +191,11 @@ OpTemporaries lora_temporaries(const PlanInput& p, const std::vector<Linear>& li
     const int64_t input_phase = fused     ? R(lora_fused::weight_grad_workspace_floats(N, in, rank) * kF32)
                                 : dropout ? dropped_copies
                                           : stacked + (adapters > 1 ? R(rank * in * kF32) : 0);
-    t.backward = std::max(t.backward, dxa + std::max(dy_cast, dxa_cast + input_phase));
+    // A group of one module (o, down) runs its adapter's part first, while its dy copy is held for
+    // the base weight's GEMM after it (model/llama_layer.cpp, adapter_first_backward).
+    const bool adapter_first = group.size() == 1;
+    t.backward = std::max(t.backward, adapter_first ? dxa + dy_cast + dxa_cast + input_phase
+                                                    : dxa + std::max(dy_cast, dxa_cast + input_phase));
   }
   return t;
 }

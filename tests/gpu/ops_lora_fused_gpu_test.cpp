@@ -67,6 +67,15 @@ class LoraGroup {
       lora_forward_group(ys, xa, x, sites);
       lora_backward_group(dx, grads, dys, x, xa, sites);
     }
+    // The same, with dx written (lora_backward_input's accumulate_dx false), not added to.
+    void step_writing_dx() {
+      lora_forward_group(ys, xa, x, sites);
+      Tensor dxa = Tensor::empty(xa.shape(), DType::F32, x.device());
+      backward_output(dxa);
+      std::vector<TensorView> dAs;
+      for (const LoraSiteGrads& g : grads) dAs.push_back(g.dA);
+      lora_backward_input(dx, dAs, dxa, x, xa, sites, /*accumulate_dx=*/false);
+    }
     // The backward's two steps (lora.h): dB and d(xa) per adapter (cuBLAS on either path), then
     // every dA and dx, where the fused kernels differ from the separate ones.
     void backward_output(Tensor& dxa) {
@@ -104,9 +113,12 @@ class LoraGroup {
     return p;
   }
 
-  GroupRun run(Device device) const {
+  GroupRun run(Device device, bool accumulate_dx = true) const {
     Placed p = place(device);
-    p.step();
+    if (accumulate_dx)
+      p.step();
+    else
+      p.step_writing_dx();
     GroupRun r{test::on_cpu(p.xa), test::on_cpu(p.dx), {}, {}, {}};
     for (size_t i = 0; i < p.A.size(); ++i) {
       r.y.push_back(test::on_cpu(p.y[i]));
@@ -170,6 +182,22 @@ TEST_F(GpuOpsLoraFused, MatchesTheCpuAndTheSeparatePath) {
     EXPECT_EQ(cuda_ops::lora_fused_runs() - before, 2) << "the separate path ran a fused kernel";
     expect_runs_close(fused, cpu, "fused vs cpu");
     expect_runs_close(fused, separate, "fused vs separate");
+  }
+}
+
+// dx written rather than added to (a group of one runs its adapter's part first,
+// model/llama_layer.cpp): the old dx (random here) must not show, on either path.
+TEST_F(GpuOpsLoraFused, WrittenInputGradientMatchesTheCpu) {
+  for (const GroupCase& c : {GroupCase{300, 512, {64}, {256}, DType::BF16, DType::F32},
+                             GroupCase{77, 256, {64, 16, 16}, {256, 64, 64}, DType::BF16, DType::BF16}}) {
+    SCOPED_TRACE(c.name());
+    const LoraGroup group(c);
+    const GroupRun cpu = group.run(Device::CPU, /*accumulate_dx=*/false);
+    for (GpuLoraKernels k : {GpuLoraKernels::Separate, GpuLoraKernels::Fused}) {
+      set_gpu_lora_kernels(k);
+      expect_runs_close(group.run(Device::CUDA, /*accumulate_dx=*/false), cpu,
+                        k == GpuLoraKernels::Fused ? "fused, dx written" : "separate, dx written");
+    }
   }
 }
 

@@ -459,13 +459,17 @@ const std::string kPacked = " --packing true --context_length 256";
 
 
 // The same rows per step at 1, 2 and 4 ranks (dealt by tokens, one row per micro-batch): the same
-// objective, as the unpacked Equivalence test argues; and the metrics report the real tokens.
+// objective, as the unpacked Equivalence test argues; and the metrics report the real tokens. In
+// fp32: the world sizes sum the gradients in other orders (~1e-7 apart), and in bf16 a weight's
+// compute copy now and then rounds the other way, which 8 steps at lr 2e-3 grow past 1e-5 of the
+// loss for some seeds, whichever order the layer's own sums take.
 TEST_F(Checkpoints, PackedRunsAgreeAtAnyWorldSizeAndReportRealTokens) {
-  auto r = mpirun(1, run_args(1, "pk_np1", kPacked));
+  const std::string packed = kPacked + " --precision fp32";
+  auto r = mpirun(1, run_args(1, "pk_np1", packed));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (int ranks : {2, 4}) {
     const std::string out = "pk_np" + std::to_string(ranks);
-    r = mpirun(ranks, run_args(ranks, out, kPacked));
+    r = mpirun(ranks, run_args(ranks, out, packed));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     SCOPED_TRACE(out);
     expect_same_losses(dir_ / out, dir_ / "pk_np1", false);

@@ -243,6 +243,41 @@ TEST(OpsLora, GroupEqualsItsAdaptersOneByOne) {
     }
 }
 
+// lora_backward_input with accumulate_dx false writes the adapters' part into dx: what adding it
+// to zeros gives, bit for bit, whatever dx held (every path: stacked, per adapter, dropout).
+TEST(OpsLora, WrittenInputGradientIsTheAddedOneOnZeros) {
+  const int64_t M = 9, in = 24;
+  for (const std::vector<int64_t>& ranks : {std::vector<int64_t>{4}, std::vector<int64_t>{4, 2, 4}})
+    for (DType dtype : {DType::F32, DType::BF16})
+      for (float dropout : {0.0f, 0.25f}) {
+        SCOPED_TRACE(fmt::format("{} adapters {} dropout {}", ranks.size(), dtype_name(dtype), dropout));
+        Tensor x = random_tensor(Shape{M, in}, dtype, 50);
+        std::vector<Tensor> As, Bs, dA_added, dA_written;
+        std::vector<LoraSite> sites;
+        int64_t total_rank = 0;
+        for (size_t i = 0; i < ranks.size(); ++i) {
+          As.push_back(random_tensor(Shape{ranks[i], in}, dtype, 51 + i));
+          Bs.push_back(random_tensor(Shape{8, ranks[i]}, dtype, 61 + i));
+          dA_added.push_back(Tensor::zeros(As[i].shape(), DType::F32));
+          dA_written.push_back(Tensor::zeros(As[i].shape(), DType::F32));
+          sites.push_back(LoraSite{As[i].view(), Bs[i].view(), LoraParams{8.0f, dropout, true, 900 + i}});
+          total_rank += ranks[i];
+        }
+        const Tensor xa = random_tensor(Shape{M, total_rank}, dtype, 70);
+        const Tensor dxa = random_tensor(Shape{M, total_rank}, DType::F32, 71);
+        Tensor added = Tensor::zeros(Shape{M, in}, DType::F32), written = random_tensor(Shape{M, in}, DType::F32, 72);
+        std::vector<TensorView> added_views, written_views;
+        for (size_t i = 0; i < ranks.size(); ++i) {
+          added_views.push_back(dA_added[i].view());
+          written_views.push_back(dA_written[i].view());
+        }
+        lora_backward_input(added, added_views, dxa, x, xa, sites);
+        lora_backward_input(written, written_views, dxa, x, xa, sites, /*accumulate_dx=*/false);
+        EXPECT_EQ(to_doubles(written), to_doubles(added));
+        for (size_t i = 0; i < ranks.size(); ++i) EXPECT_EQ(to_doubles(dA_written[i]), to_doubles(dA_added[i]));
+      }
+}
+
 TEST(OpsLora, GroupChecksItsArguments) {
   Tensor x = random_tensor(Shape{5, 8}, DType::F32, 1);
   Tensor A0 = random_tensor(Shape{2, 8}, DType::F32, 2), B0 = random_tensor(Shape{4, 2}, DType::F32, 3);

@@ -28,11 +28,11 @@ void lora_dropout_apply(std::span<const TensorView> outs, const TensorView& x, s
   cuda::lora_dropout_apply(ktype("lora_dropout", x), targets, x.data, x.numel(), threshold, keep_scale, cuda::stream());
 }
 
-void lora_dropout_accumulate(TensorView dx, std::span<const TensorView> gs, std::span<const uint64_t> mixed_keys,
-                             uint32_t threshold, float keep_scale) {
+void lora_dropout_accumulate(TensorView dx, bool overwrite, std::span<const TensorView> gs,
+                             std::span<const uint64_t> mixed_keys, uint32_t threshold, float keep_scale) {
   const auto gradients = dropout_group<cuda::DropoutGradients>(gs, mixed_keys);
-  cuda::lora_dropout_accumulate(ktype("lora_backward", dx), dx.data, ktype("lora_backward", gs[0]), gradients,
-                                dx.numel(), threshold, keep_scale, cuda::stream());
+  cuda::lora_dropout_accumulate(ktype("lora_backward", dx), dx.data, overwrite, ktype("lora_backward", gs[0]),
+                                gradients, dx.numel(), threshold, keep_scale, cuda::stream());
 }
 
 }  // namespace fsdpq::cuda_ops

@@ -57,8 +57,9 @@ bool lora_fused_forward(TensorView xa, const TensorView& x, std::span<const Lora
   return true;
 }
 
-bool lora_fused_backward_input(TensorView dx, std::span<const TensorView> dAs, const TensorView& dxa,
-                               const TensorView& x, std::span<const LoraSite> sites, const LoraGroupMask& mask) {
+bool lora_fused_backward_input(TensorView dx, bool accumulate_dx, std::span<const TensorView> dAs,
+                               const TensorView& dxa, const TensorView& x, std::span<const LoraSite> sites,
+                               const LoraGroupMask& mask) {
   const cuda::LoraFusedGroup g = fused_group(x, sites, mask, {&dxa});
   if (g.count == 0) return false;
   const int64_t M = x.shape.rows(), in = x.shape.last();
@@ -68,6 +69,7 @@ bool lora_fused_backward_input(TensorView dx, std::span<const TensorView> dAs, c
   for (const TensorView& dA : dAs) grads.push_back(dA.as<float>());
   const cuda::KType type = ktype("lora_backward", x);
   cuda::lora_fused_weight_grad(grads.data(), dxa.data, x.data, type, g, M, in, workspace.data<float>(), cuda::stream());
+  if (dx.data != nullptr && !accumulate_dx) fill_zero(dx);  // the kernel adds to dx
   if (dx.data != nullptr)
     cuda::lora_fused_input_grad(dx.data, ktype("lora_backward", dx), dxa.data, type, g, M, in, cuda::stream());
   ++runs;
