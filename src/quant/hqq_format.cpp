@@ -65,11 +65,9 @@ class GroupValues {
     }
     throw std::logic_error(fmt::format("hqq: group {} is not among the values given", g));
   }
-  // Groups [first, end) one after another as fp32, for the batched solver.
-  void gather(int64_t first, int64_t end, std::vector<float>& out) const {
-    out.resize(static_cast<size_t>((end - first) * kHqqGroupSize));
-#pragma omp parallel for schedule(static) if (end - first >= 256)
-    for (int64_t g = first; g < end; ++g) read(g, out.data() + (g - first) * kHqqGroupSize);
+  // The solver's reader of groups first, first + 1, ... (its group 0 is group `first`).
+  HqqGroupReader from(int64_t first) const {
+    return [this, first](int64_t g, float* out) { read(first + g, out); };
   }
 
  private:
@@ -165,12 +163,10 @@ class HqqFormat final : public FrozenFormat {
     const GroupValues source(ranges, values, dtype);
     // Each range is whole blocks (values_for): solve them all at once, 20 iterations, keeping each
     // block's error sums.
-    std::vector<float> gathered;
     for (const ElementRange& r : ranges) {
       const int64_t first = r.first / kHqqGroupSize, end = (r.first + r.count) / kHqqGroupSize;
-      source.gather(first, end, gathered);
-      const HqqSolved solved = hqq_solve_groups(gathered.data(), end - first, n_bits_, kHqqSolverIterations, precision_,
-                                                /*block_errors=*/true);
+      const HqqSolved solved = hqq_solve_groups(source.from(first), end - first, n_bits_, kHqqSolverIterations,
+                                                precision_, /*block_errors=*/true);
       for (size_t k = 0; k < solved.block_errors.size(); ++k)
         statistics[first / kBlockGroups * kHqqSolverIterations + static_cast<int64_t>(k)] =
             static_cast<float>(solved.block_errors[k]);
@@ -268,12 +264,11 @@ class HqqFormat final : public FrozenFormat {
     const ElementRanges ranges = values_for(segment, numel, from, to);
     const GroupValues source(ranges, piece.values, piece.dtype);
     // Groups [first, end) after the run's number of updates.
-    std::vector<float> w;
     const auto solve = [&](int64_t first, int64_t end) {
       std::vector<HqqGroup> groups;
       if (solved.find(first, end, groups)) return groups;
-      source.gather(first, end, w);
-      groups = hqq_solve_groups(w.data(), end - first, n_bits_, scalars.hqq_zero_updates, precision_, false).groups;
+      groups = hqq_solve_groups(source.from(first), end - first, n_bits_, scalars.hqq_zero_updates, precision_, false)
+                   .groups;
       solved.runs.push_back({{first, end}, groups});
       return groups;
     };
