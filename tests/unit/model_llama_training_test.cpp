@@ -79,7 +79,8 @@ TEST(LlamaModelTiming, DISABLED_TinyPresetForwardBackward) {
 
 // Not a check, a measurement (run with --gtest_also_run_disabled_tests): hqq_lora's start-up on one
 // decoder layer of Llama-2-7B's shape (vocab 256), the trainer's build path (build_whole_unit). The
-// encoding outside the solver is what a GPU run spends on the host besides the solver (issue #25).
+// encoding outside the solver is what a GPU run spends on the host besides the solver (issue #25);
+// the solver's own time includes reading the values into its groups (quant/hqq_solve.h).
 TEST(LlamaModelTiming, DISABLED_HqqStartOfA7bLayer) {
   LlamaConfig config = preset_or_fail("llama2-7b");
   config.num_hidden_layers = 1;
