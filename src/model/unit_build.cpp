@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstring>
 #include <stdexcept>
 
 namespace fsdpq {
@@ -27,6 +26,20 @@ class Timed {
   std::atomic<int64_t>& total_;
   std::chrono::steady_clock::time_point start_;
 };
+
+// The weight's `ranges`, concatenated, in `dtype`. Not zero-filled first: the reader writes every
+// byte, and a one-thread fill of a 7B weight's values cost about as long as reading them.
+std::unique_ptr<uint8_t[]> read_ranges(const UnitReader& reader, const BaseWeight& w, DType dtype,
+                                       const ElementRanges& ranges) {
+  const auto bytes = static_cast<size_t>(element_count(ranges)) * dtype_size(dtype);
+  auto values = std::make_unique_for_overwrite<uint8_t[]>(bytes);
+  size_t at = 0;
+  for (const ElementRange& r : ranges) {
+    reader.read_frozen(w, r.first, r.count, values.get() + at);
+    at += static_cast<size_t>(r.count) * dtype_size(dtype);
+  }
+  return values;
+}
 
 }  // namespace
 
@@ -61,54 +74,39 @@ UnitBuild::UnitBuild(const ParamUnit& unit, const UnitReader& reader, std::vecto
       reader.read_frozen(w, ranges[0].first, ranges[0].count, piece.out);
       continue;
     }
-    std::vector<uint8_t> values(static_cast<size_t>(element_count(ranges)) * dtype_size(dtype));
-    if (!copy_from_waiting(piece.weight, dtype, ranges, values.data())) {
+    std::unique_ptr<uint8_t[]> read;
+    const uint8_t* values = held_values(piece.weight, dtype, ranges);
+    if (!values) {
       const Timed timed(read_nanoseconds);
-      size_t at = 0;
-      for (const ElementRange& r : ranges) {
-        reader.read_frozen(w, r.first, r.count, values.data() + at);
-        at += static_cast<size_t>(r.count) * dtype_size(dtype);
-      }
+      read = read_ranges(reader, w, dtype, ranges);
+      values = read.get();
     }
     const Timed timed(encode_nanoseconds);
     float* statistics = statistics_.data() + statistics_at_[piece.weight];
     if (spec.needs_scalars) {
-      format.measure_values(segment, w.frozen.numel(), piece.from, piece.to, values.data(), dtype, statistics);
-      waiting_.push_back({k, dtype, ranges, std::move(values)});  // encoded by finish(), once the scalars are known
+      format.measure_values(segment, w.frozen.numel(), piece.from, piece.to, values, dtype, statistics);
+      waiting_.push_back({k, dtype, ranges, std::move(read), values});  // for finish(), once the scalars are known
     } else {
-      format.encode_values(segment, w.frozen.numel(), piece.from, piece.to, values.data(), dtype, piece.out, statistics);
+      format.encode_values(segment, w.frozen.numel(), piece.from, piece.to, values, dtype, piece.out, statistics);
     }
   }
   for (const MasterPiece& piece : masters)
     reader.read_master(*unit.trainable.at(piece.tensor), piece.first, piece.count, piece.out);
 }
 
-bool UnitBuild::copy_from_waiting(size_t weight, DType dtype, const ElementRanges& ranges, uint8_t* out) const {
-  const size_t width = dtype_size(dtype);
-  // Where each wanted range starts in some waiting piece's values (all of it inside one of its ranges).
-  std::vector<const uint8_t*> sources;
-  for (const ElementRange& want : ranges) {
-    const uint8_t* source = nullptr;
-    for (const WaitingPiece& held : waiting_) {
-      if (frozen_[held.piece].weight != weight || held.dtype != dtype) continue;
-      int64_t at = 0;  // elements before each of its ranges in its values
-      for (const ElementRange& r : held.ranges) {
-        if (want.first >= r.first && want.first + want.count <= r.first + r.count) {
-          source = held.values.data() + static_cast<size_t>(at + (want.first - r.first)) * width;
-          break;
-        }
-        at += r.count;
-      }
-      if (source) break;
+const uint8_t* UnitBuild::held_values(size_t weight, DType dtype, const ElementRanges& ranges) const {
+  if (ranges.size() != 1) return nullptr;  // only HQQ's codes want several, and they come first
+  const ElementRange& want = ranges[0];
+  for (const WaitingPiece& held : waiting_) {
+    if (frozen_[held.piece].weight != weight || held.dtype != dtype) continue;
+    int64_t at = 0;  // elements before each of its ranges in its values
+    for (const ElementRange& r : held.ranges) {
+      if (want.first >= r.first && want.first + want.count <= r.first + r.count)
+        return held.values + static_cast<size_t>(at + (want.first - r.first)) * dtype_size(dtype);
+      at += r.count;
     }
-    if (!source) return false;
-    sources.push_back(source);
   }
-  for (size_t i = 0; i < ranges.size(); ++i) {
-    std::memcpy(out, sources[i], static_cast<size_t>(ranges[i].count) * width);
-    out += static_cast<size_t>(ranges[i].count) * width;
-  }
-  return true;
+  return nullptr;
 }
 
 void UnitBuild::finish() {
@@ -135,14 +133,14 @@ void UnitBuild::finish() {
     for (const WaitingPiece& waiting : waiting_) {
       const FrozenPiece& piece = frozen_[waiting.piece];
       if (piece.weight == k)
-        pieces.push_back({static_cast<int>(piece.segment), piece.from, piece.to, waiting.values.data(), waiting.dtype,
-                          piece.out});
+        pieces.push_back(
+            {static_cast<int>(piece.segment), piece.from, piece.to, waiting.values, waiting.dtype, piece.out});
     }
     if (pieces.empty()) continue;
     const FrozenStorage& storage = unit_.frozen[k]->frozen;
     storage.format().encode_pieces_with_scalars(storage.numel(), pieces, storage.scalars);
     for (WaitingPiece& waiting : waiting_)
-      if (frozen_[waiting.piece].weight == k) waiting.values = {};
+      if (frozen_[waiting.piece].weight == k) waiting.read.reset();  // a piece sharing its values is of this weight
   }
   waiting_.clear();
 }

@@ -12,6 +12,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -56,13 +57,14 @@ class UnitBuild {
     size_t piece;  // in frozen_
     DType dtype;
     ElementRanges ranges;  // the weight's elements `values` holds, concatenated
-    std::vector<uint8_t> values;
+    std::unique_ptr<uint8_t[]> read;  // the values where this piece read them (null where it shares another's)
+    const uint8_t* values;            // in `read`, or in another waiting piece's of the same weight
   };
   std::vector<WaitingPiece> waiting_;
-  // Fills `out` with the weight's `ranges` from the values a waiting piece of it already holds
-  // (HQQ's zero points read the groups its codes read: a whole build reads each weight once);
-  // false, touching nothing, where no waiting piece holds them all.
-  bool copy_from_waiting(size_t weight, DType dtype, const ElementRanges& ranges, uint8_t* out) const;
+  // Where a waiting piece of the weight already holds the values of `ranges` (one range, inside one
+  // of the piece's): HQQ's zero points want the groups its codes read, so a whole build reads and
+  // keeps each weight once. nullptr where none does.
+  const uint8_t* held_values(size_t weight, DType dtype, const ElementRanges& ranges) const;
 };
 
 // Builds the whole unit into its own tensors in host memory: each frozen weight's segments

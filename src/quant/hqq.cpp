@@ -134,10 +134,12 @@ int hqq_zero_updates(std::span<const double> error_sums, int64_t numel, HqqSolve
   return kHqqSolverIterations;
 }
 
+// nearest_even, not std::nearbyint: the same rounding without a libm call per value (this runs
+// for every value of the model at start-up).
 void hqq_group_codes(const float* values, const HqqGroup& group, int n_bits, uint8_t* codes) {
   const float top = max_code(n_bits);
   for (int64_t j = 0; j < kHqqGroupSize; ++j)
-    codes[j] = static_cast<uint8_t>(std::clamp(std::nearbyint(values[j] * group.scale + group.zero), 0.0f, top));
+    codes[j] = static_cast<uint8_t>(std::clamp(nearest_even(values[j] * group.scale + group.zero), 0.0f, top));
 }
 
 uint16_t hqq_meta_bits(float value, DType meta) {

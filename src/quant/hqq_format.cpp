@@ -65,11 +65,9 @@ class GroupValues {
     }
     throw std::logic_error(fmt::format("hqq: group {} is not among the values given", g));
   }
-  // Groups [first, end) one after another as fp32, for the batched solver.
-  void gather(int64_t first, int64_t end, std::vector<float>& out) const {
-    out.resize(static_cast<size_t>((end - first) * kHqqGroupSize));
-#pragma omp parallel for schedule(static) if (end - first >= 256)
-    for (int64_t g = first; g < end; ++g) read(g, out.data() + (g - first) * kHqqGroupSize);
+  // The solver's reader of groups first, first + 1, ... (its group 0 is group `first`).
+  HqqGroupReader from(int64_t first) const {
+    return [this, first](int64_t g, float* out) { read(first + g, out); };
   }
 
  private:
@@ -92,19 +90,24 @@ ElementRanges elements_of(std::vector<GroupRange> groups) {
   return out;
 }
 
-// Packs `rows` rows of every slice's codes (codes[(k * rows + r) * 64 + j]) into hqq's words.
-std::vector<uint8_t> pack_rows(const HqqPacking& p, int64_t rows, const std::vector<uint8_t>& codes) {
-  std::vector<uint8_t> words(static_cast<size_t>(rows * kHqqGroupSize * p.word_bytes));
-#pragma omp parallel for schedule(static) if (rows >= 1024)
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < kHqqGroupSize; ++j) {
-      uint32_t word = 0;
-      for (int k = 0; k < p.slices; ++k)
-        word |= uint32_t{codes[static_cast<size_t>((k * rows + r) * kHqqGroupSize + j)]} << p.shift(k);
-      for (int b = 0; b < p.word_bytes; ++b)  // little-endian int32 words for 3 bits
-        words[static_cast<size_t>((r * kHqqGroupSize + j) * p.word_bytes + b)] = static_cast<uint8_t>(word >> (8 * b));
-    }
-  return words;
+// Packed row r's bytes (hqq's words, little-endian int32 for 3 bits): word j holds code j of
+// group k * rows + r of every slice k, from the values and that group's solver result
+// (group_of(k), absent past the last group: 3 bits' padding rows hold code 0).
+template <class GroupOf>
+void pack_row(const HqqPacking& p, int64_t r, const GroupValues& source, const GroupOf& group_of, uint8_t* bytes) {
+  std::array<uint32_t, kHqqGroupSize> words{};
+  for (int k = 0; k < p.slices; ++k) {
+    const int64_t g = k * p.rows + r;
+    if (g >= p.groups) break;
+    std::array<float, kHqqGroupSize> values;
+    std::array<uint8_t, kHqqGroupSize> codes;
+    source.read(g, values.data());
+    hqq_group_codes(values.data(), group_of(k), p.n_bits, codes.data());
+    for (size_t j = 0; j < words.size(); ++j) words[j] |= uint32_t{codes[j]} << p.shift(k);
+  }
+  for (size_t j = 0; j < words.size(); ++j)
+    for (size_t b = 0; b < static_cast<size_t>(p.word_bytes); ++b)
+      bytes[j * static_cast<size_t>(p.word_bytes) + b] = static_cast<uint8_t>(words[j] >> (8 * b));
 }
 
 class HqqFormat final : public FrozenFormat {
@@ -160,12 +163,10 @@ class HqqFormat final : public FrozenFormat {
     const GroupValues source(ranges, values, dtype);
     // Each range is whole blocks (values_for): solve them all at once, 20 iterations, keeping each
     // block's error sums.
-    std::vector<float> gathered;
     for (const ElementRange& r : ranges) {
       const int64_t first = r.first / kHqqGroupSize, end = (r.first + r.count) / kHqqGroupSize;
-      source.gather(first, end, gathered);
-      const HqqSolved solved = hqq_solve_groups(gathered.data(), end - first, n_bits_, kHqqSolverIterations, precision_,
-                                                /*block_errors=*/true);
+      const HqqSolved solved = hqq_solve_groups(source.from(first), end - first, n_bits_, kHqqSolverIterations,
+                                                precision_, /*block_errors=*/true);
       for (size_t k = 0; k < solved.block_errors.size(); ++k)
         statistics[first / kBlockGroups * kHqqSolverIterations + static_cast<int64_t>(k)] =
             static_cast<float>(solved.block_errors[k]);
@@ -233,14 +234,19 @@ class HqqFormat final : public FrozenFormat {
   // Groups a solver run has given (after the run's number of updates), by range.
   struct SolvedGroups {
     std::vector<std::pair<GroupRange, std::vector<HqqGroup>>> runs;
-    // Groups [first, end) if runs hold them all (false otherwise, `out` untouched).
+    // Groups [first, end) if runs hold them all (false otherwise, `out` untouched), copied a run's
+    // stretch at a time (a 7B weight's zero points are 700 K groups).
     bool find(int64_t first, int64_t end, std::vector<HqqGroup>& out) const {
       std::vector<HqqGroup> found;
-      for (int64_t g = first; g < end; ++g) {
+      found.reserve(static_cast<size_t>(end - first));
+      for (int64_t g = first; g < end;) {
         const auto run = std::find_if(runs.begin(), runs.end(),
                                       [&](const auto& r) { return g >= r.first.first && g < r.first.end; });
         if (run == runs.end()) return false;
-        found.push_back(run->second[static_cast<size_t>(g - run->first.first)]);
+        const int64_t stop = std::min(end, run->first.end);
+        const auto from_run = run->second.begin() + (g - run->first.first);
+        found.insert(found.end(), from_run, from_run + (stop - g));
+        g = stop;
       }
       out = std::move(found);
       return true;
@@ -257,21 +263,18 @@ class HqqFormat final : public FrozenFormat {
     const HqqPacking p = packing(numel);
     const ElementRanges ranges = values_for(segment, numel, from, to);
     const GroupValues source(ranges, piece.values, piece.dtype);
-    // Groups [first, end) after the run's number of updates; w holds their values when
-    // `with_values` (the codes need them, the zero points do not).
-    std::vector<float> w;
-    const auto solve = [&](int64_t first, int64_t end, bool with_values) {
+    // Groups [first, end) after the run's number of updates.
+    const auto solve = [&](int64_t first, int64_t end) {
       std::vector<HqqGroup> groups;
-      if (with_values) source.gather(first, end, w);
       if (solved.find(first, end, groups)) return groups;
-      if (!with_values) source.gather(first, end, w);
-      groups = hqq_solve_groups(w.data(), end - first, n_bits_, scalars.hqq_zero_updates, precision_, false).groups;
+      groups = hqq_solve_groups(source.from(first), end - first, n_bits_, scalars.hqq_zero_updates, precision_, false)
+                   .groups;
       solved.runs.push_back({{first, end}, groups});
       return groups;
     };
     if (segment == kZeros) {
       const GroupRange groups = meta_groups(from, to);
-      const std::vector<HqqGroup> zero_points = solve(groups.first, groups.end, false);
+      const std::vector<HqqGroup> zero_points = solve(groups.first, groups.end);
       write_meta(groups, from, to, out, [&](int64_t g) {
         return hqq_stored(zero_points[static_cast<size_t>(g - groups.first)], precision_, meta_).zero;
       });
@@ -279,22 +282,32 @@ class HqqFormat final : public FrozenFormat {
     }
     if (segment != kCodes)
       FrozenFormat::encode_values_with_scalars(segment, numel, from, to, piece.values, piece.dtype, scalars, out);
-    // The codes of every slice's groups under the packed rows, then the rows' words, then the bytes.
+    // Every slice's groups under the packed rows solved, then the rows packed straight into `out`.
     const int64_t word_row = kHqqGroupSize * p.word_bytes;
     const int64_t r0 = static_cast<int64_t>(from) / word_row, r1 = ceil_div(static_cast<int64_t>(to), word_row);
-    std::vector<uint8_t> codes(static_cast<size_t>(p.slices * (r1 - r0) * kHqqGroupSize), 0);
+    std::vector<std::vector<HqqGroup>> slices(static_cast<size_t>(p.slices));
     for (int k = 0; k < p.slices; ++k) {
       const int64_t first = std::min(k * p.rows + r0, p.groups), end = std::min(k * p.rows + r1, p.groups);
-      if (first == end) continue;  // 3 bits: the padding rows' codes are 0
-      const std::vector<HqqGroup> slice = solve(first, end, true);
-      uint8_t* slice_codes = codes.data() + k * (r1 - r0) * kHqqGroupSize;
-#pragma omp parallel for schedule(static) if (end - first >= 256)
-      for (int64_t g = first; g < end; ++g)
-        hqq_group_codes(w.data() + (g - first) * kHqqGroupSize, slice[static_cast<size_t>(g - first)], n_bits_,
-                        slice_codes + (g - first) * kHqqGroupSize);
+      if (first < end) slices[static_cast<size_t>(k)] = solve(first, end);  // 3 bits: none in the padding rows
     }
-    const std::vector<uint8_t> words = pack_rows(p, r1 - r0, codes);
-    std::memcpy(out, words.data() + (from - static_cast<size_t>(r0 * word_row)), to - from);
+    write_codes(p, r0, r1, source, slices, from, to, out);
+  }
+
+  // Bytes [from, to) of the codes, packed rows r0 to r1 (slices[k]: slice k's groups from row r0
+  // on), row by row in parallel: one pass from the values to the bytes, with no codes matrix or
+  // packed copy in between (each was a one-thread fill of a large buffer).
+  void write_codes(const HqqPacking& p, int64_t r0, int64_t r1, const GroupValues& source,
+                   const std::vector<std::vector<HqqGroup>>& slices, size_t from, size_t to, uint8_t* out) const {
+    const auto word_row = static_cast<size_t>(kHqqGroupSize * p.word_bytes);
+#pragma omp parallel for schedule(static) if (r1 - r0 >= 64)
+    for (int64_t r = r0; r < r1; ++r) {
+      std::array<uint8_t, kHqqGroupSize * 4> bytes;
+      pack_row(p, r, source, [&](int k) { return slices[static_cast<size_t>(k)][static_cast<size_t>(r - r0)]; },
+               bytes.data());
+      const size_t row_first = static_cast<size_t>(r) * word_row;
+      const size_t lo = std::max(from, row_first), hi = std::min(to, row_first + word_row);
+      std::memcpy(out + (lo - from), bytes.data() + (lo - row_first), hi - lo);
+    }
   }
 
   void check_dtype(DType dtype) const {

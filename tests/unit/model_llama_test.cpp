@@ -10,6 +10,7 @@
 #include "model/llama_lm_head.h"
 #include "model/llama_model.h"
 #include "optim/loss_scaler.h"
+#include "quant/hqq_solve.h"
 #include "model_llama_test_support.h"
 #include "test_support.h"
 
@@ -528,6 +529,26 @@ TEST(LlamaModel, TrainableParametersPerTrainType) {
   const auto specs = hf_tensor_specs(config);
   ASSERT_EQ(all.size(), specs.size());
   for (size_t i = 0; i < specs.size(); ++i) EXPECT_EQ(all[i].name, specs[i].name);
+}
+
+// hqq_lora's base built as the trainer builds it (build_whole_unit, unit by unit): the solver sees
+// each linear group twice, once measuring the tensor's errors (all 20 iterations, before the
+// number of updates is known) and once for the codes, whose run also gives the zero points
+// (FrozenFormat::encode_pieces_with_scalars). The memo sits above hqq_solve_groups, so this holds
+// whichever device solves; a third run (the zero points solved on their own, issue #25's
+// suspicion) or a second measuring would show here.
+TEST(LlamaModel, HqqBaseSolvesEachLinearGroupTwice) {
+  const LlamaConfig config = test::tiny_llama();
+  ModelOptions options = test::lora_options(Precision::BF16, /*quantize_base=*/true);
+  options.hqq_bits = 4;
+  int64_t groups = 0;
+  for (const std::string& module : linear_module_names()) {
+    const auto [out, in] = linear_shape(config, module);
+    groups += config.num_hidden_layers * out * in / kHqqGroupSize;
+  }
+  const int64_t before = hqq_solver_work().groups;
+  const LlamaModel model = LlamaModel::random(config, 0, options);
+  EXPECT_EQ(hqq_solver_work().groups - before, 2 * groups);
 }
 
 TEST(LlamaModel, MastersUpdatedRefreshesComputeCopies) {

@@ -7,6 +7,8 @@
 #include <cstdlib>
 
 #include "model/llama_model.h"
+#include "model/unit_build.h"
+#include "quant/hqq_solve.h"
 #include "model_llama_test_support.h"
 
 namespace fsdpq {
@@ -73,6 +75,31 @@ TEST(LlamaModelTiming, DISABLED_TinyPresetForwardBackward) {
     std::printf("%-24s forward_backward best %.1f ms, mean %.1f ms; evaluate %.1f ms\n", mode.name, 1e3 * best,
                 1e3 * total / runs, 1e3 * eval);
   }
+}
+
+// Not a check, a measurement (run with --gtest_also_run_disabled_tests): hqq_lora's start-up on one
+// decoder layer of Llama-2-7B's shape (vocab 256), the trainer's build path (build_whole_unit). The
+// encoding outside the solver is what a GPU run spends on the host besides the solver (issue #25);
+// the solver's own time includes reading the values into its groups (quant/hqq_solve.h).
+TEST(LlamaModelTiming, DISABLED_HqqStartOfA7bLayer) {
+  LlamaConfig config = preset_or_fail("llama2-7b");
+  config.num_hidden_layers = 1;
+  config.vocab_size = 256;
+  ModelOptions options = test::lora_options(Precision::BF16, /*quantize_base=*/true, 0.1, 64);
+  options.hqq_bits = 4;
+  const UnitBuildTimes build_before = unit_build_times();
+  const HqqSolverWork solver_before = hqq_solver_work();
+  const auto start = std::chrono::steady_clock::now();
+  const LlamaModel model = LlamaModel::random(config, 0, options);
+  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const UnitBuildTimes build = unit_build_times();
+  const HqqSolverWork solver = hqq_solver_work();
+  const double solve = solver.seconds - solver_before.seconds, encode = build.encode_seconds - build_before.encode_seconds;
+  const auto values = static_cast<double>(solver.groups - solver_before.groups) / 2 * 64;
+  std::printf("7B layer, hqq 4 bits: built in %.2f s; values read in %.2f s, encoded in %.2f s, of which the solver "
+              "%.2f s (%lld groups); outside the solver %.2f s = %.2f ns a value\n",
+              total, build.read_seconds - build_before.read_seconds, encode, solve,
+              static_cast<long long>(solver.groups - solver_before.groups), encode - solve, (encode - solve) / values * 1e9);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // twin is compared against this in tests/gpu/hqq_gpu_test.cpp.)
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fmt/format.h>
 
@@ -36,6 +37,28 @@ TEST(HqqSolveGroups, EqualsTheOneGroupSolverAndSumsBlocksInGroupOrder) {
       if (updates > 0) EXPECT_GT(solved.block_errors[0], 0.0);
       if (updates < kHqqSolverIterations) EXPECT_EQ(solved.block_errors[kHqqSolverIterations - 1], 0.0);
     }
+}
+
+// A reader that finds the groups elsewhere (here stored last to first) gives what the values one
+// after another give: the solver reads group g wherever its caller keeps it.
+TEST(HqqSolveGroups, AGroupReaderGivesTheContiguousResult) {
+  const int64_t count = 2 * kHqqBlockGroups + 9;
+  const std::vector<float> w = test::hqq_test_weights(count, 4);
+  std::vector<float> reversed(w.size());
+  for (int64_t g = 0; g < count; ++g)
+    std::copy_n(w.data() + g * kHqqGroupSize, kHqqGroupSize, reversed.data() + (count - 1 - g) * kHqqGroupSize);
+  const auto read = [&](int64_t g, float* out) {
+    std::copy_n(reversed.data() + (count - 1 - g) * kHqqGroupSize, kHqqGroupSize, out);
+  };
+  const HqqSolved want = hqq_solve_groups(w.data(), count, 4, 9, HqqSolverPrecision::kHalf, true, HqqSolverDevice::kCpu);
+  const HqqSolved got = hqq_solve_groups(read, count, 4, 9, HqqSolverPrecision::kHalf, true, HqqSolverDevice::kCpu);
+  ASSERT_EQ(got.groups.size(), want.groups.size());
+  for (size_t g = 0; g < want.groups.size(); ++g) {
+    EXPECT_EQ(float_bits(got.groups[g].scale), float_bits(want.groups[g].scale)) << "group " << g;
+    EXPECT_EQ(float_bits(got.groups[g].zero), float_bits(want.groups[g].zero)) << "group " << g;
+  }
+  ASSERT_EQ(got.block_errors.size(), want.block_errors.size());
+  EXPECT_EQ(std::memcmp(got.block_errors.data(), want.block_errors.data(), want.block_errors.size() * sizeof(double)), 0);
 }
 
 TEST(HqqSolveGroups, WithoutBlockErrorsReturnsNone) {
