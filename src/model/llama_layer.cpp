@@ -114,7 +114,7 @@ void linear_group_backward(TensorView dx, bool accumulate, std::span<const Tenso
                            int group, const LayerCompute& w, const LayerActivations& a) {
   const std::span<const int> modules = group_modules(group);
   const GroupAdapters g = group_adapters(group, w);
-  if (modules.size() == 1 && g.sites.size() == 1 && !is_dora(w, modules[0]) && !accumulate && dx.data != nullptr)
+  if (modules.size() == 1 && g.sites.size() == 1 && !accumulate && dx.data != nullptr)  // (a DoRA module has no site)
     return adapter_first_backward(dx, dys[0], x, group, w, a, g);
   Tensor dxa = g.sites.empty() ? Tensor() : Tensor::empty(a.xa[group].shape(), DType::F32, x.device);
   for (size_t j = 0; j < modules.size(); ++j) {
