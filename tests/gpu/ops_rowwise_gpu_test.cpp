@@ -400,7 +400,11 @@ TEST(GpuOpsSwiglu, Perf) {
 struct RopeCase {
   int64_t B, T, heads, D, offset;
 };
-constexpr RopeCase kRopeCases[] = {{1, 1, 1, 2, 0}, {2, 7, 3, 10, 0}, {1, 33, 5, 128, 3}, {2, 19, 8, 64, 100}, {1, 4096, 32, 128, 0}};
+// Both kernels: D 2 and 10 take the narrow one; the rest the wide one (8 pairs of up to 8 heads a
+// thread), 12 heads with a partial second group of heads.
+constexpr RopeCase kRopeCases[] = {{1, 1, 1, 2, 0},     {2, 7, 3, 10, 0},      {1, 33, 5, 128, 3},
+                                   {2, 19, 8, 64, 100}, {2, 9, 12, 16, 1},     {1, 4096, 32, 128, 0},
+                                   {3, 65, 8, 128, 7}};
 
 TEST(GpuOpsRope, ForwardAndBackwardMatchCpu) {
   use_gpu();
