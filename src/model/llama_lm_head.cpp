@@ -11,8 +11,14 @@
 namespace fsdpq {
 
 int64_t lm_head_chunk_rows(int64_t vocab, int64_t rows) {
-  constexpr int64_t kChunkLogits = int64_t{1} << 22;
-  return std::clamp<int64_t>(kChunkLogits / std::max<int64_t>(vocab, 1), 1, std::max<int64_t>(rows, 1));
+  // Each chunk costs a host wait for its loss and GEMMs whose last row tile is partly empty: big
+  // chunks of whole 128-row tiles keep both small (131-row chunks at 7B ran 63 of them, each with a
+  // nearly empty second tile).
+  constexpr int64_t kChunkLogits = int64_t{1} << 24;
+  constexpr int64_t kRowTile = 128;
+  int64_t chunk = kChunkLogits / std::max<int64_t>(vocab, 1);
+  if (chunk >= kRowTile) chunk = chunk / kRowTile * kRowTile;
+  return std::clamp<int64_t>(chunk, 1, std::max<int64_t>(rows, 1));
 }
 
 CrossEntropyResult lm_head_loss(const TensorView& normed, const TensorView& head, const TensorView& labels,

@@ -9,7 +9,8 @@
 
 namespace fsdpq {
 
-// Rows per chunk: about 4 Mi logits (16 MiB in fp32) at a time, at least one row.
+// Rows per chunk: about 16 Mi logits at a time in whole 128-row tiles where the vocabulary allows
+// (512 rows at 32000, 128 at Llama-3's 128256), at least one row, at most `rows`.
 int64_t lm_head_chunk_rows(int64_t vocab, int64_t rows);
 
 // normed: final-norm output [N = B*T, C]; head: [V, C]; labels: I32 [N] (row t of a sequence is

@@ -465,8 +465,11 @@ TEST(LlamaModelHead, ChunkedLossEqualsOneChunk) {
     EXPECT_LE(test::normwise_error(as_doubles(dn), as_doubles(dn_ref)), 1e-6) << chunk;
     EXPECT_LE(test::normwise_error(as_doubles(dh), as_doubles(dh_ref)), 1e-6) << chunk;
   }
-  EXPECT_EQ(lm_head_chunk_rows(32000, 4096), 131);
+  EXPECT_EQ(lm_head_chunk_rows(32000, 4096), 512);     // 16 Mi logits, whole 128-row tiles
+  EXPECT_EQ(lm_head_chunk_rows(128256, 8192), 128);    // Llama-3's vocabulary
+  EXPECT_EQ(lm_head_chunk_rows(32000, 300), 300);      // never more than the rows
   EXPECT_EQ(lm_head_chunk_rows(300, 16), 16);
+  EXPECT_EQ(lm_head_chunk_rows(int64_t{1} << 20, 4096), 16);  // under one tile: as many rows as fit
 }
 
 TEST(LlamaModelHead, LabelOutsideVocabularyNamesBatchAndPosition) {
