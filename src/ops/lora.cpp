@@ -268,7 +268,7 @@ void lora_dropout_backward(TensorView dx, const TensorView& g, const LoraParams&
 }
 
 void lora_forward_group(std::span<const TensorView> ys, TensorView xa, const TensorView& x,
-                        std::span<const LoraSite> sites) {
+                        std::span<const LoraSite> sites, bool accumulate_ys) {
   constexpr const char* op = "lora_forward";
   const GroupDims g = check_group(op, x, xa, sites);
   check_that(ys.size() == sites.size(), "{}: {} outputs for {} adapters", op, ys.size(), sites.size());
@@ -291,8 +291,7 @@ void lora_forward_group(std::span<const TensorView> ys, TensorView xa, const Ten
     for (size_t i = 0; i < sites.size(); ++i) linear_forward(columns_of(xa, g, i), inputs.views[i], sites[i].A);
   }
   for (size_t i = 0; i < sites.size(); ++i)
-    linear_forward(ys[i], columns_of(xa, g, i), sites[i].B, /*accumulate=*/true,
-                   lora_scaling(sites[i].params, g.site[i].rank));
+    linear_forward(ys[i], columns_of(xa, g, i), sites[i].B, accumulate_ys, lora_scaling(sites[i].params, g.site[i].rank));
 }
 
 void lora_backward_output(TensorView dxa, size_t i, TensorView dB, const TensorView& dy, const TensorView& x,

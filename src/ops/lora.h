@@ -73,9 +73,11 @@ enum class GpuLoraKernels { Fused, Separate };
 GpuLoraKernels gpu_lora_kernels();
 void set_gpu_lora_kernels(GpuLoraKernels kernels);
 
-// ys[i] += adapter i's output.
+// ys[i] += adapter i's output; with accumulate_ys false ys[i] = adapter i's output, its old values
+// unread (a caller that adds the base weight's product after it, through the GEMM's beta, saves
+// the adapter's read of y).
 void lora_forward_group(std::span<const TensorView> ys, TensorView xa, const TensorView& x,
-                        std::span<const LoraSite> sites);
+                        std::span<const LoraSite> sites, bool accumulate_ys = true);
 // dys[i]: the gradient at ys[i]. dx (+)= every adapter's part (skipped when dx.data is null).
 void lora_backward_group(TensorView dx, std::span<const LoraSiteGrads> grads, std::span<const TensorView> dys,
                          const TensorView& x, const TensorView& xa, std::span<const LoraSite> sites);
