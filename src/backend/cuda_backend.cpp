@@ -87,7 +87,7 @@ void hook_release(void* p) {
   Backend& b = backend();
   if (b.allocator) b.allocator->release(p);  // at exit the backend may be gone already
 }
-void hook_fill_zero(void* p, size_t bytes) { check(cudaMemsetAsync(p, 0, bytes, ready().stream), "memset"); }
+void hook_fill_zero(void* p, size_t bytes) { check(cudaMemsetAsync(p, 0, bytes, stream()), "memset"); }
 
 }  // namespace
 
@@ -111,8 +111,22 @@ void check_launch(const char* kernel) {
   if (err != cudaSuccess) throw std::runtime_error(fmt::format("CUDA kernel {}: {}", kernel, cudaGetErrorString(err)));
 }
 
-cudaStream_t stream() { return ready().stream; }
-cublasHandle_t cublas() { return ready().cublas; }
+namespace {
+// OnSideStream's redirection of this thread's queued work (nullptr: the compute stream).
+thread_local cudaStream_t queue_override = nullptr;
+}  // namespace
+
+cudaStream_t stream() { return queue_override ? queue_override : ready().stream; }
+cudaStream_t redirect_queue(cudaStream_t to) {
+  const cudaStream_t previous = queue_override;
+  queue_override = to;
+  return previous;
+}
+cublasHandle_t cublas() {
+  // The one cuBLAS handle is bound to the compute stream, and other threads may use it.
+  if (queue_override) throw std::logic_error("cuBLAS is called while work is redirected to a side stream");
+  return ready().cublas;
+}
 int device() { return ready().device; }
 
 }  // namespace cuda

@@ -71,8 +71,13 @@ class HostStaging {
 
 namespace fsdpq::cuda {
 
-cudaStream_t stream();  // the compute stream (cuda_init must have run)
-cublasHandle_t cublas();
+// The stream this thread queues work to: the compute stream (cuda_init must have run), or a side
+// stream while an OnSideStream (backend/side_stream.h) redirects this thread's work.
+cudaStream_t stream();
+// Redirects this thread's kernels and memsets to `to` (nullptr: back to the compute stream) and
+// returns the previous redirection; OnSideStream is its one user.
+cudaStream_t redirect_queue(cudaStream_t to);
+cublasHandle_t cublas();  // bound to the compute stream: a logic_error while work is redirected
 
 // cuBLAS is opened by cuda_init (dlopen), not linked: loading it costs ~200 MiB of resident
 // memory per process, which CPU ranks and the tools that never touch a GPU should not pay.

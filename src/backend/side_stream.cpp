@@ -75,6 +75,16 @@ StreamMark SideStream::mark() {
   return m;
 }
 
+OnSideStream::OnSideStream(SideStream& side) {
+  if (!side.stream_) return;
+  previous_ = cuda::redirect_queue(static_cast<cudaStream_t>(side.stream_));
+  redirected_ = true;
+}
+
+OnSideStream::~OnSideStream() {
+  if (redirected_) cuda::redirect_queue(static_cast<cudaStream_t>(previous_));
+}
+
 std::function<void()> follow_current_gpu() {
   if (!cuda_initialized()) return [] {};
   const int device = cuda::device();
@@ -98,6 +108,8 @@ void SideStream::copy(void* dst, Device dst_device, const void* src, Device src_
   if (bytes) std::memcpy(dst, src, bytes);
 }
 StreamMark SideStream::mark() { return {}; }
+OnSideStream::OnSideStream(SideStream&) {}
+OnSideStream::~OnSideStream() = default;
 std::function<void()> follow_current_gpu() { return [] {}; }
 
 #endif

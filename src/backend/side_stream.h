@@ -58,8 +58,26 @@ class SideStream {
   Device device() const { return device_; }
 
  private:
+  friend class OnSideStream;
   Device device_;
   void* stream_ = nullptr;  // cudaStream_t
+};
+
+// While alive, the kernels and memsets this thread queues (every op, and the section marks of
+// backend/section_times.h) go to `side` instead of the compute stream, as PyTorch's
+// `with torch.cuda.stream(s)` does; cuBLAS, bound to the compute stream, refuses to run meanwhile.
+// Ordering stays explicit: wait for the compute stream before touching what it uses, and have it
+// wait for a mark before it reads the results. Nothing changes on the CPU backend.
+class OnSideStream {
+ public:
+  explicit OnSideStream(SideStream& side);
+  ~OnSideStream();
+  OnSideStream(const OnSideStream&) = delete;
+  OnSideStream& operator=(const OnSideStream&) = delete;
+
+ private:
+  void* previous_ = nullptr;  // cudaStream_t
+  bool redirected_ = false;
 };
 
 // A function that makes the calling thread's current GPU current on whichever thread runs it

@@ -40,7 +40,7 @@ GroupAdapters group_adapters(int group, const LayerCompute& w) {
 
 DoraSite dora_site(const LayerCompute& w, int m) {
   const LoraAdapter& adapter = *w.lora[m];
-  return DoraSite{w.weight[m], adapter.A.compute_view(), adapter.B.compute_view(), adapter.magnitude->compute_view(),
+  return DoraSite{w.weight(m), adapter.A.compute_view(), adapter.B.compute_view(), adapter.magnitude->compute_view(),
                   w.lora_params[m]};
 }
 
@@ -76,7 +76,7 @@ void linear_group_forward(std::span<const TensorView> ys, const TensorView& x, i
   {
     ScopedSection section("linear");
     for (size_t j = 0; j < modules.size(); ++j)
-      if (!is_dora(w, modules[j])) linear_forward(ys[j], x, w.weight[modules[j]], /*accumulate=*/g.site_of[j] >= 0);
+      if (!is_dora(w, modules[j])) linear_forward(ys[j], x, w.weight(modules[j]), /*accumulate=*/g.site_of[j] >= 0);
   }
   for (size_t j = 0; j < modules.size(); ++j)
     if (is_dora(w, modules[j])) dora_linear_forward(ys[j], x, modules[j], w, a);
@@ -85,7 +85,7 @@ void linear_group_forward(std::span<const TensorView> ys, const TensorView& x, i
 // dy as module m's GEMMs (its weight's, and its adapter's B) read it: the three or four of them
 // share one copy where the device rounds it (round_for_gemms, ops/matmul.h).
 TensorView gemm_ready(const TensorView& dy, int m, const LayerCompute& w, Tensor& storage) {
-  const DType weight = w.weight[m].dtype;
+  const DType weight = w.weight(m).dtype;
   const DType adapter = w.lora[m] ? w.lora[m]->B.compute_view().dtype : weight;
   return round_for_gemms(dy, {weight, adapter}, storage, "dy rounding");
 }
@@ -107,7 +107,7 @@ void adapter_first_backward(TensorView dx, const TensorView& dy_in, const Tensor
     lora_backward_input(dx, std::span(&dA, 1), dxa, x, a.xa[group], g.sites, /*accumulate_dx=*/false);
   }
   ScopedSection section("linear bwd");
-  linear_backward_input(dx, dy, w.weight[m], /*accumulate=*/true);
+  linear_backward_input(dx, dy, w.weight(m), /*accumulate=*/true);
   if (w.d_weight[m].data) linear_backward_weight(w.d_weight[m], dy, x, /*accumulate=*/true);
 }
 
@@ -133,7 +133,7 @@ void linear_group_backward(TensorView dx, bool accumulate, std::span<const Tenso
     const TensorView dy = gemm_ready(dys[j], m, w, dy_storage);
     {
       ScopedSection section("linear bwd");
-      linear_backward_input(dx, dy, w.weight[m], accumulate || j > 0);
+      linear_backward_input(dx, dy, w.weight(m), accumulate || j > 0);
       if (w.d_weight[m].data) linear_backward_weight(w.d_weight[m], dy, x, /*accumulate=*/true);
     }
     if (g.site_of[j] < 0) continue;

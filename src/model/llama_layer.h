@@ -6,7 +6,9 @@
 #include <array>
 #include <cstdint>
 #include <span>
+#include <utility>
 
+#include "backend/side_stream.h"
 #include "backend/tensor.h"
 #include "model/llama_weights.h"
 #include "ops/lora.h"
@@ -47,7 +49,21 @@ int64_t module_out(const LayerDims& d, int module);
 // An adapter with a magnitude makes its linear a DoRA linear (ops/dora.h).
 struct LayerCompute {
   TensorView input_norm, post_norm;
-  std::array<TensorView, kLinearModules> weight;
+  // Module m's dense base weight. Its dequantisation may still be running on a side stream
+  // (model/llama_model.cpp): the compute stream waits for it here, so no op can read it early.
+  TensorView weight(int m) const {
+    weight_ready_[m].compute_waits();
+    return weight_[m];
+  }
+  // The compute stream waits for every module's weight: a caller about to let the layer's
+  // quantised weights go (its unit's forward_end or backward_end) calls this first.
+  void wait_for_weights() const {
+    for (const StreamMark& ready : weight_ready_) ready.compute_waits();
+  }
+  void set_weight(int m, TensorView dense, StreamMark ready = {}) {
+    weight_[m] = dense;
+    weight_ready_[m] = std::move(ready);
+  }
   std::array<const LoraAdapter*, kLinearModules> lora{};
   std::array<LoraParams, kLinearModules> lora_params{};
   // DoRA's weight norms when the caller already has them (generation, where the weights do not
@@ -55,6 +71,10 @@ struct LayerCompute {
   std::array<TensorView, kLinearModules> dora_norm{};
   TensorView d_input_norm, d_post_norm;
   std::array<TensorView, kLinearModules> d_weight;
+
+ private:
+  std::array<TensorView, kLinearModules> weight_;
+  std::array<StreamMark, kLinearModules> weight_ready_;
 };
 
 // Everything the backward reads, in the activation dtype (rstd and lse in F32). Token rows are

@@ -1,16 +1,20 @@
 #include "model/llama_model.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <stdexcept>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "backend/cuda_backend.h"
 #include "backend/section_times.h"
+#include "backend/side_stream.h"
 #include "kernels/splitmix64.h"
 #include "model/block_expansion.h"
 #include "model/llama_cached_attention.h"
@@ -113,7 +117,19 @@ void convert_into_master(Tensor& master, const Tensor& source) {
 
 enum class PassKind { Train, Evaluate, Logits };
 
+GpuDequantizeStream& gpu_dequantize_choice() {
+  static GpuDequantizeStream choice = [] {
+    const char* env = std::getenv("FSDPQ_DEQUANTIZE_STREAM");  // runtime/environment.cpp checks the value
+    return env != nullptr && std::string_view(env) == "compute" ? GpuDequantizeStream::Compute
+                                                                : GpuDequantizeStream::Side;
+  }();
+  return choice;
+}
+
 }  // namespace
+
+GpuDequantizeStream gpu_dequantize_stream() { return gpu_dequantize_choice(); }
+void set_gpu_dequantize_stream(GpuDequantizeStream stream) { gpu_dequantize_choice() = stream; }
 
 struct LlamaModel::Impl {
   LlamaConfig config;
@@ -122,6 +138,10 @@ struct LlamaModel::Impl {
   DType act = DType::BF16;
   RopeTable rope;
   std::array<Tensor, kLinearModules> dequantized;  // one layer's NF4 weights made dense, reused
+  // Where they are made dense on the GPU (FSDPQ_DEQUANTIZE_STREAM, default side): beside the
+  // compute stream, module by module in the order the pass uses them, so that each one's
+  // dequantisation overlaps the products of the modules before it instead of delaying the layer.
+  std::unique_ptr<SideStream> dequantize_stream;
   // Generation: each layer's DoRA weight norms, computed once (the weights do not change between
   // tokens); cleared whenever the adapters change.
   std::vector<std::array<Tensor, kLinearModules>> dora_norms;
@@ -140,6 +160,7 @@ struct LlamaModel::Impl {
   void place_on(Device target) {
     weights.place_on(target);
     for (Tensor& t : dequantized) t = Tensor();
+    dequantize_stream.reset();
     dora_norms.clear();
     device = target;
   }
@@ -168,16 +189,42 @@ struct LlamaModel::Impl {
     return ranks;
   }
 
-  LayerCompute layer_compute(int64_t index, bool training, uint64_t step_key) {
+  // The order a layer's pass reads its base weights: the forward's, or the backward's (down,
+  // gate/up, o, then q/k/v), which a layer that is recomputed first reads in the forward's.
+  static constexpr std::array<int, kLinearModules> kForwardOrder = {kQProj,    kKProj,  kVProj,   kOProj,
+                                                                     kGateProj, kUpProj, kDownProj};
+  static constexpr std::array<int, kLinearModules> kBackwardOrder = {kDownProj, kGateProj, kUpProj, kOProj,
+                                                                      kQProj,    kKProj,    kVProj};
+
+  // Layer `index`'s dense base weights, queued for the compute stream to wait on module by module
+  // (LayerCompute::weight). The side stream first waits for the compute stream, whose queued work
+  // still reads the previous layer's weights from the same buffers.
+  void dequantize_layer(LayerCompute& c, LayerWeights& layer, const std::array<int, kLinearModules>& order) {
+    if (!dequantize_stream && device == Device::CUDA && gpu_dequantize_stream() == GpuDequantizeStream::Side)
+      dequantize_stream = std::make_unique<SideStream>(device);
+    if (dequantize_stream && gpu_dequantize_stream() != GpuDequantizeStream::Side) dequantize_stream.reset();
+    std::optional<OnSideStream> redirected;
+    if (dequantize_stream) {
+      dequantize_stream->wait_for_compute();
+      redirected.emplace(*dequantize_stream);
+    }
+    for (int m : order) {
+      ScopedSection section("nf4 dequantize");  // on the side stream: its own time, overlapped
+      const TensorView dense = layer.linear[m].dense(dequantized[m], act);
+      c.set_weight(m, dense, dequantize_stream ? dequantize_stream->mark() : StreamMark{});
+    }
+  }
+
+  LayerCompute layer_compute(int64_t index, bool training, uint64_t step_key,
+                             const std::array<int, kLinearModules>& order = kForwardOrder) {
     LayerWeights& layer = weights.layers[static_cast<size_t>(index)];
     LayerCompute c;
     c.input_norm = dense_of(layer.input_norm);
     c.post_norm = dense_of(layer.post_norm);
     c.d_input_norm = layer.input_norm.grad_view();
     c.d_post_norm = layer.post_norm.grad_view();
+    dequantize_layer(c, layer, order);
     for (int m = 0; m < kLinearModules; ++m) {
-      ScopedSection section("nf4 dequantize");
-      c.weight[m] = layer.linear[m].dense(dequantized[m], act);
       c.d_weight[m] = layer.linear[m].grad_view();
       if (const LoraAdapter* adapter = layer.lora[m].get()) {
         c.lora[m] = adapter;
@@ -199,9 +246,9 @@ struct LlamaModel::Impl {
       const LoraAdapter* adapter = w.lora[m];
       if (!adapter || !adapter->magnitude) continue;
       if (!norms[m].defined()) {
-        norms[m] = Tensor::empty(Shape{w.weight[m].shape[0]}, DType::F32, device);
+        norms[m] = Tensor::empty(Shape{w.weight(m).shape[0]}, DType::F32, device);
         const TensorView A = adapter->A.compute_view();
-        dora_weight_norm(norms[m], w.weight[m], A, adapter->B.compute_view(), lora_scaling(w.lora_params[m], A.shape[0]));
+        dora_weight_norm(norms[m], w.weight(m), A, adapter->B.compute_view(), lora_scaling(w.lora_params[m], A.shape[0]));
       }
       views[m] = norms[m];
     }
@@ -256,8 +303,9 @@ struct LlamaModel::Impl {
       offloaded_inputs.push_back(std::make_unique<HostStaging>());
     for (int64_t i = 0; i < L; ++i) {
       if (hooks) hooks->forward_begin(layer_unit(i));
-      layer_forward(stream_at(i + 1), activations_of(i), stream_at(i), layer_compute(i, train, step_key), d, rope,
-                    segments);
+      const LayerCompute w = layer_compute(i, train, step_key);
+      layer_forward(stream_at(i + 1), activations_of(i), stream_at(i), w, d, rope, segments);
+      w.wait_for_weights();  // before forward_end may let the unit's quantised weights go
       if (recomputed(i)) shared_slot_holds = i;
       if (hooks) hooks->forward_end(layer_unit(i), backward_follows);
       if (offload_inputs) {
@@ -310,7 +358,8 @@ struct LlamaModel::Impl {
                    Device::CPU, input_bytes);
       }
       if (hooks) hooks->backward_begin(layer_unit(i));
-      const LayerCompute w = layer_compute(i, true, step_key);
+      const LayerCompute w =
+          layer_compute(i, true, step_key, recomputed(i) && shared_slot_holds != i ? kForwardOrder : kBackwardOrder);
       // Checkpointing: rebuild a recomputed layer's activations (same dropout masks), unless the
       // shared buffer still holds them (the last recomputed layer's, from the forward).
       if (recomputed(i) && shared_slot_holds != i) {
@@ -318,6 +367,7 @@ struct LlamaModel::Impl {
         shared_slot_holds = i;
       }
       layer_backward(d_resid, scratch, activations_of(i), stream_at(i), w, d, rope, segments);
+      w.wait_for_weights();
       if (offload_inputs && i + 1 < L) stream_at(i + 1) = Tensor();  // its layer's backward is done
       if (hooks) hooks->backward_end(layer_unit(i));
     }

@@ -75,6 +75,14 @@ struct ParamUnit;  // model/llama_weights.h: the tensors of one FSDP unit
 // done with it. Forward runs root, layers 0..L-1; backward layers L-1..0, then the root ends.
 // The root is special: in a training pass its backward begins before the loss (the head's
 // gradient is computed with it) and it gets no forward_end; other passes end it after the head.
+// Where the GPU makes a layer's quantised base weights dense: Side (the default), on a stream
+// beside the compute stream, overlapping the products (docs/model.md, "NF4"); Compute, in line.
+// The same bits either way. The environment's FSDPQ_DEQUANTIZE_STREAM (side, compute) sets it at
+// start-up; tests set it here.
+enum class GpuDequantizeStream { Side, Compute };
+GpuDequantizeStream gpu_dequantize_stream();
+void set_gpu_dequantize_stream(GpuDequantizeStream stream);
+
 class UnitHooks {
  public:
   virtual ~UnitHooks() = default;

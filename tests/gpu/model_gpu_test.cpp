@@ -1,6 +1,9 @@
 // The whole model on the GPU against itself on the CPU: the same tiny Llama, options and batch
 // give the same loss and LoRA (or full) gradients. This is what every op parity test adds up to.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include <algorithm>
 
 #include "gpu/op_parity.h"
 #include "unit/model_llama_test_support.h"
@@ -82,6 +85,47 @@ TEST(GpuModel, ElementwiseRecomputeGivesTheSameBits) {
     ASSERT_EQ(trimmed.grads.size(), kept.grads.size());
     for (size_t i = 0; i < kept.grads.size(); ++i) EXPECT_EQ(trimmed.grads[i], kept.grads[i]) << "gradient " << i;
   }
+}
+
+// The base weights dequantised on a side stream (the default) against in line on the compute
+// stream: the same bits, or a product ran before its weight was ready (its buffer still held the
+// previous layer's module: another loss). Widths large enough that a dequantisation takes a while,
+// every quantised format, DoRA (which reads the weight for its norms too), and the backward's
+// orders: plain, every layer recomputed, every other layer recomputed.
+TEST(GpuModel, DequantizingBesideTheComputeStreamGivesTheSameBits) {
+  test::use_gpu();
+  LlamaConfig config = test::tiny_llama();
+  config.hidden_size = 512;
+  config.intermediate_size = 1408;
+  config.num_attention_heads = 8;
+  config.num_key_value_heads = 4;
+  config.head_dim = 64;
+  config.num_hidden_layers = 4;
+  const data::Batch batch = test::random_batch(2, 64, config.vocab_size, 8);
+  struct Case {
+    const char* name;
+    ModelOptions options;
+  };
+  std::vector<Case> cases = {{"qlora bf16 dropout", test::lora_options(Precision::BF16, true, 0.1)},
+                             {"qlora fp32", test::lora_options(Precision::FP32, true)},
+                             {"hqq 4 bits bf16", test::lora_options(Precision::BF16, true)},
+                             {"bnb_dora bf16", test::lora_options(Precision::BF16, true)}};
+  cases[2].options.hqq_bits = 4;
+  cases[3].options.use_dora = true;
+  for (Case& c : cases)
+    for (int every : {0, 1, 2}) {
+      SCOPED_TRACE(fmt::format("{}, checkpoint_every {}", c.name, every));
+      c.options.gradient_checkpointing = every > 0;
+      c.options.checkpoint_every = std::max(every, 1);
+      set_gpu_dequantize_stream(GpuDequantizeStream::Compute);
+      const Outcome in_line = run(config, c.options, batch, Device::CUDA);
+      set_gpu_dequantize_stream(GpuDequantizeStream::Side);
+      const Outcome beside = run(config, c.options, batch, Device::CUDA);
+      EXPECT_EQ(beside.loss.loss_sum, in_line.loss.loss_sum);
+      EXPECT_EQ(beside.logits, in_line.logits);
+      ASSERT_EQ(beside.grads.size(), in_line.grads.size());
+      for (size_t i = 0; i < in_line.grads.size(); ++i) EXPECT_EQ(beside.grads[i], in_line.grads[i]) << "gradient " << i;
+    }
 }
 
 }  // namespace
