@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# One device call comparing builds side by side on one GPU: the newest build's GPU tests, op perf
+# lines of every build, the 7B QLoRA step of every build (scripts/device_attention_step.sh), and
+# optionally a per-kernel profile of one step (ncu, kernel names and durations, aggregated).
+# Prepare here, for a build of this tree and one of a baseline worktree (e.g. /work/wt-base):
+#   mkdir -p .device/base/build/tests && cp /work/wt-base/build/fsdpq .device/base/build/ &&
+#   cp /work/wt-base/build/tests/fsdpq_gpu_tests .device/base/build/tests/ &&
+#   ../shared/device/bundle-libs.sh build/fsdpq build/tests/fsdpq_gpu_tests .device/lib &&
+#   scripts/device_pack.sh build/fsdpq build/tests/fsdpq_gpu_tests .device/lib .device/base
+# Run there with carry [".device/pack.tar.xz"]:
+#   tar xJf .device/pack.tar.xz && bash scripts/device_compare.sh
+# Settings: BUILDS="base=.device/base new=." (label=root, or label=root@VAR=value for that build's
+#   step with VAR set; the last one's GPU tests run),
+#   TESTS='gtest filter' (default every GPU test; none: skip), PERF='gtest filter' (FSDPQ_GPU_PERF=1
+#   lines, every build), STEP=1 (the 7B step of every build), HF=1 (HF + PEFT parity of the last
+#   build; needs bench/fetch_peer_wheels.sh's .device/wheels packed too), PROFILE=label (ncu of that
+#   build's first step). BUDGET (s, default 560) bounds the whole call.
+export LD_LIBRARY_PATH=$PWD/.device/lib:${LD_LIBRARY_PATH:-}
+BUILDS=${BUILDS:-base=.device/base new=.}
+last=${BUILDS##* }; last_root=${last#*=}; last_root=${last_root%%@*}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+started=$(date +%s); left() { echo $(( ${BUDGET:-560} - ($(date +%s) - started) )); }
+
+if [ "${TESTS:-*}" != none ]; then
+  timeout $(( $(left) / 2 )) $last_root/build/tests/fsdpq_gpu_tests --gtest_filter="${TESTS:-*}" > $OUT/gpu_tests.log 2>&1
+  echo "gpu tests (${last%%=*}, ${TESTS:-*}) rc=$? $(date +%T)"
+  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|tests ran" $OUT/gpu_tests.log | head -20
+fi
+
+if [ -n "${PERF:-}" ]; then
+  for b in $BUILDS; do
+    root=${b#*=}; [[ $root == *@* ]] && continue  # the same binary again
+    FSDPQ_GPU_PERF=1 timeout 120 $root/build/tests/fsdpq_gpu_tests --gtest_filter="$PERF" > $OUT/perf_${b%%=*}.log 2>&1
+    echo "perf ${b%%=*} rc=$?"; grep -iE "ms|TFLOP|GB/s" $OUT/perf_${b%%=*}.log | grep -v "^\[" | head -20
+  done
+fi
+
+if [ "${STEP:-1}" = 1 ] && [ $(left) -gt 120 ]; then
+  binaries=""
+  for b in $BUILDS; do
+    root=${b#*=}; env_setting=""
+    [[ $root == *@* ]] && env_setting=${root#*@} && root=${root%%@*}  # label=root@VAR=value: that build with VAR set
+    exe=$PWD/$root/build/fsdpq
+    if [ -n "$env_setting" ]; then
+      exe=$(mktemp -d)/fsdpq; printf '#!/bin/sh\nexport %s\nexec %s "$@"\n' "$env_setting" "$PWD/$root/build/fsdpq" > $exe
+      chmod +x $exe
+    fi
+    binaries="$binaries ${b%%=*}=$exe"
+  done
+  BINARIES="$binaries" ROUTES=auto POINTS="false:4" STEPS=${STEPS:-6} SKIP=hf bash scripts/device_attention_step.sh  # prints the sections too
+fi
+
+if [ "${HF:-0}" = 1 ] && [ $(left) -gt 150 ]; then  # HF + PEFT (+ bitsandbytes) parity of the last build
+  FSDPQ=$PWD/$last_root/build/fsdpq TESTS=$PWD/$last_root/build/tests/fsdpq_gpu_tests ROUTES_HF=auto SKIP=step \
+    bash scripts/device_attention_step.sh
+fi
+
+if [ -n "${PROFILE:-}" ] && [ $(left) -gt 150 ]; then
+  for b in $BUILDS; do [ "${b%%=*}" = "$PROFILE" ] && exe=$PWD/${b#*=}/build/fsdpq; done
+  W=$(mktemp -d)
+  timeout $(( $(left) - 30 )) ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+    $exe --model_name preset:llama2-7b --tokenizer_path builtin:bytes --train_type qlora --dataset dummy \
+    --dataset_samples 8 --context_length 2048 --pad_to_context_length true --batch_size 4 --max_steps 1 \
+    --lora_rank 64 --lora_alpha 16 --lora_dropout 0.1 --use_gradient_checkpointing false --output_dir $W/p \
+    > $OUT/ncu.csv 2> $OUT/ncu.err
+  echo "ncu rc=$? $(wc -l < $OUT/ncu.csv) lines"; xz -T4 $OUT/ncu.csv
+fi
+echo "done, $(left) s of the budget left"
