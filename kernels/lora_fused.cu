@@ -80,20 +80,10 @@ __device__ __forceinline__ uint4 dropped8(const uint4& raw, int64_t e, uint64_t 
 template <class T>
 __device__ __forceinline__ void stage_down_tiles(T* raw_s, T* a_s, const T* x, const LoraFusedGroup& g, int64_t m0,
                                                  int64_t M, int64_t k0, int64_t in) {
-  constexpr int kChunks = kTileK / 8;
-  for (int idx = threadIdx.x; idx < kRows * kChunks; idx += kThreads) {
-    const int r = idx / kChunks, c = (idx - r * kChunks) * 8;
-    const int64_t row = m0 + r;
-    const bool inside = row < M;
-    cp_async16(raw_s + r * kLdTileK + c, x + (inside ? row : 0) * in + k0 + c, inside ? 16 : 0);
-  }
-  for (int i = 0; i < g.count; ++i) {
-    const T* A = static_cast<const T*>(g.A[i]);
-    for (int idx = threadIdx.x; idx < g.rank[i] * kChunks; idx += kThreads) {
-      const int r = idx / kChunks, c = (idx - r * kChunks) * 8;
-      cp_async16(a_s + (g.first[i] + r) * kLdTileK + c, A + r * in + k0 + c, 16);
-    }
-  }
+  cp_async_rows<kThreads>(raw_s, kLdTileK, x + m0 * in + k0, in, kRows, kTileK, M - m0);
+  for (int i = 0; i < g.count; ++i)
+    cp_async_rows<kThreads>(a_s + g.first[i] * kLdTileK, kLdTileK, static_cast<const T*>(g.A[i]) + k0, in, g.rank[i],
+                            kTileK, g.rank[i]);
   cp_async_commit();
 }
 
@@ -233,22 +223,12 @@ __global__ void __launch_bounds__(kInputGradThreads)
   const int total = g.total_rank;
 
   // A's columns once, with the first dxa rows (one copy group).
-  for (int i = 0; i < g.count; ++i) {
-    const T* A = static_cast<const T*>(g.A[i]);
-    for (int idx = threadIdx.x; idx < g.rank[i] * (kGradCols / 8); idx += kInputGradThreads) {
-      const int r = idx / (kGradCols / 8), c = (idx - r * (kGradCols / 8)) * 8;
-      cp_async16(a_s + (g.first[i] + r) * kLdGradCols + c, A + r * in + c0 + c, 16);
-    }
-  }
+  for (int i = 0; i < g.count; ++i)
+    cp_async_rows<kInputGradThreads>(a_s + g.first[i] * kLdGradCols, kLdGradCols, static_cast<const T*>(g.A[i]) + c0,
+                                     in, g.rank[i], kGradCols, g.rank[i]);
   // Rows [m0, m0 + kRows) of dxa into ring stage `stage`, zeros past M.
   const auto stage_dxa = [&](int stage, int64_t m0) {
-    T* dxa_s = dxa_ring + stage * kRows * LDR;
-    const int chunks = total / 8;
-    for (int idx = threadIdx.x; idx < kRows * chunks; idx += kInputGradThreads) {
-      const int r = idx / chunks, c = (idx - r * chunks) * 8;
-      const bool inside = m0 + r < M;
-      cp_async16(dxa_s + r * LDR + c, dxa + (inside ? m0 + r : 0) * total + c, inside ? 16 : 0);
-    }
+    cp_async_rows<kInputGradThreads>(dxa_ring + stage * kRows * LDR, LDR, dxa + m0 * total, total, kRows, total, M - m0);
     cp_async_commit();
   };
   if (tile_begin < tile_end) stage_dxa(0, tile_begin * kRows);
@@ -337,19 +317,8 @@ __global__ void __launch_bounds__(kThreads)
 
   // Rows [m0, m0 + kRows) of dxa and of x's columns c0.. into ring stage `stage`, zeros past m_end.
   const auto stage_tiles = [&](int stage, int64_t m0) {
-    T* dxa_s = dxa_ring + stage * kRows * LDR;
-    const int chunks = total / 8;
-    for (int idx = threadIdx.x; idx < kRows * chunks; idx += kThreads) {
-      const int r = idx / chunks, c = (idx - r * chunks) * 8;
-      const bool inside = m0 + r < m_end;
-      cp_async16(dxa_s + r * LDR + c, dxa + (inside ? m0 + r : 0) * total + c, inside ? 16 : 0);
-    }
-    constexpr int kChunks = kTileK / 8;
-    for (int idx = threadIdx.x; idx < kRows * kChunks; idx += kThreads) {
-      const int r = idx / kChunks, c = (idx - r * kChunks) * 8;
-      const bool inside = m0 + r < m_end;
-      cp_async16(raw_s + (stage * kRows + r) * kLdTileK + c, x + (inside ? m0 + r : 0) * in + c0 + c, inside ? 16 : 0);
-    }
+    cp_async_rows<kThreads>(dxa_ring + stage * kRows * LDR, LDR, dxa + m0 * total, total, kRows, total, m_end - m0);
+    cp_async_rows<kThreads>(raw_s + stage * kRows * kLdTileK, kLdTileK, x + m0 * in + c0, in, kRows, kTileK, m_end - m0);
     cp_async_commit();
   };
 

@@ -151,6 +151,21 @@ __device__ __forceinline__ void cp_async16(void* shared, const void* global, int
                "r"(bytes)
                : "memory");
 }
+// Rows [0, rows) of a 16-bit matrix, `cols` elements each (a multiple of 8), from global `src`
+// (row stride src_ld elements) into shared `dst` (row stride dst_ld), in 16-byte pieces spread over
+// `threads` threads; rows at or past `valid_rows` are zero-filled (their source address is row 0's,
+// never read). Not committed: the caller groups its copies.
+template <int Threads, class T>
+__device__ __forceinline__ void cp_async_rows(T* dst, int dst_ld, const T* src, int64_t src_ld, int rows, int cols,
+                                              int64_t valid_rows) {
+  static_assert(sizeof(T) == 2, "cp_async_rows moves 16-bit elements, 8 a piece");
+  const int chunks = cols / 8;
+  for (int idx = threadIdx.x; idx < rows * chunks; idx += Threads) {
+    const int r = idx / chunks, c = (idx - r * chunks) * 8;
+    const bool inside = r < valid_rows;
+    cp_async16(dst + r * dst_ld + c, src + (inside ? r : 0) * src_ld + c, inside ? 16 : 0);
+  }
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Waits until at most N of this thread's committed groups are still in flight.
 template <int N>
