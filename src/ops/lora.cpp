@@ -1,5 +1,7 @@
 #include "ops/lora.h"
 
+#include "backend/section_times.h"
+
 #include "ops/checks.h"
 #include "ops/cuda_ops.h"
 #include "ops/dispatch.h"
@@ -101,6 +103,7 @@ AdapterInputs adapter_inputs(const TensorView& x, std::span<const LoraSite> site
     inputs.views.assign(sites.size(), x);
     return inputs;
   }
+  ScopedSection section("lora: dropout copies");
   for (size_t i = 0; i < sites.size(); ++i) {
     inputs.storage.push_back(Tensor::empty(x.shape, x.dtype, x.device));
     inputs.views.push_back(inputs.storage.back().view());
@@ -280,6 +283,7 @@ void lora_forward_group(std::span<const TensorView> ys, TensorView xa, const Ten
   }
   // xa = dropout(x) · Aᵀ: one GEMM over the stacked A, the fused kernels (the masks applied inside
   // the products), or one GEMM per adapter on its dropped copy of x.
+  std::optional<ScopedSection> timed(std::in_place, "lora: x·Aᵀ");
   if (const StackedA stacked = stack_a(sites, g); stacked.view.data != nullptr) {
     linear_forward(xa, x, stacked.view);
   } else if (fused_on_gpu(x, [&](const GroupMask& mask) {
@@ -287,9 +291,12 @@ void lora_forward_group(std::span<const TensorView> ys, TensorView xa, const Ten
                return false;
              }, sites)) {
   } else {
+    timed.reset();  // the dropout copies are timed on their own
     const AdapterInputs inputs = adapter_inputs(x, sites);
+    timed.emplace("lora: x·Aᵀ");
     for (size_t i = 0; i < sites.size(); ++i) linear_forward(columns_of(xa, g, i), inputs.views[i], sites[i].A);
   }
+  timed.emplace("lora: xa·Bᵀ");
   for (size_t i = 0; i < sites.size(); ++i)
     linear_forward(ys[i], columns_of(xa, g, i), sites[i].B, accumulate_ys, lora_scaling(sites[i].params, g.site[i].rank));
 }
@@ -309,7 +316,11 @@ void lora_backward_output(TensorView dxa, size_t i, TensorView dB, const TensorV
              "{}: dy {} does not match x {} and B {}", op, dy.shape.to_string(), x.shape.to_string(),
              sites[i].B.shape.to_string());
   const float scaling = lora_scaling(sites[i].params, g.site[i].rank);
-  linear_backward_weight(dB, dy, columns_of(xa, g, i), /*accumulate=*/true, scaling);
+  {
+    ScopedSection section("lora: dB");
+    linear_backward_weight(dB, dy, columns_of(xa, g, i), /*accumulate=*/true, scaling);
+  }
+  ScopedSection section("lora: dxa");
   linear_backward_input(columns_of(dxa, g, i), dy, sites[i].B, /*accumulate=*/false, scaling);
 }
 
@@ -337,6 +348,7 @@ void lora_backward_input(TensorView dx, std::span<const TensorView> dAs, const T
   Tensor dxa_rounded;
   const TensorView dxa = round_for_gemms(dxa_f32, {sites[0].A.dtype}, dxa_rounded);
 
+  std::optional<ScopedSection> timed(std::in_place, "lora: dA, dx (stacked or fused)");
   if (const StackedA stacked = stack_a(sites, g); stacked.view.data != nullptr) {
     // dA += d(xa)ᵀ · x for the whole stack, and dx += d(xa) · A: one GEMM each.
     if (sites.size() == 1) {
@@ -360,11 +372,14 @@ void lora_backward_input(TensorView dx, std::span<const TensorView> dAs, const T
     return;
 
   // Per adapter: dA += d(xa)ᵀ · dropout(x), the masks regenerated from the keys.
+  timed.reset();  // the dropout copies are timed on their own
   {
     const AdapterInputs inputs = adapter_inputs(x, sites);
+    timed.emplace("lora: dA");
     for (size_t i = 0; i < sites.size(); ++i)
       linear_backward_weight(dAs[i], columns_of(dxa, g, i), inputs.views[i], /*accumulate=*/true);
   }
+  timed.emplace("lora: dx");
   if (dx.data == nullptr) return;
   if (!dropout_active(sites[0].params)) {
     for (size_t i = 0; i < sites.size(); ++i)
