@@ -78,6 +78,7 @@ class ShardedParameters final : public UnitHooks {
   // UnitHooks
   void forward_begin(int unit) override;
   void forward_end(int unit, bool backward_follows) override;
+  bool frozen_weights_stay_in_place() const override { return resident() && !options_.offload_frozen; }
   void backward_begin(int unit) override;
   void backward_end(int unit) override;
 

@@ -80,6 +80,7 @@ void linear_group_forward(std::span<const TensorView> ys, const TensorView& x, i
   }
   for (size_t j = 0; j < modules.size(); ++j)
     if (is_dora(w, modules[j])) dora_linear_forward(ys[j], x, modules[j], w, a);
+  w.release_group(group);
 }
 
 // dy as module m's GEMMs (its weight's, and its adapter's B) read it: the three or four of them
@@ -117,8 +118,11 @@ void linear_group_backward(TensorView dx, bool accumulate, std::span<const Tenso
                            int group, const LayerCompute& w, const LayerActivations& a) {
   const std::span<const int> modules = group_modules(group);
   const GroupAdapters g = group_adapters(group, w);
-  if (modules.size() == 1 && g.sites.size() == 1 && !accumulate && dx.data != nullptr)  // (a DoRA module has no site)
-    return adapter_first_backward(dx, dys[0], x, group, w, a, g);
+  if (modules.size() == 1 && g.sites.size() == 1 && !accumulate && dx.data != nullptr) {  // (a DoRA module has no site)
+    adapter_first_backward(dx, dys[0], x, group, w, a, g);
+    w.release_group(group);
+    return;
+  }
   Tensor dxa = g.sites.empty() ? Tensor() : Tensor::empty(a.xa[group].shape(), DType::F32, x.device);
   for (size_t j = 0; j < modules.size(); ++j) {
     const int m = modules[j];
@@ -141,6 +145,7 @@ void linear_group_backward(TensorView dx, bool accumulate, std::span<const Tenso
     lora_backward_output(dxa, static_cast<size_t>(g.site_of[j]), w.lora[m]->B.grad.view(), dy, x, a.xa[group],
                          g.sites);
   }
+  w.release_group(group);  // the adapters' part below reads no base weight
   if (g.sites.empty()) return;
   std::vector<TensorView> dAs;
   for (int m : modules)
@@ -150,6 +155,12 @@ void linear_group_backward(TensorView dx, bool accumulate, std::span<const Tenso
 }
 
 }  // namespace
+
+void LayerCompute::release_group(int group) const {
+  if (buffer_free == nullptr) return;
+  const StreamMark here = mark_compute();
+  for (int m : group_modules(group)) (*buffer_free)[m] = here;
+}
 
 std::span<const int> group_modules(int group) {
   switch (group) {

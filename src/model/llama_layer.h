@@ -64,6 +64,12 @@ struct LayerCompute {
     weight_[m] = dense;
     weight_ready_[m] = std::move(ready);
   }
+  // Where the model tracks, per module, the compute stream's last read of its dense buffer (null:
+  // not tracked). The layer calls release_group once a group's products are queued: the next
+  // layer's dequantisation (on its side stream) may refill those buffers once the compute stream
+  // is past that point, while the rest of this layer still runs.
+  std::array<StreamMark, kLinearModules>* buffer_free = nullptr;
+  void release_group(int group) const;
   std::array<const LoraAdapter*, kLinearModules> lora{};
   std::array<LoraParams, kLinearModules> lora_params{};
   // DoRA's weight norms when the caller already has them (generation, where the weights do not

@@ -142,6 +142,8 @@ struct LlamaModel::Impl {
   // compute stream, module by module in the order the pass uses them, so that each one's
   // dequantisation overlaps the products of the modules before it instead of delaying the layer.
   std::unique_ptr<SideStream> dequantize_stream;
+  // Per module: the compute stream's last read of dequantized[m] so far (LayerCompute::buffer_free).
+  std::array<StreamMark, kLinearModules> buffer_free;
   // Generation: each layer's DoRA weight norms, computed once (the weights do not change between
   // tokens); cleared whenever the adapters change.
   std::vector<std::array<Tensor, kLinearModules>> dora_norms;
@@ -161,6 +163,7 @@ struct LlamaModel::Impl {
     weights.place_on(target);
     for (Tensor& t : dequantized) t = Tensor();
     dequantize_stream.reset();
+    buffer_free = {};
     dora_norms.clear();
     device = target;
   }
@@ -197,18 +200,24 @@ struct LlamaModel::Impl {
                                                                       kQProj,    kKProj,    kVProj};
 
   // Layer `index`'s dense base weights, queued for the compute stream to wait on module by module
-  // (LayerCompute::weight). The side stream first waits for the compute stream, whose queued work
-  // still reads the previous layer's weights from the same buffers.
+  // (LayerCompute::weight). On the side stream each module's buffer is refilled once the compute
+  // stream is past the previous layer's last read of it (buffer_free, set by the layer's groups),
+  // so the dequantisation overlaps the rest of the layer before, compute-bound products included.
+  // Where the hooks may move or replace the frozen bytes (sharded units, offload), it waits for the
+  // whole compute stream instead: the bytes are certain only once forward_begin's work is done.
   void dequantize_layer(LayerCompute& c, LayerWeights& layer, const std::array<int, kLinearModules>& order) {
     if (!dequantize_stream && device == Device::CUDA && gpu_dequantize_stream() == GpuDequantizeStream::Side)
       dequantize_stream = std::make_unique<SideStream>(device);
     if (dequantize_stream && gpu_dequantize_stream() != GpuDequantizeStream::Side) dequantize_stream.reset();
+    const bool ahead = hooks == nullptr || hooks->frozen_weights_stay_in_place();
     std::optional<OnSideStream> redirected;
     if (dequantize_stream) {
-      dequantize_stream->wait_for_compute();
+      if (!ahead) dequantize_stream->wait_for_compute();
       redirected.emplace(*dequantize_stream);
+      c.buffer_free = &buffer_free;
     }
     for (int m : order) {
+      if (dequantize_stream && ahead) dequantize_stream->wait(buffer_free[m]);
       ScopedSection section("nf4 dequantize");  // on the side stream: its own time, overlapped
       const TensorView dense = layer.linear[m].dense(dequantized[m], act);
       c.set_weight(m, dense, dequantize_stream ? dequantize_stream->mark() : StreamMark{});

@@ -91,6 +91,10 @@ class UnitHooks {
   virtual void forward_end(int unit, bool backward_follows) = 0;
   virtual void backward_begin(int unit) = 0;  // weights present, gradient tensors allocated
   virtual void backward_end(int unit) = 0;    // the unit's gradients of this micro-batch are complete
+  // True when no unit's frozen weights ever move or change between its hooks (one rank, nothing
+  // offloaded): the model may then read a unit's frozen bytes ahead of its forward_begin, as the
+  // GPU's dequantisation does to overlap the layer before (model/llama_model.cpp).
+  virtual bool frozen_weights_stay_in_place() const { return false; }
 };
 
 using UnitBuiltCallback = std::function<void(int unit, ParamUnit& contents)>;
