@@ -12,17 +12,19 @@
 #   bench/fetch_peer_wheels.sh   (bitsandbytes' wheel into .device/wheels: the GPU machine has none)
 # Run there with carry [".device", "build/fsdpq", "build/tests/fsdpq_gpu_tests"] (or scripts/device_pack.sh
 # build/fsdpq build/tests/fsdpq_gpu_tests .device/lib .device/wheels .device/data):
-#   bash scripts/device_packing.sh   (SKIP=tests,perf,job,peer narrows it; MODEL, POINTS="unpacked:8 packed:8" as
-#                                     mode:batch_size, STEPS; FSDPQ=, TESTS=, DATA=, WHEELS= other paths)
+#   bash scripts/device_packing.sh   (SKIP=tests,perf,job,peer narrows it; MODEL, POINTS="unpacked:8 packed:8 fixed:8"
+#                                     as mode:batch_size, fixed being random full rows; STEPS; FSDPQ=, TESTS=, DATA=,
+#                                     WHEELS= other paths)
 B=${FSDPQ:-$PWD/build/fsdpq}; T=${TESTS:-$PWD/build/tests/fsdpq_gpu_tests}; DATA=${DATA:-$PWD/.device/data}
 WHEELS=${WHEELS:-$PWD/.device/wheels}; MODEL=${MODEL:-preset:llama2-7b}; STEPS=${STEPS:-12}
 W=$(mktemp -d); OUT=${OUT:-$W}
 skip() { [[ ",${SKIP:-}," == *",$1,"* ]]; }
 export LD_LIBRARY_PATH=$PWD/.device/lib:${LD_LIBRARY_PATH:-}
 # The job's settings, shared by fsdpq's points and the peer's examples (batch size, packing per point).
-JOB=(--model_name "$MODEL" --tokenizer_path "$DATA/tokenizer.model" --train_type qlora --precision bf16
-     --lora_rank 64 --lora_alpha 16 --lora_dropout 0.1 --dataset sql --data_path "$DATA/sql.jsonl"
-     --context_length 512 --lr 1e-4 --seed 42 --use_gradient_checkpointing true)
+SETTINGS=(--model_name "$MODEL" --tokenizer_path "$DATA/tokenizer.model" --train_type qlora --precision bf16
+          --lora_rank 64 --lora_alpha 16 --lora_dropout 0.1 --context_length 512 --lr 1e-4 --seed 42
+          --use_gradient_checkpointing true)
+JOB=("${SETTINGS[@]}" --dataset sql --data_path "$DATA/sql.jsonl")
 
 if ! skip tests; then
   echo "== segment attention, RoPE positions, every attention test, the model"
@@ -38,10 +40,15 @@ fi
 
 if ! skip job; then
   echo "== the reference job, unpacked and packed ($MODEL)"
-  for point in ${POINTS:-unpacked:8 unpacked:16 unpacked:32 packed:2 packed:4 packed:8}; do
+  # fixed: the same settings on rows of context_length random tokens, every slot a token: the
+  # fixed-length throughput at the same tokens per step that issue #26's target compares with.
+  for point in ${POINTS:-unpacked:8 unpacked:16 unpacked:32 packed:2 packed:4 packed:8 fixed:8}; do
     mode=${point%:*}; bs=${point#*:}; name=${mode}_bs$bs
     packing=false; [ "$mode" = packed ] && packing=true
-    timeout 300 "$B" "${JOB[@]}" --batch_size "$bs" --packing $packing --max_steps "$STEPS" --log_to stdout \
+    args=("${JOB[@]}")
+    [ "$mode" = fixed ] && args=("${SETTINGS[@]}" --dataset dummy --pad_to_context_length true
+                                 --dataset_samples $((bs * (STEPS + 2))))
+    timeout 300 "$B" "${args[@]}" --batch_size "$bs" --packing $packing --max_steps "$STEPS" --log_to stdout \
       --output_dir "$W/$name" > "$OUT/$name.log" 2>&1
     echo "$name rc=$? $(date +%T)"; grep -E "error|packing efficiency" "$OUT/$name.log" | head -2
     cp "$W/$name/metrics.jsonl" "$OUT/$name.metrics.jsonl" 2>/dev/null
@@ -84,6 +91,22 @@ for path in sorted(glob.glob(f"{out}/*.metrics.jsonl")):
     name = os.path.basename(path).split(".")[0]
     print(f"| {name} | {name.split('_bs')[1]} | {tokens / secs:,.0f} | {real / secs:,.0f} | {real / len(steps):,.0f} | "
           f"{real / tokens:.1%} | {summary.get('peak_device_allocated_bytes', 0) / 2**30:.2f} |")
+# Issue #26's targets: the best packed point's real tokens/s against the fixed-length point and the
+# unpacked batch-8 job.
+def real_rate(name):
+    try:
+        rows = [json.loads(l) for l in open(f"{out}/{name}.metrics.jsonl")]
+    except OSError:
+        return None
+    steps = [r for r in rows if r.get("type") == "step"][2:]
+    secs = sum(s["step_seconds"] for s in steps)
+    return sum(s.get("real_tokens", 0) for s in steps) / secs if steps and secs else None
+packed = [(real_rate(os.path.basename(p).split(".")[0]), p) for p in glob.glob(f"{out}/packed_bs*.metrics.jsonl")]
+packed = max((r for r in packed if r[0]), default=None)
+fixed, unpacked8 = real_rate("fixed_bs8"), real_rate("unpacked_bs8")
+if packed and fixed and unpacked8:
+    print(f"\nbest packed ({os.path.basename(packed[1]).split('.')[0]}): {packed[0] / fixed:.1%} of fixed-length bs 8 "
+          f"(target >= 90%), {packed[0] / unpacked8:.2f}x the unpacked bs 8 job (target >= 2x)")
 # The peer's JSON line (bench/peer_train.py --examples): tokens and real_tokens over its timed steps.
 for path in sorted(glob.glob(f"{out}/peer_*.json")):
     name = "hf_qlora_bnb " + ("no ckpt" if "no-grad" in path else "ckpt")
