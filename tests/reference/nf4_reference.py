@@ -28,16 +28,7 @@ import os
 import numpy as np
 import torch
 
-MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
-GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
-
-def mix64(x):
-    """SplitMix64's finaliser on a uint64 array (numpy wraps on overflow, as C++ does)."""
-    with np.errstate(over="ignore"):
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return x ^ (x >> np.uint64(31))
+from reference_checksum import GOLDEN, as_bytes, checksum, mix64
 
 
 def synthetic_weights(rows, cols, seed, as_bf16=True):
@@ -59,23 +50,6 @@ def synthetic_weights(rows, cols, seed, as_bf16=True):
         values[5 * 64:6 * 64] = 0.0
     t = torch.from_numpy(values)
     return t.to(torch.bfloat16) if as_bf16 else t
-
-
-def checksum(data: bytes) -> str:
-    """sum_j mix64(word_j + j * golden) mod 2^64 over little-endian 8-byte words (zero padded)."""
-    padded = data + b"\0" * (-len(data) % 8)
-    words = np.frombuffer(padded, dtype="<u8")
-    with np.errstate(over="ignore"):
-        mixed = mix64(words + np.arange(len(words), dtype=np.uint64) * GOLDEN)
-        total = int(np.sum(mixed, dtype=np.uint64))
-    return f"{total:016x}"
-
-
-def as_bytes(t: torch.Tensor) -> bytes:
-    t = t.detach().contiguous().cpu()
-    if t.dtype == torch.bfloat16:
-        t = t.view(torch.int16)
-    return t.numpy().tobytes()
 
 
 def main():
