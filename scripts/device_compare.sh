@@ -14,7 +14,8 @@
 #   TESTS='gtest filter' (default every GPU test; none: skip), PERF='gtest filter' (FSDPQ_GPU_PERF=1
 #   lines, every build), STEP=1 (the 7B step of every build), HF=1 (HF + PEFT parity of the last
 #   build; needs bench/fetch_peer_wheels.sh's .device/wheels packed too), PROFILE=label (ncu of that
-#   build's first step). BUDGET (s, default 560) bounds the whole call.
+#   build's one step on a 2-layer model of the 7B's width, PROFILE_LAYERS to change). BUDGET (s,
+#   default 560) bounds the whole call.
 export LD_LIBRARY_PATH=$PWD/.device/lib:${LD_LIBRARY_PATH:-}
 BUILDS=${BUILDS:-base=.device/base new=.}
 last=${BUILDS##* }; last_root=${last#*=}; last_root=${last_root%%@*}
@@ -56,13 +57,30 @@ if [ "${HF:-0}" = 1 ] && [ $(left) -gt 150 ]; then  # HF + PEFT (+ bitsandbytes)
 fi
 
 if [ -n "${PROFILE:-}" ] && [ $(left) -gt 150 ]; then
+  # ncu over one step of a 2-layer model of the 7B's width (a whole 7B step is too many kernels for
+  # ncu's replay): every kernel's name and duration, for a per-layer breakdown.
   for b in $BUILDS; do [ "${b%%=*}" = "$PROFILE" ] && exe=$PWD/${b#*=}/build/fsdpq; done
   W=$(mktemp -d)
+  $exe init-model --preset llama2-7b --num_hidden_layers ${PROFILE_LAYERS:-2} --out $W/m > $OUT/ncu_init.log 2>&1
   timeout $(( $(left) - 30 )) ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
-    $exe --model_name preset:llama2-7b --tokenizer_path builtin:bytes --train_type qlora --dataset dummy \
+    $exe --model_name $W/m --tokenizer_path builtin:bytes --train_type qlora --dataset dummy \
     --dataset_samples 8 --context_length 2048 --pad_to_context_length true --batch_size 4 --max_steps 1 \
     --lora_rank 64 --lora_alpha 16 --lora_dropout 0.1 --use_gradient_checkpointing false --output_dir $W/p \
     > $OUT/ncu.csv 2> $OUT/ncu.err
-  echo "ncu rc=$? $(wc -l < $OUT/ncu.csv) lines"; xz -T4 $OUT/ncu.csv
+  echo "ncu rc=$? $(wc -l < $OUT/ncu.csv) lines"
+  python3 - $OUT/ncu.csv <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('"'))]
+total = collections.defaultdict(float); count = collections.Counter()
+for r in rows:
+    if r.get("Metric Name") == "gpu__time_duration.sum":
+        name = r["Kernel Name"].split("(")[0][:90]
+        total[name] += float(r["Metric Value"].replace(",", "")) / 1e3; count[name] += 1
+print("| kernel | launches | µs |")
+print("|---|---|---|")
+for name, us in sorted(total.items(), key=lambda kv: -kv[1])[:25]:
+    print(f"| {name} | {count[name]} | {us:,.0f} |")
+PY
+  xz -T4 $OUT/ncu.csv
 fi
 echo "done, $(left) s of the budget left"

@@ -41,6 +41,8 @@ const std::vector<FlagSpec> kInitModelFlags = {
     {"tie_word_embeddings", "BOOL", "true: the LM head is the embedding (Llama-3.2 1B / 3B; no lm_head.weight); "
                                     "default: the preset's"},
     {"vocab_size", "N", "override the preset's vocabulary size (e.g. to match a small tokenizer)"},
+    {"num_hidden_layers", "N", "override the preset's decoder layer count: a few layers of a real width, for "
+                               "profiling a layer's kernels or a quick check"},
     {"max_shard_size", "BYTES", "split the weights into files of at most this size (default 5000000000)"},
     {"initializer_range", "STD", "standard deviation of the random weights (default: the preset's, 0.02 as HF)"},
     {"overwrite", "", "replace DIR if it exists"},
@@ -64,6 +66,11 @@ void init_model_from_flags(const ParsedFlags& flags, bool quiet) {
     int64_t v = flags.get_int("vocab_size", 0);
     if (v < 3) fail("init-model: --vocab_size {}: must be at least 3", v);
     options.vocab_size = v;
+  }
+  if (flags.has("num_hidden_layers")) {
+    const int64_t layers = flags.get_int("num_hidden_layers", 0);
+    if (layers < 1 || layers > 1024) fail("init-model: --num_hidden_layers {}: must be between 1 and 1024", layers);
+    config.num_hidden_layers = layers;
   }
   if (flags.has("max_shard_size")) {
     int64_t v = flags.get_int("max_shard_size", 0);

@@ -173,6 +173,18 @@ TEST_F(Cli, DemoDryRunPreparesItsOwnAssets) {
   EXPECT_EQ(fsdpq("demo --dry_run --out demo").exit_code, 0);
 }
 
+// A few layers of a preset's width (for profiling one layer's kernels on a GPU): the config says
+// so, the weights match it, and it trains.
+TEST_F(Cli, InitModelTakesALayerCount) {
+  auto init = fsdpq("init-model --preset tiny --out three_layers --num_hidden_layers 3 --vocab_size 300");
+  ASSERT_EQ(init.exit_code, 0) << init.output;
+  EXPECT_NE(test::read_file(dir_ / "three_layers" / "config.json").find("\"num_hidden_layers\": 3"), std::string::npos);
+  auto r = fsdpq("--model_name three_layers --tokenizer_path builtin:bytes --dataset alpaca --data_path good.jsonl "
+                 "--batch_size 2 --max_steps 1 --output_dir three_out --log_to stdout");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("step 1/1"), std::string::npos) << r.output;
+}
+
 TEST_F(Cli, SqlDryRunOnRealDataWithTheLlamaTokenizer) {
   FSDPQ_SHARED_DATA_OR_SKIP(sql, "sql.jsonl");
   FSDPQ_SHARED_DATA_OR_SKIP(tok, "tokenizer.model");
@@ -290,6 +302,8 @@ INSTANTIATE_TEST_SUITE_P(
                "fsdpq: error: unknown model preset 'llama2-7' (did you mean 'llama2-70b'?); known presets: tiny, "
                "tinyllama-1.1b, llama2-7b, llama2-13b, llama3-8b, llama3.1-8b, llama3.2-1b, llama3.2-3b, mistral-7b, "
                "codellama-34b, yi-34b, llama2-70b, llama3-70b"},
+        BadRun{"InitModelWithoutLayers", "init-model --preset tiny --out x --num_hidden_layers 0", 2,
+               "fsdpq: error: init-model: --num_hidden_layers 0: must be between 1 and 1024"},
         BadRun{"InitModelIntoNonEmptyDir", "init-model --preset tiny --out model", 2,
                "fsdpq: error: init-model: output directory 'model' is not empty; choose another or allow "
                "overwriting it"},
