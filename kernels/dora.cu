@@ -27,6 +27,25 @@ __global__ void row_norms_kernel(float* norm, const float* P, int64_t in) {
   if (threadIdx.x == 0) norm[blockIdx.x] = sqrtf(sum);
 }
 
+// One block per row: Σ_j W[o, j]² over the row, then Σ_k B[o, k]·(2s·G[o, k] + s²·H[o, k]) over
+// its r entries, in one fixed tree.
+template <class W, class B>
+__global__ void norm_from_parts_kernel(float* norm, const W* w, const B* b, const float* g, const float* h,
+                                       int64_t in, int64_t r, float two_s, float s2) {
+  __shared__ float shared[kThreads / 32];
+  const int64_t o = blockIdx.x;
+  const W* row = w + o * in;
+  float sum = 0.0f;
+  for (int64_t j = threadIdx.x; j < in; j += blockDim.x) {
+    const float v = to_float(row[j]);
+    sum = fmaf(v, v, sum);
+  }
+  for (int64_t k = threadIdx.x; k < r; k += blockDim.x)
+    sum = fmaf(to_float(b[o * r + k]), fmaf(two_s, g[o * r + k], s2 * h[o * r + k]), sum);
+  sum = block_sum(sum, shared);
+  if (threadIdx.x == 0) norm[o] = sqrtf(fmaxf(sum, 0.0f));
+}
+
 template <class M>
 __global__ void magnitude_scale_kernel(float* g, const M* m, const float* n, int64_t out) {
   const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -69,6 +88,20 @@ void dora_row_norms(float* norm, const float* P, int64_t rows, int64_t in, cudaS
   if (rows <= 0) return;
   row_norms_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(norm, P, in);
   check_launch("dora_row_norms");
+}
+
+void dora_norm_from_parts(float* norm, const void* w, KType w_type, const void* b, KType b_type, const float* g,
+                          const float* h, int64_t out, int64_t in, int64_t r, float scaling, cudaStream_t stream) {
+  if (out <= 0) return;
+  with_ktype(w_type, [&](auto w_tag) {
+    with_ktype(b_type, [&](auto b_tag) {
+      using W = decltype(w_tag);
+      using B = decltype(b_tag);
+      norm_from_parts_kernel<W, B><<<static_cast<unsigned>(out), kThreads, 0, stream>>>(
+          norm, static_cast<const W*>(w), static_cast<const B*>(b), g, h, in, r, 2.0f * scaling, scaling * scaling);
+    });
+  });
+  check_launch("dora_norm_from_parts");
 }
 
 void dora_magnitude_scale(float* g, const void* m, KType m_type, const float* n, int64_t out, cudaStream_t stream) {

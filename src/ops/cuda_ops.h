@@ -87,6 +87,8 @@ int64_t lora_fused_runs();
 
 // dora.h's elementwise pieces (kernels/dora.cuh).
 void dora_row_norms(TensorView norm, const TensorView& P);
+void dora_norm_from_parts(TensorView norm, const TensorView& W, const TensorView& B, const TensorView& G,
+                          const TensorView& H, float scaling);
 void dora_magnitude_scale(TensorView g, const TensorView& magnitude, const TensorView& norm);
 void dora_scale_columns(TensorView out, const TensorView& in, const TensorView& g, float offset, bool accumulate);
 void dora_magnitude_backward(TensorView dm, const TensorView& dy, const TensorView& z, const TensorView& norm);

@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string_view>
 
 namespace fsdpq {
 namespace {
@@ -63,7 +65,46 @@ int64_t dora_norm_chunk_rows(int64_t out, int64_t in) {
   return std::clamp<int64_t>(kDoraNormChunkBytes / (4 * std::max<int64_t>(in, 1)), 1, std::max<int64_t>(out, 1));
 }
 
+GpuDoraNorm& gpu_dora_norm_choice() {
+  static GpuDoraNorm choice = [] {
+    const char* env = std::getenv("FSDPQ_DORA_NORM");  // runtime/environment.cpp checks the value
+    return env != nullptr && std::string_view(env) == "expanded" ? GpuDoraNorm::Expanded : GpuDoraNorm::Direct;
+  }();
+  return choice;
+}
+
+GpuDoraNorm gpu_dora_norm() { return gpu_dora_norm_choice(); }
+void set_gpu_dora_norm(GpuDoraNorm norm) { gpu_dora_norm_choice() = norm; }
+
+void dora_weight_norm_expanded(TensorView norm, const TensorView& W, const TensorView& A, const TensorView& B,
+                               float scaling) {
+  constexpr const char* op = "dora_weight_norm";
+  check_float(op, "W", W);
+  check_float(op, "A", A);
+  check_float(op, "B", B);
+  runs_on_cuda(op, {norm, W, A, B});
+  check_that(W.shape.rank == 2 && A.shape.rank == 2 && B.shape.rank == 2 && A.shape[1] == W.shape[1] &&
+                 B.shape == Shape{W.shape[0], A.shape[0]},
+             "{}: W {} [out, in], A {} [r, in] and B {} [out, r] do not fit together", op, W.shape.to_string(),
+             A.shape.to_string(), B.shape.to_string());
+  const int64_t out = W.shape[0], r = A.shape[0];
+  check_f32_vector(op, "norm", norm, out);
+  Tensor G = Tensor::empty(Shape{out, r}, DType::F32, W.device);
+  linear_forward(G, W, A);  // G = W·Aᵀ: W's one large read
+  // M = A·Aᵀ and H = B·M (M is symmetric: B·Mᵀ) in fp32 operands, so the s² term is not rounded
+  // to 16 bits on the GPU; both are [r, ·]-sized.
+  Tensor A32 = Tensor::empty(A.shape, DType::F32, A.device), B32 = Tensor::empty(B.shape, DType::F32, B.device);
+  copy_convert(A32, A);
+  copy_convert(B32, B);
+  Tensor M = Tensor::empty(Shape{r, r}, DType::F32, W.device), H = Tensor::empty(Shape{out, r}, DType::F32, W.device);
+  linear_forward(M, A32, A32);
+  linear_forward(H, B32, M);
+  dora_norm_from_parts(norm, W, B32, G, H, scaling);
+}
+
 void dora_weight_norm(TensorView norm, const TensorView& W, const TensorView& A, const TensorView& B, float scaling) {
+  if (W.device == Device::CUDA && gpu_dora_norm() == GpuDoraNorm::Expanded)
+    return dora_weight_norm_expanded(norm, W, A, B, scaling);
   constexpr const char* op = "dora_weight_norm";
   check_float(op, "W", W);
   check_float(op, "A", A);
@@ -141,6 +182,39 @@ void dora_backward(TensorView dx, bool accumulate_dx, TensorView dA, TensorView 
     }
   }
   lora_backward(dx, dA, dB, dy_g, x, saved.xa, site.A, site.B, site.params);
+}
+
+void dora_norm_from_parts(TensorView norm, const TensorView& W, const TensorView& B, const TensorView& G,
+                          const TensorView& H, float scaling) {
+  constexpr const char* op = "dora_norm_from_parts";
+  check_float(op, "W", W);
+  check_float(op, "B", B);
+  check_dtype(op, "G", G, DType::F32);
+  check_dtype(op, "H", H, DType::F32);
+  check_that(W.shape.rank == 2 && B.shape.rank == 2 && B.shape[0] == W.shape[0] && G.shape == B.shape &&
+                 H.shape == B.shape,
+             "{}: W {} [out, in], B {}, G {} and H {} [out, r] do not fit together", op, W.shape.to_string(),
+             B.shape.to_string(), G.shape.to_string(), H.shape.to_string());
+  const int64_t out = W.shape[0], in = W.shape[1], r = B.shape[1];
+  check_f32_vector(op, "norm", norm, out);
+  if (runs_on_cuda(op, {norm, W, B, G, H}))
+    if constexpr (kWithCuda) return cuda_ops::dora_norm_from_parts(norm, W, B, G, H, scaling);
+  Tensor w32 = Tensor::empty(W.shape, DType::F32, Device::CPU), b32 = Tensor::empty(B.shape, DType::F32, Device::CPU);
+  copy_convert(w32, W);
+  copy_convert(b32, B);
+  const float* w = w32.view().as<const float>();
+  const float* b = b32.view().as<const float>();
+  const float* g = G.as<const float>();
+  const float* h = H.as<const float>();
+  float* n = norm.as<float>();
+  const double two_s = 2.0 * scaling, s2 = static_cast<double>(scaling) * scaling;
+#pragma omp parallel for if (worth_parallel(out * in)) schedule(static)
+  for (int64_t o = 0; o < out; ++o) {
+    double sum = 0.0;  // one row in a fixed order: the same bits at any thread count
+    for (int64_t j = 0; j < in; ++j) sum += static_cast<double>(w[o * in + j]) * w[o * in + j];
+    for (int64_t k = 0; k < r; ++k) sum += b[o * r + k] * (two_s * g[o * r + k] + s2 * h[o * r + k]);
+    n[o] = static_cast<float>(std::sqrt(std::max(sum, 0.0)));
+  }
 }
 
 void dora_row_norms(TensorView norm, const TensorView& P) {

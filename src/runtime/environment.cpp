@@ -15,6 +15,7 @@ const std::vector<EnvironmentKnob>& environment_knobs() {
       {"FSDPQ_ATTENTION", {"auto", "mma", "simt", "cudnn", "cudnn-nondeterministic", "wgmma"}, "the GPU attention kernels"},
       {"FSDPQ_SECTION_TIMES", {"0", "1"}, "log the compute stream's time per section of the pass"},
       {"FSDPQ_LORA_KERNELS", {"separate", "fused"}, "the GPU kernels of LoRA adapters with dropout"},
+      {"FSDPQ_DORA_NORM", {"direct", "expanded"}, "how the GPU computes DoRA's weight norms"},
       {"FSDPQ_DEQUANTIZE_STREAM", {"side", "compute"}, "the GPU stream that makes a layer's quantised weights dense"},
       {"FSDPQ_HQQ_SOLVER", {"auto", "cpu", "gpu"}, "where HQQ's quantisation solver runs (the same bytes either way)"},
   };

@@ -8,6 +8,7 @@
 //   FSDPQ_SECTION_TIMES  0 | 1          per-section timing of the pass (backend/section_times.h)
 //   FSDPQ_LORA_KERNELS   separate | fused  LoRA with dropout on the GPU (ops/lora.h)
 //   FSDPQ_HQQ_SOLVER     auto | cpu | gpu  where HQQ's solver runs (quant/hqq_solve.h)
+//   FSDPQ_DORA_NORM      direct | expanded  DoRA's weight norms on the GPU (ops/dora.h)
 //   FSDPQ_DEQUANTIZE_STREAM  side | compute  where the GPU dequantises a layer's base weights
 //                                       (model/llama_model.cpp: side overlaps it with the products)
 #pragma once

@@ -99,6 +99,14 @@ TEST(GpuDora, WeightNormMatchesTheCpu) {
     dora_weight_norm(cpu, W, A, B, 2.0f);
     dora_weight_norm(gpu, on_gpu(W), on_gpu(A), on_gpu(B), 2.0f);
     expect_close(gpu, cpu, type == DType::F32 ? 1e-5 : 2e-3, fmt::format("weight norm {}", dtype_name(type)));
+    // FSDPQ_DORA_NORM=expanded: the norms from W·Aᵀ and B·A·Aᵀ (dora_norm_from_parts's kernel),
+    // against the CPU's direct norms, with B as large as A so the cross terms count.
+    const Tensor B_large = random_tensor(Shape{out, rank}, type, 14, -1.0f, 1.0f);
+    dora_weight_norm(cpu, W, A, B_large, 2.0f);
+    set_gpu_dora_norm(GpuDoraNorm::Expanded);
+    dora_weight_norm(gpu, on_gpu(W), on_gpu(A), on_gpu(B_large), 2.0f);
+    set_gpu_dora_norm(GpuDoraNorm::Direct);
+    expect_close(gpu, cpu, type == DType::F32 ? 1e-5 : 2e-3, fmt::format("expanded weight norm {}", dtype_name(type)));
   }
 }
 

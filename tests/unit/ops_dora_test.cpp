@@ -106,6 +106,31 @@ TEST(OpsDora, WeightNormMatchesNaive) {
   EXPECT_EQ(to_doubles(norm16), to_doubles(s.norm));
 }
 
+// The expansion ‖w‖² + 2s·b·(A·wᵀ) + s²·b·(A·Aᵀ)·bᵀ against the direct norm of W + s·B·A: fp32 and
+// bf16 weights, a zero B (the rows' own norms) and a B as large as A, where the cross terms matter.
+TEST(OpsDora, ExpandedWeightNormMatchesTheDirectOne) {
+  for (const float b_scale : {0.0f, 1.0f, 30.0f}) {
+    DoraSetup s(13);
+    scale_in_place(s.B, b_scale);
+    s.compute_norm();
+    Tensor expanded = Tensor::empty(Shape{s.out}, DType::F32);
+    dora_weight_norm_expanded(expanded, s.W, s.A, s.B, s.scaling());
+    EXPECT_LE(test::relative_error(to_doubles(expanded), to_doubles(s.norm)), 1e-6) << "B scaled by " << b_scale;
+    EXPECT_LE(test::relative_error(to_doubles(expanded), s.naive_norm()), 1e-6) << "B scaled by " << b_scale;
+    Tensor W16 = Tensor::empty(s.W.shape(), DType::BF16), B16 = Tensor::empty(s.B.shape(), DType::BF16);
+    copy_convert(W16, s.W);
+    copy_convert(B16, s.B);
+    Tensor direct16 = Tensor::empty(Shape{s.out}, DType::F32), expanded16 = Tensor::empty(Shape{s.out}, DType::F32);
+    dora_weight_norm(direct16, W16, s.A, B16, s.scaling());
+    dora_weight_norm_expanded(expanded16, W16, s.A, B16, s.scaling());
+    EXPECT_LE(test::relative_error(to_doubles(expanded16), to_doubles(direct16)), 1e-6) << "bf16, B scaled by " << b_scale;
+  }
+  DoraSetup s(14);
+  Tensor norm = Tensor::empty(Shape{s.out}, DType::F32), wrong_h = Tensor::empty(Shape{s.out, s.rank + 1}, DType::F32);
+  Tensor g = Tensor::empty(Shape{s.out, s.rank}, DType::F32);
+  EXPECT_THROW(dora_norm_from_parts(norm, s.W, s.B, g, wrong_h, 1.0f), std::logic_error);
+}
+
 TEST(OpsDora, WeightNormIsChunkedByRows) {
   // 32 MiB of fp32 scratch at most: 8192 rows of 1024 values; a small weight whole; never fewer than one row.
   EXPECT_EQ(dora_norm_chunk_rows(100000, 1024), 8192);

@@ -10,6 +10,13 @@ void dora_row_norms(TensorView norm, const TensorView& P) {
   cuda::dora_row_norms(norm.as<float>(), P.as<const float>(), P.shape[0], P.shape[1], cuda::stream());
 }
 
+void dora_norm_from_parts(TensorView norm, const TensorView& W, const TensorView& B, const TensorView& G,
+                          const TensorView& H, float scaling) {
+  cuda::dora_norm_from_parts(norm.as<float>(), W.data, ktype("dora_norm_from_parts", W), B.data,
+                             ktype("dora_norm_from_parts", B), G.as<const float>(), H.as<const float>(), W.shape[0],
+                             W.shape[1], B.shape[1], scaling, cuda::stream());
+}
+
 void dora_magnitude_scale(TensorView g, const TensorView& magnitude, const TensorView& norm) {
   cuda::dora_magnitude_scale(g.as<float>(), magnitude.data, ktype("dora_magnitude_scale", magnitude),
                              norm.as<const float>(), magnitude.numel(), cuda::stream());
