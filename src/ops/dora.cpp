@@ -59,12 +59,6 @@ Tensor magnitude_scale(const DoraSite& site, const TensorView& norm) {
   return g;
 }
 
-}  // namespace
-
-int64_t dora_norm_chunk_rows(int64_t out, int64_t in) {
-  return std::clamp<int64_t>(kDoraNormChunkBytes / (4 * std::max<int64_t>(in, 1)), 1, std::max<int64_t>(out, 1));
-}
-
 GpuDoraNorm& gpu_dora_norm_choice() {
   static GpuDoraNorm choice = [] {
     const char* env = std::getenv("FSDPQ_DORA_NORM");  // runtime/environment.cpp checks the value
@@ -73,11 +67,9 @@ GpuDoraNorm& gpu_dora_norm_choice() {
   return choice;
 }
 
-GpuDoraNorm gpu_dora_norm() { return gpu_dora_norm_choice(); }
-void set_gpu_dora_norm(GpuDoraNorm norm) { gpu_dora_norm_choice() = norm; }
-
-void dora_weight_norm_expanded(TensorView norm, const TensorView& W, const TensorView& A, const TensorView& B,
-                               float scaling) {
+// dora_weight_norm's operands (either form): float W [out, in], A [r, in], B [out, r] on one device,
+// norm F32 [out].
+void check_weight_norm(const TensorView& norm, const TensorView& W, const TensorView& A, const TensorView& B) {
   constexpr const char* op = "dora_weight_norm";
   check_float(op, "W", W);
   check_float(op, "A", A);
@@ -87,8 +79,22 @@ void dora_weight_norm_expanded(TensorView norm, const TensorView& W, const Tenso
                  B.shape == Shape{W.shape[0], A.shape[0]},
              "{}: W {} [out, in], A {} [r, in] and B {} [out, r] do not fit together", op, W.shape.to_string(),
              A.shape.to_string(), B.shape.to_string());
+  check_f32_vector(op, "norm", norm, W.shape[0]);
+}
+
+}  // namespace
+
+int64_t dora_norm_chunk_rows(int64_t out, int64_t in) {
+  return std::clamp<int64_t>(kDoraNormChunkBytes / (4 * std::max<int64_t>(in, 1)), 1, std::max<int64_t>(out, 1));
+}
+
+GpuDoraNorm gpu_dora_norm() { return gpu_dora_norm_choice(); }
+void set_gpu_dora_norm(GpuDoraNorm norm) { gpu_dora_norm_choice() = norm; }
+
+void dora_weight_norm_expanded(TensorView norm, const TensorView& W, const TensorView& A, const TensorView& B,
+                               float scaling) {
+  check_weight_norm(norm, W, A, B);
   const int64_t out = W.shape[0], r = A.shape[0];
-  check_f32_vector(op, "norm", norm, out);
   Tensor G = Tensor::empty(Shape{out, r}, DType::F32, W.device);
   linear_forward(G, W, A);  // G = W·Aᵀ: W's one large read
   // M = A·Aᵀ and H = B·M (M is symmetric: B·Mᵀ) in fp32 operands, so the s² term is not rounded
@@ -105,17 +111,8 @@ void dora_weight_norm_expanded(TensorView norm, const TensorView& W, const Tenso
 void dora_weight_norm(TensorView norm, const TensorView& W, const TensorView& A, const TensorView& B, float scaling) {
   if (W.device == Device::CUDA && gpu_dora_norm() == GpuDoraNorm::Expanded)
     return dora_weight_norm_expanded(norm, W, A, B, scaling);
-  constexpr const char* op = "dora_weight_norm";
-  check_float(op, "W", W);
-  check_float(op, "A", A);
-  check_float(op, "B", B);
-  runs_on_cuda(op, {norm, W, A, B});
-  check_that(W.shape.rank == 2 && A.shape.rank == 2 && B.shape.rank == 2 && A.shape[1] == W.shape[1] &&
-                 B.shape == Shape{W.shape[0], A.shape[0]},
-             "{}: W {} [out, in], A {} [r, in] and B {} [out, r] do not fit together", op, W.shape.to_string(),
-             A.shape.to_string(), B.shape.to_string());
+  check_weight_norm(norm, W, A, B);
   const int64_t out = W.shape[0], in = W.shape[1];
-  check_f32_vector(op, "norm", norm, out);
   const int64_t chunk = dora_norm_chunk_rows(out, in);
   Tensor scratch = Tensor::empty(Shape{chunk, in}, DType::F32, W.device);
   for (int64_t first = 0; first < out; first += chunk) {
