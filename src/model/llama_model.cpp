@@ -212,9 +212,11 @@ struct LlamaModel::Impl {
     const bool ahead = hooks == nullptr || hooks->frozen_weights_stay_in_place();
     std::optional<OnSideStream> redirected;
     if (dequantize_stream) {
-      if (!ahead) dequantize_stream->wait_for_compute();
+      if (ahead)
+        c.buffer_free = &buffer_free;  // the layer marks where its reads of each buffer end
+      else
+        dequantize_stream->wait_for_compute();
       redirected.emplace(*dequantize_stream);
-      c.buffer_free = &buffer_free;
     }
     for (int m : order) {
       if (dequantize_stream && ahead) dequantize_stream->wait(buffer_free[m]);
