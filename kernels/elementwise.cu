@@ -27,6 +27,14 @@ __global__ void map_kernel(int64_t n, Op op) {
   for (; i < n; i += stride) op.store(i, op.load(i));
 }
 
+// Throws std::runtime_error("CUDA <what>: <error>") when queueing a copy or a memset failed (and
+// clears the error, as check_launch does for kernels).
+void check_queued(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return;
+  cudaGetLastError();
+  throw std::runtime_error(std::string("CUDA ") + what + ": " + cudaGetErrorString(err));
+}
+
 template <class Op>
 void launch_map(int64_t n, const Op& op, cudaStream_t stream, const char* name) {
   if (n <= 0) return;
@@ -74,6 +82,17 @@ struct Convert {
   const X* src;
   __device__ float load(int64_t i) const { return to_float(src[i]); }
   __device__ void store(int64_t i, float v) const { dst[i] = from_float<Y>(v); }
+};
+
+// Element i of a [rows, cols] block, both sides strided.
+template <class Y, class X>
+struct ScaledBlock {
+  Y* dst;
+  const X* src;
+  int64_t cols, dst_stride, src_stride;
+  float scale;
+  __device__ float load(int64_t i) const { return __fmul_rn(to_float(src[i / cols * src_stride + i % cols]), scale); }
+  __device__ void store(int64_t i, float v) const { dst[i / cols * dst_stride + i % cols] = from_float<Y>(v); }
 };
 
 // Block-wide sum of one double per thread, in a fixed tree order (deterministic).
@@ -160,11 +179,7 @@ void copy_convert(void* dst, KType dst_type, const void* src, KType src_type, in
   if (dst_type == src_type) {  // a plain copy: the conversion would be the identity
     const size_t bytes = static_cast<size_t>(n) * (dst_type == KType::F32 ? 4 : 2);
     if (dst != src) {
-      const cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream);
-      if (err != cudaSuccess) {
-        cudaGetLastError();
-        throw std::runtime_error(std::string("CUDA copy_convert: ") + cudaGetErrorString(err));
-      }
+      check_queued(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream), "copy_convert");
     }
     return;
   }
@@ -177,13 +192,31 @@ void copy_convert(void* dst, KType dst_type, const void* src, KType src_type, in
   });
 }
 
+void copy_block(void* dst, KType dst_type, int64_t dst_stride, const void* src, KType src_type, int64_t src_stride,
+                int64_t rows, int64_t cols, float scale, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  if (dst_type == src_type && scale == 1.0f) {
+    const size_t element = dst_type == KType::F32 ? 4 : 2;
+    check_queued(cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_stride) * element, src,
+                                   static_cast<size_t>(src_stride) * element, static_cast<size_t>(cols) * element,
+                                   static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, stream),
+                 "copy_block");
+    return;
+  }
+  with_ktype(dst_type, [&](auto y_tag) {
+    with_ktype(src_type, [&](auto x_tag) {
+      using Y = decltype(y_tag);
+      using X = decltype(x_tag);
+      launch_map(rows * cols,
+                 ScaledBlock<Y, X>{static_cast<Y*>(dst), static_cast<const X*>(src), cols, dst_stride, src_stride, scale},
+                 stream, "copy_block");
+    });
+  });
+}
+
 void fill_zero(void* x, size_t bytes, cudaStream_t stream) {
   if (bytes == 0) return;
-  const cudaError_t err = cudaMemsetAsync(x, 0, bytes, stream);
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    throw std::runtime_error(std::string("CUDA fill_zero: ") + cudaGetErrorString(err));
-  }
+  check_queued(cudaMemsetAsync(x, 0, bytes, stream), "fill_zero");
 }
 
 int64_t sum_of_squares_workspace(int64_t n) {

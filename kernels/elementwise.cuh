@@ -21,6 +21,10 @@ void accumulate(float* dst, const void* src, KType src_type, int64_t n, cudaStre
 void add_scaled(void* y, KType y_type, const void* x, KType x_type, float factor, int64_t n, cudaStream_t stream);
 // dst = src converted to dst's type.
 void copy_convert(void* dst, KType dst_type, const void* src, KType src_type, int64_t n, cudaStream_t stream);
+// dst = scale * src for a [rows, cols] block of each (rows dst_stride and src_stride elements
+// apart); same-type copies with scale 1 are cudaMemcpy2DAsync.
+void copy_block(void* dst, KType dst_type, int64_t dst_stride, const void* src, KType src_type, int64_t src_stride,
+                int64_t rows, int64_t cols, float scale, cudaStream_t stream);
 // bytes zero bytes at x (queued on the stream).
 void fill_zero(void* x, size_t bytes, cudaStream_t stream);
 

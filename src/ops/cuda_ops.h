@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <span>
 
+#include "backend/matrix_view.h"
 #include "backend/tensor.h"
 #include "ops/cross_entropy.h"
 #include "ops/gemm.h"
@@ -21,6 +22,7 @@ void scale_in_place(TensorView x, float factor);
 void accumulate(TensorView dst, const TensorView& src);
 void add_scaled(TensorView y, const TensorView& x, float factor);
 void copy_convert(TensorView dst, const TensorView& src);
+void copy_block(const MatrixView& dst, const MatrixView& src, float scale);
 void fill_zero(TensorView x);
 double sum_of_squares(const TensorView& x);
 

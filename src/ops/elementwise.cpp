@@ -110,6 +110,31 @@ void copy_convert(TensorView dst, const TensorView& src) {
   });
 }
 
+void copy_block(const MatrixView& dst, const MatrixView& src, float scale) {
+  constexpr const char* op = "copy_block";
+  check_float(op, "dst", dst.tensor);
+  check_float(op, "src", src.tensor);
+  for (const MatrixView* m : {&dst, &src})
+    check_that(m->first_column >= 0 && m->cols() >= 0 && m->first_column + m->cols() <= m->row_stride(),
+               "{}: columns [{}, {}) lie outside {}", op, m->first_column, m->first_column + m->cols(),
+               m->tensor.describe());
+  check_that(dst.rows() == src.rows() && dst.cols() == src.cols(), "{}: dst [{}, {}] and src [{}, {}] differ", op,
+             dst.rows(), dst.cols(), src.rows(), src.cols());
+  if (runs_on_cuda(op, {dst.tensor, src.tensor}))
+    if constexpr (kWithCuda) return cuda_ops::copy_block(dst, src, scale);
+  with_storages({dst.dtype(), src.dtype()}, op, [&](auto out_tag, auto in_tag) {
+    using Y = decltype(out_tag);
+    using X = decltype(in_tag);
+    const int64_t rows = dst.rows(), cols = dst.cols();
+#pragma omp parallel for if (worth_parallel(rows * cols)) schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      Y* out = static_cast<Y*>(dst.data()) + r * dst.row_stride();
+      const X* in = static_cast<const X*>(src.data()) + r * src.row_stride();
+      for (int64_t c = 0; c < cols; ++c) out[c] = from_f32<Y>(to_f32(in[c]) * scale);
+    }
+  });
+}
+
 void fill_zero(TensorView x) {
   constexpr const char* op = "fill_zero";
   if (x.numel() == 0) return;

@@ -1,6 +1,7 @@
 // Small elementwise ops the model and trainer need between the big ones. Every tensor is F32, BF16
 // or F16 unless stated; math in fp32, one rounding on store; outputs may alias inputs.
 #pragma once
+#include "backend/matrix_view.h"
 #include "backend/tensor.h"
 
 namespace fsdpq {
@@ -19,6 +20,10 @@ void add_scaled(TensorView y, const TensorView& x, float factor);
 
 // dst = src converted to dst's dtype (round to nearest even into BF16).
 void copy_convert(TensorView dst, const TensorView& src);
+
+// dst = scale * src, a block of rows and columns of each (rows and columns alike; either may be a
+// block of a wider matrix's columns, backend/matrix_view.h).
+void copy_block(const MatrixView& dst, const MatrixView& src, float scale = 1.0f);
 
 // x = 0 (any dtype).
 void fill_zero(TensorView x);

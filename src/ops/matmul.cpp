@@ -26,17 +26,23 @@ MatrixOutput output(const MatrixView& view) {
   return MatrixOutput{view.data(), view.tensor.dtype, view.rows(), view.cols(), view.row_stride()};
 }
 
-void check_weight(const char* op, const char* name, const TensorView& w) {
-  check_float(op, name, w);
-  check_that(w.shape.rank == 2, "{}: {} must be a matrix [out, in], got {}", op, name, w.shape.to_string());
+void check_columns(const char* op, const char* name, const MatrixView& x) {
+  check_that(x.first_column >= 0 && x.cols() >= 0 && x.first_column + x.cols() <= x.row_stride(),
+             "{}: {}'s columns [{}, {}) lie outside {}", op, name, x.first_column, x.first_column + x.cols(),
+             x.tensor.describe());
+}
+
+void check_weight(const char* op, const char* name, const MatrixView& w) {
+  check_float(op, name, w.tensor);
+  check_that(w.tensor.shape.rank == 2, "{}: {} must be a matrix [out, in], got {}", op, name,
+             w.tensor.shape.to_string());
+  check_columns(op, name, w);
 }
 
 void check_activation(const char* op, const char* name, const MatrixView& x) {
   check_float(op, name, x.tensor);
   check_that(x.tensor.shape.rank >= 1, "{}: {} must have at least one dimension", op, name);
-  check_that(x.first_column >= 0 && x.cols() >= 0 && x.first_column + x.cols() <= x.row_stride(),
-             "{}: {}'s columns [{}, {}) lie outside {}", op, name, x.first_column, x.first_column + x.cols(),
-             x.tensor.describe());
+  check_columns(op, name, x);
 }
 
 std::string describe(const MatrixView& x) {
@@ -99,29 +105,25 @@ TensorView round_for_gemms(const TensorView& x, std::initializer_list<DType> wei
   return storage.view();
 }
 
-void* MatrixView::data() const {
-  return static_cast<char*>(tensor.data) + first_column * static_cast<int64_t>(dtype_size(tensor.dtype));
-}
-
-void linear_forward(const MatrixView& out, const MatrixView& x, const TensorView& W, bool accumulate, float scale) {
+void linear_forward(const MatrixView& out, const MatrixView& x, const MatrixView& W, bool accumulate, float scale) {
   constexpr const char* op = "linear_forward";
   check_activation(op, "x", x);
   check_activation(op, "out", out);
   check_weight(op, "W", W);
-  check_that(x.cols() == W.shape[1] && out.cols() == W.shape[0] && out.rows() == x.rows(),
-             "{}: out {} = x {} · W {}ᵀ does not fit", op, describe(out), describe(x), W.shape.to_string());
+  check_that(x.cols() == W.cols() && out.cols() == W.rows() && out.rows() == x.rows(),
+             "{}: out {} = x {} · W {}ᵀ does not fit", op, describe(out), describe(x), describe(W));
   if (gemm_on_cuda(op, out, {x}, {W, /*transposed=*/true}, accumulate, scale)) return;
   gemm(output(out), matrix(x), matrix(W, /*transposed=*/true), accumulate, scale);
 }
 
-void linear_backward_input(const MatrixView& dx, const MatrixView& dy, const TensorView& W, bool accumulate,
+void linear_backward_input(const MatrixView& dx, const MatrixView& dy, const MatrixView& W, bool accumulate,
                            float scale) {
   constexpr const char* op = "linear_backward_input";
   check_activation(op, "dx", dx);
   check_activation(op, "dy", dy);
   check_weight(op, "W", W);
-  check_that(dy.cols() == W.shape[0] && dx.cols() == W.shape[1] && dx.rows() == dy.rows(),
-             "{}: dx {} = dy {} · W {} does not fit", op, describe(dx), describe(dy), W.shape.to_string());
+  check_that(dy.cols() == W.rows() && dx.cols() == W.cols() && dx.rows() == dy.rows(),
+             "{}: dx {} = dy {} · W {} does not fit", op, describe(dx), describe(dy), describe(W));
   if (gemm_on_cuda(op, dx, {dy}, {W}, accumulate, scale)) return;
   gemm(output(dx), matrix(dy), matrix(W), accumulate, scale);
 }

@@ -6,35 +6,20 @@
 #pragma once
 #include <initializer_list>
 
+#include "backend/matrix_view.h"
 #include "backend/tensor.h"
 
 namespace fsdpq {
 
-// An activation read or written as a matrix: the whole tensor as [rows, last dim], or the block of
-// its columns [first_column, first_column + columns) in place (one adapter's columns of a LoRA
-// group's stacked xa, ops/lora.h). Any TensorView converts to the whole-tensor form.
-struct MatrixView {
-  TensorView tensor;
-  int64_t first_column = 0;
-  int64_t columns = -1;  // -1: every column
-
-  MatrixView(const TensorView& whole) : tensor(whole) {}  // NOLINT: implicit on purpose
-  MatrixView(const Tensor& whole) : tensor(whole.view()) {}  // NOLINT
-  MatrixView(const TensorView& wide, int64_t first, int64_t count) : tensor(wide), first_column(first), columns(count) {}
-
-  int64_t rows() const { return tensor.shape.rows(); }
-  int64_t cols() const { return columns < 0 ? tensor.shape.last() : columns; }
-  int64_t row_stride() const { return tensor.shape.last(); }
-  void* data() const;  // the block's first element
-  bool whole() const { return first_column == 0 && cols() == row_stride(); }
-};
+// An activation or a weight is a MatrixView (backend/matrix_view.h): a whole tensor read as
+// [rows, last dim], or a block of a wider one's columns.
 
 // out[M, N] (+)= scale * x[M, K] · W[N, K]ᵀ
-void linear_forward(const MatrixView& out, const MatrixView& x, const TensorView& W, bool accumulate = false,
+void linear_forward(const MatrixView& out, const MatrixView& x, const MatrixView& W, bool accumulate = false,
                     float scale = 1.0f);
 
 // dx[M, K] (+)= scale * dy[M, N] · W[N, K]
-void linear_backward_input(const MatrixView& dx, const MatrixView& dy, const TensorView& W, bool accumulate = false,
+void linear_backward_input(const MatrixView& dx, const MatrixView& dy, const MatrixView& W, bool accumulate = false,
                            float scale = 1.0f);
 
 // dW[N, K] (+)= scale * dy[M, N]ᵀ · x[M, K]   (dW is normally F32: gradients accumulate in fp32)

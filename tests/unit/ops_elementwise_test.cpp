@@ -1,6 +1,7 @@
 #include "ops/elementwise.h"
 #include "ops_test_support.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 namespace fsdpq {
@@ -51,6 +52,34 @@ TEST(OpsElementwise, ScaleAccumulateAddScaledConvert) {
 
   fill_zero(f);
   for (int64_t i = 0; i < 50; ++i) EXPECT_EQ(f.data<float>()[i], 0.0f);
+}
+
+// copy_block between column blocks of wider matrices: every element of the block scaled and rounded
+// once into its place, every element outside it untouched.
+TEST(OpsElementwise, CopyBlockWritesOnlyItsColumns) {
+  for (DType dst_type : {DType::F32, DType::BF16, DType::F16})
+    for (float scale : {1.0f, 0.375f}) {
+      SCOPED_TRACE(fmt::format("{} scale {}", dtype_name(dst_type), scale));
+      const Tensor src = random_tensor(Shape{7, 13}, DType::BF16, 110);
+      Tensor dst = random_tensor(Shape{7, 20}, dst_type, 111);
+      const std::vector<double> before = to_doubles(dst);
+      copy_block(MatrixView(dst.view(), 5, 9), MatrixView(src.view(), 3, 9), scale);
+      for (int64_t r = 0; r < 7; ++r)
+        for (int64_t c = 0; c < 20; ++c) {
+          const int64_t at = r * 20 + c;
+          float want = static_cast<float>(before[static_cast<size_t>(at)]);
+          if (c >= 5 && c < 14) {
+            Tensor one = Tensor::empty(Shape{1}, dst_type);
+            TensorView rounded = one.view();
+            store_f32(rounded, 0, load_f32(src.view(), r * 13 + c - 5 + 3) * scale);
+            want = load_f32(rounded, 0);
+          }
+          EXPECT_EQ(load_f32(dst.view(), at), want) << "row " << r << " column " << c;
+        }
+    }
+  Tensor a = random_tensor(Shape{4, 8}, DType::F32, 112), b = random_tensor(Shape{4, 8}, DType::F32, 113);
+  EXPECT_THROW(copy_block(MatrixView(a.view(), 4, 5), MatrixView(b.view(), 0, 5)), std::logic_error);  // past the end
+  EXPECT_THROW(copy_block(MatrixView(a.view(), 0, 3), MatrixView(b.view(), 0, 4)), std::logic_error);  // sizes differ
 }
 
 TEST(OpsElementwise, MismatchedSizesAreALogicError) {

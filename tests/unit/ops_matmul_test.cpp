@@ -142,6 +142,29 @@ TEST(OpsMatmul, BackwardMatchesFiniteDifferences) {
   EXPECT_LE(test::relative_error(to_doubles(dW), numeric_dW), 1e-4);
 }
 
+// A weight read as a block of a wider matrix's columns (a folded LoRA weight's base,
+// model/llama_layer.h) gives the bits of the same weight on its own, forward and input gradient;
+// a block past the matrix's end is a logic error.
+TEST(OpsMatmul, WeightAsAColumnBlockEqualsTheWeightAlone) {
+  const int64_t M = 11, N = 9, K = 40, wide = 52, first = 8;
+  Tensor x = random_tensor(Shape{M, K}, DType::BF16, 76), dy = random_tensor(Shape{M, N}, DType::BF16, 77);
+  Tensor folded = random_tensor(Shape{N, wide}, DType::BF16, 78);
+  Tensor W = Tensor::empty(Shape{N, K}, DType::BF16);
+  TensorView w = W.view();
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) store_f32(w, n * K + k, load_f32(folded.view(), n * wide + first + k));
+  const MatrixView block(folded.view(), first, K);
+  Tensor y_alone = Tensor::empty(Shape{M, N}, DType::F32), y_block = Tensor::empty(Shape{M, N}, DType::F32);
+  linear_forward(y_alone, x, W);
+  linear_forward(y_block, x, block);
+  EXPECT_EQ(to_doubles(y_block), to_doubles(y_alone));
+  Tensor dx_alone = Tensor::empty(Shape{M, K}, DType::F32), dx_block = Tensor::empty(Shape{M, K}, DType::F32);
+  linear_backward_input(dx_alone, dy, W);
+  linear_backward_input(dx_block, dy, block);
+  EXPECT_EQ(to_doubles(dx_block), to_doubles(dx_alone));
+  EXPECT_THROW(linear_forward(y_block, x, MatrixView(folded.view(), wide - K + 1, K)), std::logic_error);
+}
+
 TEST(OpsMatmul, ShapeMismatchIsALogicError) {
   Tensor x = random_tensor(Shape{3, 5}, DType::F32, 74);
   Tensor W = random_tensor(Shape{4, 6}, DType::F32, 75);

@@ -31,6 +31,12 @@ void copy_convert(TensorView dst, const TensorView& src) {
   cuda::copy_convert(dst.data, ktype(op, dst), src.data, ktype(op, src), dst.numel(), cuda::stream());
 }
 
+void copy_block(const MatrixView& dst, const MatrixView& src, float scale) {
+  constexpr const char* op = "copy_block";
+  cuda::copy_block(dst.data(), ktype(op, dst.tensor), dst.row_stride(), src.data(), ktype(op, src.tensor),
+                   src.row_stride(), dst.rows(), dst.cols(), scale, cuda::stream());
+}
+
 void fill_zero(TensorView x) { cuda::fill_zero(x.data, x.nbytes(), cuda::stream()); }
 
 double sum_of_squares(const TensorView& x) {
