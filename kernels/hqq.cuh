@@ -19,8 +19,9 @@ struct HqqLayout {
 };
 
 // codes: the packed words; zeros, scales: one 16-bit value of type `meta` per group; out:
-// groups * 64 values of `out_type` (`meta` or F32).
+// groups * 64 values of `out_type` (`meta` or F32), value i at out[pitch.at(i)] (pitch.length
+// divides groups * 64).
 void hqq_dequantize(const uint8_t* codes, const uint16_t* zeros, const uint16_t* scales, KType meta,
-                    const HqqLayout& layout, void* out, KType out_type, cudaStream_t stream);
+                    const HqqLayout& layout, void* out, KType out_type, RowPitch pitch, cudaStream_t stream);
 
 }  // namespace fsdpq::cuda

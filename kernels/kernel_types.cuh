@@ -15,9 +15,20 @@
 
 #include <cuda_runtime.h>
 
+#include "kernels/host_device.h"
+
 namespace fsdpq::cuda {
 
 enum class KType : uint8_t { F32, BF16, F16 };
+
+// An output written row by row into a wider matrix (a dense weight into a block of a folded LoRA
+// weight's columns, model/llama_layer.h): rows of `length` values, `stride` values apart. Value i
+// of the rows goes to at(i); stride == length is a contiguous output.
+struct RowPitch {
+  int64_t length = 0, stride = 0;
+  bool contiguous() const { return stride == length; }
+  FSDPQ_HOST_DEVICE_INLINE int64_t at(int64_t i) const { return i / length * stride + i % length; }
+};
 
 // Throws std::runtime_error("CUDA kernel <name>: <error>") when the last launch failed.
 void check_launch(const char* kernel);

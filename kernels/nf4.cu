@@ -46,12 +46,14 @@ __device__ __forceinline__ void store16(T* dst, const float (&w)[kPerThread]) {
   }
 }
 
-template <class T>
+// kPitched: value i goes to out[pitch.at(i)] (a 16-value chunk never straddles a row where
+// vector_ok); else to out[i].
+template <class T, bool kPitched>
 __global__ void __launch_bounds__(kThreads)
     nf4_dequantize_kernel(const uint8_t* __restrict__ packed, const float* __restrict__ absmax,
                           const uint8_t* __restrict__ absmax_q, const float* __restrict__ absmax_scale,
                           float absmax_offset, Nf4Tables tables, int64_t numel, T* __restrict__ out,
-                          bool vector_ok) {
+                          bool vector_ok, RowPitch pitch) {
   __shared__ float code[16];
   __shared__ float code8[256];
   if (threadIdx.x < 16) code[threadIdx.x] = tables.nf4[threadIdx.x];
@@ -82,13 +84,13 @@ __global__ void __launch_bounds__(kThreads)
         w[2 * j] = flush(__fmul_rn(code[byte >> 4], scale));
         w[2 * j + 1] = flush(__fmul_rn(code[byte & 0x0fu], scale));
       }
-      store16(out + first, w);
+      store16(out + (kPitched ? pitch.at(first) : first), w);
     } else {
       const int64_t end = first + kPerThread < numel ? first + kPerThread : numel;
       for (int64_t i = first; i < end; ++i) {
         const uint32_t byte = packed[i / 2];
         const uint32_t q = (i & 1) ? (byte & 0x0fu) : (byte >> 4);
-        out[i] = from_float<T>(flush(__fmul_rn(code[q], scale)));
+        out[kPitched ? pitch.at(i) : i] = from_float<T>(flush(__fmul_rn(code[q], scale)));
       }
     }
   }
@@ -98,7 +100,7 @@ __global__ void __launch_bounds__(kThreads)
 
 void nf4_dequantize(const uint8_t* packed, const float* absmax, const uint8_t* absmax_q,
                     const float* absmax_scale, float absmax_offset, const float* nf4_code16,
-                    const float* code8_256, int64_t numel, void* out, KType out_type,
+                    const float* code8_256, int64_t numel, void* out, KType out_type, RowPitch pitch,
                     cudaStream_t stream) {
   if (numel < 0) throw std::logic_error("cuda::nf4_dequantize: negative numel");
   if (numel == 0) return;
@@ -109,14 +111,24 @@ void nf4_dequantize(const uint8_t* packed, const float* absmax, const uint8_t* a
   Nf4Tables tables{};
   std::memcpy(tables.nf4, nf4_code16, sizeof tables.nf4);
   if (double_quant) std::memcpy(tables.code8, code8_256, sizeof tables.code8);
-  // The vector path loads 8 packed bytes and stores 16-byte words.
-  const bool vector_ok = reinterpret_cast<uintptr_t>(packed) % 8 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  if (pitch.length <= 0 || numel % pitch.length != 0 || pitch.stride < pitch.length)
+    throw std::logic_error("cuda::nf4_dequantize: the output's rows must divide the weight and fit their stride");
+  // The vector path loads 8 packed bytes and stores 16-byte words: whole chunks of a row, each
+  // starting 16 bytes aligned.
+  const size_t element = out_type == KType::F32 ? 4 : 2;
+  const bool vector_ok = reinterpret_cast<uintptr_t>(packed) % 8 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0 &&
+                         (pitch.contiguous() ||
+                          (pitch.length % kPerThread == 0 && static_cast<size_t>(pitch.stride) * element % 16 == 0));
   const int64_t chunks = (numel + kPerThread - 1) / kPerThread;
   const unsigned grid = blocks_for(chunks, kThreads);
   with_ktype(out_type, [&](auto tag) {
     using T = decltype(tag);
-    nf4_dequantize_kernel<T><<<grid, kThreads, 0, stream>>>(packed, absmax, absmax_q, absmax_scale, absmax_offset,
-                                                            tables, numel, static_cast<T*>(out), vector_ok);
+    if (pitch.contiguous())
+      nf4_dequantize_kernel<T, false><<<grid, kThreads, 0, stream>>>(
+          packed, absmax, absmax_q, absmax_scale, absmax_offset, tables, numel, static_cast<T*>(out), vector_ok, pitch);
+    else
+      nf4_dequantize_kernel<T, true><<<grid, kThreads, 0, stream>>>(
+          packed, absmax, absmax_q, absmax_scale, absmax_offset, tables, numel, static_cast<T*>(out), vector_ok, pitch);
   });
   check_launch("nf4_dequantize");
 }

@@ -14,10 +14,11 @@ namespace fsdpq::cuda {
 // `absmax` (plain: one fp32 per 64-value block) and `absmax_q` + `absmax_scale` (double-quantized:
 // one code byte per block, one fp32 per 256 blocks) is non-null. nf4_code16 / code8_256 are HOST
 // arrays (16 and 256 floats: nf4_code() and dynamic_code_signed()); they travel as kernel
-// arguments, so nothing is uploaded. code8_256 may be null for the plain form.
+// arguments, so nothing is uploaded. code8_256 may be null for the plain form. Value i goes to
+// out[pitch.at(i)] (pitch.length divides numel).
 void nf4_dequantize(const uint8_t* packed, const float* absmax, const uint8_t* absmax_q,
                     const float* absmax_scale, float absmax_offset, const float* nf4_code16,
-                    const float* code8_256, int64_t numel, void* out, KType out_type,
+                    const float* code8_256, int64_t numel, void* out, KType out_type, RowPitch pitch,
                     cudaStream_t stream);
 
 }  // namespace fsdpq::cuda

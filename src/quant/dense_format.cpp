@@ -48,10 +48,12 @@ class DenseFormat final : public FrozenFormat {
 
   // The ops read dense values in place (FrozenStorage::dense); a copy is only asked for in its own dtype.
   void dequantize(std::span<const TensorView> segments, const FrozenScalars&, int64_t numel,
-                  TensorView out) const override {
-    if (segments.size() != 1 || out.dtype != dtype_ || out.numel() != numel || segments[0].numel() != numel)
-      throw std::logic_error(fmt::format("dense {} weight of {} elements: cannot copy into {}", name(), numel,
-                                         out.describe()));
+                  const MatrixView& block) const override {
+    if (segments.size() != 1 || !block.whole() || block.dtype() != dtype_ || block.numel() != numel ||
+        segments[0].numel() != numel)
+      throw std::logic_error(fmt::format("dense {} weight of {} elements: cannot copy into {} (whole: {})", name(),
+                                         numel, block.tensor.describe(), block.whole()));
+    const TensorView out = block.tensor;
     copy_bytes(out.data, out.device, segments[0].data, segments[0].device, out.nbytes());
   }
 

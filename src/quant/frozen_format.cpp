@@ -1,5 +1,7 @@
 #include "quant/frozen_format.h"
 
+#include <fmt/format.h>
+
 #include <stdexcept>
 
 namespace fsdpq {
@@ -36,6 +38,18 @@ void FrozenFormat::encode_pieces_with_scalars(int64_t numel, std::span<const Sca
                                               const FrozenScalars& scalars) const {
   for (const ScalarsPiece& p : pieces)
     encode_values_with_scalars(p.segment, numel, p.from, p.to, p.values, p.dtype, scalars, p.out);
+}
+
+void FrozenFormat::for_each_row(const MatrixView& out, int64_t unit, const char* units,
+                                const std::function<void(int64_t first, int64_t count, void* row)>& fn) const {
+  const int64_t cols = out.cols(), per_row = cols / unit;
+  if (cols % unit != 0)
+    throw std::logic_error(fmt::format("{}: rows of {} values are not whole {} of {}: cannot dequantise into columns "
+                                       "of {}",
+                                       name(), cols, units, unit, out.tensor.describe()));
+  const size_t row_bytes = static_cast<size_t>(out.row_stride()) * dtype_size(out.dtype());
+  for (int64_t r = 0; r < out.rows(); ++r)
+    fn(r * per_row, per_row, static_cast<char*>(out.data()) + static_cast<size_t>(r) * row_bytes);
 }
 
 size_t stored_bytes(const FrozenFormat& format, int64_t numel) {

@@ -24,11 +24,13 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "backend/matrix_view.h"
 #include "backend/tensor.h"
 #include "util/dtype.h"
 
@@ -115,9 +117,19 @@ class FrozenFormat {
 
   // ---- decoding ----
   // out (`numel` elements, F32, BF16 or F16, on the segments' device) = the stored values, as
-  // the ops compute with them. `segments` are the weight's segments in order.
+  // the ops compute with them. `segments` are the weight's segments in order. A quantised format
+  // also writes into a block of a wider matrix's columns (backend/matrix_view.h) whose rows are the
+  // weight's last dimension (on the CPU, rows of whole 64-value blocks or groups); a dense one
+  // only into a whole tensor.
   virtual void dequantize(std::span<const TensorView> segments, const FrozenScalars& scalars, int64_t numel,
-                          TensorView out) const = 0;
+                          const MatrixView& out) const = 0;
+
+ protected:
+  // A CPU dequantisation into a block of a wider matrix's columns, row by row: fn(first, count,
+  // row) for each row, its values units [first, first + count) of `unit` values each (NF4's blocks,
+  // HQQ's groups), `row` its first value in out. A row that is not whole units is a logic_error.
+  void for_each_row(const MatrixView& out, int64_t unit, const char* units,
+                    const std::function<void(int64_t first, int64_t count, void* row)>& fn) const;
 };
 
 // Dense values stored as `dtype` (BF16, F16 or F32).

@@ -147,9 +147,19 @@ TensorView FrozenStorage::dense(Tensor& scratch, DType dtype) const {
   const Device where = device();
   if (!scratch.defined() || scratch.shape() != shape_ || scratch.dtype() != dtype || scratch.device() != where)
     scratch = Tensor::empty(shape_, dtype, where);
-  const std::vector<TensorView> views = segment_views();
-  format_->dequantize(views, scalars, numel(), scratch.view());
+  dequantize_into(scratch.view());
   return scratch.view();
+}
+
+void FrozenStorage::dequantize_into(const MatrixView& out) const {
+  if (!format().quantized()) throw std::logic_error("FrozenStorage::dequantize_into: the weight is not quantised");
+  if (!allocated()) throw std::logic_error("FrozenStorage::dequantize_into: the weight's bytes are not here (released)");
+  if (out.device() != device() || out.numel() != numel() || (!out.whole() && out.cols() != shape_.last()))
+    throw std::logic_error(fmt::format("FrozenStorage::dequantize_into: a {} weight {} on {} cannot fill columns [{}, {}) "
+                                       "of {}",
+                                       format_->name(), shape_.to_string(), device_name(device()), out.first_column,
+                                       out.first_column + out.cols(), out.tensor.describe()));
+  format_->dequantize(segment_views(), scalars, numel(), out);
 }
 
 }  // namespace fsdpq

@@ -51,6 +51,10 @@ class FrozenStorage {
   // quantised one dequantised into `scratch`, allocated here in `dtype` on the segments' device
   // on first use and reused after, so only one layer's weights are ever dense at a time.
   TensorView dense(Tensor& scratch, DType dtype) const;
+  // A quantised weight's values written into `out`: a tensor of the weight's element count, or a
+  // block of a wider matrix's columns with rows of the weight's last dimension (the base weight
+  // of a folded LoRA weight, model/llama_layer.h), on the segments' device.
+  void dequantize_into(const MatrixView& out) const;
   // A dense format's values in place.
   TensorView values() const;
 

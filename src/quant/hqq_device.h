@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 
+#include "backend/matrix_view.h"
 #include "backend/tensor.h"
 #include "quant/hqq.h"
 
@@ -18,8 +19,9 @@ struct HqqDeviceSegments {
   HqqPacking packing;
 };
 
-// out (CUDA, the meta dtype or F32, the weight's elements) = the dequantized weight, queued on
-// the compute stream.
-void hqq_dequantize(const HqqDeviceSegments& weight, TensorView out);
+// out (CUDA, the meta dtype or F32, the weight's elements: the whole tensor, or a block of a wider
+// matrix's columns whose rows are the weight's) = the dequantized weight, queued on the compute
+// stream.
+void hqq_dequantize(const HqqDeviceSegments& weight, const MatrixView& out);
 
 }  // namespace fsdpq

@@ -213,17 +213,19 @@ class HqqFormat final : public FrozenFormat {
   }
 
   void dequantize(std::span<const TensorView> segments, const FrozenScalars&, int64_t numel,
-                  TensorView out) const override {
+                  const MatrixView& out) const override {
     if (segments.size() != 3u || out.numel() != numel)
-      throw std::logic_error(fmt::format("{} weight of {} elements: cannot dequantise into {}", name(), numel, out.describe()));
+      throw std::logic_error(fmt::format("{} weight of {} elements: cannot dequantise into {} columns [{}, {})", name(),
+                                         numel, out.tensor.describe(), out.first_column, out.first_column + out.cols()));
     const HqqPacking p = packing(numel);
     const auto* codes = static_cast<const uint8_t*>(segments[kCodes].data);
     const auto* zeros = static_cast<const uint16_t*>(segments[kZeros].data);
     const auto* scales = static_cast<const uint16_t*>(segments[kScales].data);
-    if (out.device == Device::CUDA)
-      hqq_dequantize(HqqDeviceSegments{codes, zeros, scales, meta_, p}, out);
-    else
-      hqq_dequantize_groups(p, codes, zeros, scales, meta_, 0, p.groups, out.dtype, out.data);
+    if (out.device() == Device::CUDA) return hqq_dequantize(HqqDeviceSegments{codes, zeros, scales, meta_, p}, out);
+    if (out.whole()) return hqq_dequantize_groups(p, codes, zeros, scales, meta_, 0, p.groups, out.dtype(), out.data());
+    for_each_row(out, kHqqGroupSize, "groups", [&](int64_t first, int64_t count, void* row) {
+      hqq_dequantize_groups(p, codes, zeros, scales, meta_, first, count, out.dtype(), row);
+    });
   }
 
  private:

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 
+#include "backend/matrix_view.h"
 #include "backend/tensor.h"
 
 namespace fsdpq {
@@ -19,9 +20,10 @@ struct Nf4DeviceSegments {
   int64_t numel = 0;
 };
 
-// out (CUDA, F32/BF16/F16, numel elements, e.g. the weight's shape) = the dequantized weight,
-// queued on the compute stream. BF16/F32 equal the CPU nf4_dequantize bit for bit; F16 is the
+// out (CUDA, F32/BF16/F16, numel elements, e.g. the weight's shape, or a block of a wider
+// matrix's columns whose rows are the weight's) = the dequantized weight, queued on the compute
+// stream. BF16/F32 equal the CPU nf4_dequantize bit for bit; F16 is the
 // fp32 value rounded once to half.
-void nf4_dequantize(const Nf4DeviceSegments& weight, TensorView out);
+void nf4_dequantize(const Nf4DeviceSegments& weight, const MatrixView& out);
 
 }  // namespace fsdpq

@@ -126,12 +126,13 @@ class Nf4Format final : public FrozenFormat {
   }
 
   void dequantize(std::span<const TensorView> segments, const FrozenScalars& scalars, int64_t numel,
-                  TensorView out) const override {
-    if (segments.size() != (double_quant_ ? 3u : 2u) || out.numel() != numel)
-      throw std::logic_error(fmt::format("{} weight of {} elements: cannot dequantise into {}", name(), numel,
-                                         out.describe()));
+                  const MatrixView& block) const override {
+    if (segments.size() != (double_quant_ ? 3u : 2u) || block.numel() != numel)
+      throw std::logic_error(fmt::format("{} weight of {} elements: cannot dequantise into {} columns [{}, {})", name(),
+                                         numel, block.tensor.describe(), block.first_column,
+                                         block.first_column + block.cols()));
     const auto* codes = static_cast<const uint8_t*>(segments[kCodes].data);
-    if (out.device == Device::CUDA) {
+    if (block.device() == Device::CUDA) {
       Nf4DeviceSegments d{codes, nullptr, nullptr, nullptr, scalars.absmax_offset, numel};
       if (double_quant_) {
         d.absmax_q = static_cast<const uint8_t*>(segments[kAbsmaxCodes].data);
@@ -139,7 +140,7 @@ class Nf4Format final : public FrozenFormat {
       } else {
         d.absmax = static_cast<const float*>(segments[kAbsmax].data);
       }
-      nf4_dequantize(d, out);
+      nf4_dequantize(d, block);
       return;
     }
     const int64_t blocks = nf4_num_blocks(numel);
@@ -151,29 +152,43 @@ class Nf4Format final : public FrozenFormat {
                                    blocks, 0, blocks, absmax.data());
     else
       std::memcpy(absmax.data(), segments[kAbsmax].data, absmax.size() * sizeof(float));
-    if (out.dtype == DType::F32) {
-      nf4_dequantize_blocks(codes, absmax.data(), numel, 0, blocks, static_cast<float*>(out.data));
-    } else if (out.dtype == DType::BF16) {
-      nf4_dequantize_blocks(codes, absmax.data(), numel, 0, blocks, static_cast<uint16_t*>(out.data));
-    } else if (out.dtype == DType::F16) {
-      // code * absmax in fp32, rounded once to half, staged 256 blocks at a time (no fp32 copy of
-      // the whole weight on every pass).
-      constexpr int64_t kChunkBlocks = 256;
-      auto* half = static_cast<uint16_t*>(out.data);
-#pragma omp parallel for schedule(static)
-      for (int64_t b0 = 0; b0 < blocks; b0 += kChunkBlocks) {
-        float staged[kChunkBlocks * kNf4BlockSize];
-        const int64_t count_blocks = std::min(kChunkBlocks, blocks - b0);
-        nf4_dequantize_blocks(codes + b0 * (kNf4BlockSize / 2), absmax.data() + b0, numel, b0, count_blocks, staged);
-        const int64_t first = b0 * kNf4BlockSize, count = std::min(numel - first, count_blocks * kNf4BlockSize);
-        for (int64_t i = 0; i < count; ++i) half[first + i] = float_to_f16(staged[i]);
-      }
-    } else {
-      throw std::logic_error(fmt::format("{}: cannot dequantise into {}", name(), out.describe()));
-    }
+    if (block.whole()) return dequantize_blocks(codes, absmax.data(), numel, 0, blocks, block.dtype(), block.data());
+    for_each_row(block, kNf4BlockSize, "blocks", [&](int64_t first, int64_t count, void* row) {
+      dequantize_blocks(codes + first * (kNf4BlockSize / 2), absmax.data() + first, numel, first, count, block.dtype(),
+                        row);
+    });
   }
 
  private:
+  // Blocks [first_block, first_block + count) (cut at numel) into out, in `dtype`: codes and absmax
+  // point at the first block's, out at its first value.
+  void dequantize_blocks(const uint8_t* codes, const float* absmax, int64_t numel, int64_t first_block, int64_t count,
+                         DType dtype, void* out) const {
+    if (dtype == DType::F32) {
+      nf4_dequantize_blocks(codes, absmax, numel, first_block, count, static_cast<float*>(out));
+    } else if (dtype == DType::BF16) {
+      nf4_dequantize_blocks(codes, absmax, numel, first_block, count, static_cast<uint16_t*>(out));
+    } else if (dtype == DType::F16) {
+      // code * absmax in fp32, rounded once to half, staged 256 blocks at a time (no fp32 copy of
+      // the whole weight on every pass).
+      constexpr int64_t kChunkBlocks = 256;
+      auto* half = static_cast<uint16_t*>(out);
+      const int64_t first_value = first_block * kNf4BlockSize;
+#pragma omp parallel for schedule(static)
+      for (int64_t b0 = 0; b0 < count; b0 += kChunkBlocks) {
+        float staged[kChunkBlocks * kNf4BlockSize];
+        const int64_t count_blocks = std::min(kChunkBlocks, count - b0);
+        nf4_dequantize_blocks(codes + b0 * (kNf4BlockSize / 2), absmax + b0, numel, first_block + b0, count_blocks,
+                              staged);
+        const int64_t first = b0 * kNf4BlockSize;
+        const int64_t values = std::min(numel - first_value - first, count_blocks * kNf4BlockSize);
+        for (int64_t i = 0; i < values; ++i) half[first + i] = float_to_f16(staged[i]);
+      }
+    } else {
+      throw std::logic_error(fmt::format("{}: cannot dequantise into {}", name(), dtype_name(dtype)));
+    }
+  }
+
   bool double_quant_;
 };
 

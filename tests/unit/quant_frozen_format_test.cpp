@@ -234,6 +234,45 @@ TEST(FrozenFormat, DequantizeEqualsTodaysFunctions) {
   }
 }
 
+// A quantised weight dequantised into a block of a wider matrix's columns (a folded LoRA weight's
+// base, model/llama_layer.h): each row holds the dense values' row, the columns around the block
+// keep what they held. A block whose rows are not the weight's is a logic error.
+TEST(FrozenStorage, DequantisesIntoABlockOfColumns) {
+  struct Case {
+    const FrozenFormat* format;
+    DType out;
+  };
+  const Case cases[] = {{&nf4_format(false), DType::BF16}, {&nf4_format(true), DType::F32},
+                        {&nf4_format(true), DType::F16},          {&hqq_format(4, DType::BF16), DType::BF16},
+                        {&hqq_format(2, DType::F16), DType::F32}};
+  const int64_t rows = 6, cols = 128, wide = 200, first = 40;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.format->name() + " into " + std::string(dtype_name(c.out)));
+    const std::vector<uint8_t> v = random_values(rows * cols, DType::F32, 31);
+    const FrozenStorage s = FrozenStorage::encode(*c.format, Shape{rows, cols}, v.data(), DType::F32);
+    Tensor dense;
+    s.dense(dense, c.out);
+    Tensor folded = Tensor::empty(Shape{rows, wide}, c.out);
+    TensorView view = folded.view();
+    for (int64_t i = 0; i < folded.numel(); ++i) store_f32(view, i, -7.0f);
+    s.dequantize_into(MatrixView(folded.view(), first, cols));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t k = 0; k < wide; ++k) {
+        const float got = load_f32(folded.view(), r * wide + k);
+        if (k < first || k >= first + cols)
+          ASSERT_EQ(got, -7.0f) << "row " << r << " column " << k;
+        else
+          ASSERT_EQ(got, load_f32(dense.view(), r * cols + k - first)) << "row " << r << " column " << k;
+      }
+    EXPECT_THROW(s.dequantize_into(MatrixView(folded.view(), first, cols / 2)), std::logic_error);
+  }
+  // Rows of 96 values are not whole 64-value blocks: NF4 cannot write them a row at a time.
+  const std::vector<uint8_t> v = random_values(4 * 96, DType::F32, 32);
+  const FrozenStorage odd = FrozenStorage::encode(nf4_format(true), Shape{4, 96}, v.data(), DType::F32);
+  Tensor folded = Tensor::empty(Shape{4, 100}, DType::BF16);
+  EXPECT_THROW(odd.dequantize_into(MatrixView(folded.view(), 0, 96)), std::logic_error);
+}
+
 TEST(FrozenStorage, ReleasedKeepsScalarsAndCanBeAllocatedSegmentBySegment) {
   const std::vector<uint8_t> v = random_values(1000, DType::BF16, 5);
   FrozenStorage s = FrozenStorage::encode(nf4_format(true), Shape{10, 100}, v.data(), DType::BF16);
