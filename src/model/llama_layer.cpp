@@ -1,9 +1,12 @@
 #include "model/llama_layer.h"
 
+#include <fmt/format.h>
+
 #include "backend/section_times.h"
 #include "ops/attention.h"
 #include "ops/dora.h"
 #include "ops/elementwise.h"
+#include "ops/lora.h"
 #include "ops/matmul.h"
 #include "ops/rmsnorm.h"
 #include "ops/swiglu.h"
@@ -40,7 +43,7 @@ GroupAdapters group_adapters(int group, const LayerCompute& w) {
 
 DoraSite dora_site(const LayerCompute& w, int m) {
   const LoraAdapter& adapter = *w.lora[m];
-  return DoraSite{w.weight(m), adapter.A.compute_view(), adapter.B.compute_view(), adapter.magnitude->compute_view(),
+  return DoraSite{w.weight(m).as_tensor(), adapter.A.compute_view(), adapter.B.compute_view(), adapter.magnitude->compute_view(),
                   w.lora_params[m]};
 }
 
@@ -58,12 +61,54 @@ void dora_linear_forward(TensorView y, const TensorView& x, int m, const LayerCo
   dora_forward(y, dora_saved(a, w, m), x, site);
 }
 
+// A folded group's forward (LayerCompute): xa = [dropout_j(x)·A_jᵀ]_j, X = [x | xa], module j's
+// s_j·B_j into its block of W_cat_j, then ys[j] = X[:, :C + K_j] · W_cat_jᵀ, one GEMM a module.
+void folded_group_forward(std::span<const TensorView> ys, const TensorView& x, int group, const LayerCompute& w,
+                          LayerActivations& a) {
+  const std::span<const int> modules = group_modules(group);
+  const GroupAdapters g = group_adapters(group, w);
+  if (g.sites.size() != modules.size())
+    throw std::logic_error("folded_group_forward: a folded group's modules must all have plain LoRA adapters");
+  const TensorView xa = a.xa[group];
+  {
+    ScopedSection section("lora");
+    lora_down_group(xa, x, g.sites);
+  }
+  const int64_t C = x.shape.last(), R = xa.shape.last();
+  Tensor wide = Tensor::empty(Shape{x.shape.rows(), C + R}, x.dtype, x.device);
+  std::vector<int64_t> width;  // C + K_j
+  {
+    ScopedSection section("lora: fold");
+    copy_block(MatrixView(wide.view(), 0, C), x);
+    copy_block(MatrixView(wide.view(), C, R), xa);
+    int64_t first = C;
+    for (size_t j = 0; j < modules.size(); ++j) {
+      const LoraSite& site = g.sites[j];
+      const int64_t rank = site.A.shape[0];
+      const MatrixView base = w.weight(modules[j]);
+      const TensorView folded = base.tensor;
+      if (base.first_column != 0 || base.cols() != C || folded.shape.last() != first + rank)
+        throw std::logic_error(fmt::format("folded_group_forward: module {}'s folded weight {} holds columns [0, {}) of "
+                                           "the base; expected [0, {}) of a weight {} wide",
+                                           modules[j], folded.describe(), base.cols(), C, first + rank));
+      copy_block(MatrixView(folded, first, rank), site.B, lora_scaling(site.params, rank));
+      first += rank;
+      width.push_back(first);
+    }
+  }
+  ScopedSection section("linear");
+  for (size_t j = 0; j < modules.size(); ++j)
+    linear_forward(ys[j], MatrixView(wide.view(), 0, width[j]), w.weight(modules[j]).tensor);
+  w.release_group(group);
+}
+
 // ys[j] = x·W_mᵀ (+ scaling · dropout(x)·Aᵀ·Bᵀ) for the group's j-th module m, keeping xa; a
 // DoRA module's ys[j] is its DoRA linear's output. Adapters first: their B product writes ys[j]
 // (its old values unread) and the base GEMM adds to it through its beta, which reads ys[j] as it
 // stores: the skinny, memory-bound B product no longer reads y (~695 MB a 7B layer at 8192 tokens).
 void linear_group_forward(std::span<const TensorView> ys, const TensorView& x, int group, const LayerCompute& w,
                           LayerActivations& a) {
+  if (w.folded[group]) return folded_group_forward(ys, x, group, w, a);
   const std::span<const int> modules = group_modules(group);
   const GroupAdapters g = group_adapters(group, w);
   if (!g.sites.empty()) {
@@ -86,7 +131,7 @@ void linear_group_forward(std::span<const TensorView> ys, const TensorView& x, i
 // dy as module m's GEMMs (its weight's, and its adapter's B) read it: the three or four of them
 // share one copy where the device rounds it (round_for_gemms, ops/matmul.h).
 TensorView gemm_ready(const TensorView& dy, int m, const LayerCompute& w, Tensor& storage) {
-  const DType weight = w.weight(m).dtype;
+  const DType weight = w.weight(m).dtype();
   const DType adapter = w.lora[m] ? w.lora[m]->B.compute_view().dtype : weight;
   return round_for_gemms(dy, {weight, adapter}, storage, "dy rounding");
 }

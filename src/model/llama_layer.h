@@ -8,6 +8,7 @@
 #include <span>
 #include <utility>
 
+#include "backend/matrix_view.h"
 #include "backend/side_stream.h"
 #include "backend/tensor.h"
 #include "model/llama_weights.h"
@@ -47,20 +48,30 @@ int64_t module_out(const LayerDims& d, int module);
 // What a layer computes with: dense weights (NF4 already dequantised), adapters with their
 // dropout settings, and the fp32 gradients of trainable weights (empty views when frozen).
 // An adapter with a magnitude makes its linear a DoRA linear (ops/dora.h).
+//
+// A folded group (FSDPQ_LORA_FOLD=1, docs/model.md): its modules' adapters are plain LoRA on
+// quantised bases, and module j's dense buffer is W_cat_j = [W_j | 0 | s_j·B_j], [out_j, C + K_j]
+// with K_j = r_0 + … + r_j (the zeros under the adapters before j). With X = [x | xa] (xa the
+// group's stacked dropout(x)·Aᵀ), y_j = X[:, :C + K_j] · W_cat_jᵀ is the base product plus the
+// adapter's in one GEMM: the B product's own GEMM, its write of y_j and the base GEMM's read of
+// it go. weight(m) is W_j's block; the layer writes s_j·B_j's block before each use (B changes
+// at every optimizer step); the zeros are written once, with the buffer.
 struct LayerCompute {
   TensorView input_norm, post_norm;
-  // Module m's dense base weight. Its dequantisation may still be running on a side stream
-  // (model/llama_model.cpp): the compute stream waits for it here, so no op can read it early.
-  TensorView weight(int m) const {
+  // Module m's dense base weight (a block of W_cat_m's columns in a folded group). Its
+  // dequantisation may still be running on a side stream (model/llama_model.cpp): the compute
+  // stream waits for it here, so no op can read it early.
+  MatrixView weight(int m) const {
     weight_ready_[m].compute_waits();
     return weight_[m];
   }
+  std::array<bool, kLinearGroups> folded{};  // per group: its weights are W_cat (above)
   // The compute stream waits for every module's weight: a caller about to let the layer's
   // quantised weights go (its unit's forward_end or backward_end) calls this first.
   void wait_for_weights() const {
     for (const StreamMark& ready : weight_ready_) ready.compute_waits();
   }
-  void set_weight(int m, TensorView dense, StreamMark ready = {}) {
+  void set_weight(int m, const MatrixView& dense, StreamMark ready = {}) {
     weight_[m] = dense;
     weight_ready_[m] = std::move(ready);
   }
@@ -79,7 +90,7 @@ struct LayerCompute {
   std::array<TensorView, kLinearModules> d_weight;
 
  private:
-  std::array<TensorView, kLinearModules> weight_;
+  std::array<MatrixView, kLinearModules> weight_;
   std::array<StreamMark, kLinearModules> weight_ready_;
 };
 

@@ -126,10 +126,20 @@ GpuDequantizeStream& gpu_dequantize_choice() {
   return choice;
 }
 
+bool& lora_fold_choice() {
+  static bool choice = [] {
+    const char* env = std::getenv("FSDPQ_LORA_FOLD");  // runtime/environment.cpp checks the value
+    return env != nullptr && std::string_view(env) == "1";
+  }();
+  return choice;
+}
+
 }  // namespace
 
 GpuDequantizeStream gpu_dequantize_stream() { return gpu_dequantize_choice(); }
 void set_gpu_dequantize_stream(GpuDequantizeStream stream) { gpu_dequantize_choice() = stream; }
+bool lora_fold() { return lora_fold_choice(); }
+void set_lora_fold(bool fold) { lora_fold_choice() = fold; }
 
 struct LlamaModel::Impl {
   LlamaConfig config;
@@ -218,12 +228,51 @@ struct LlamaModel::Impl {
         dequantize_stream->wait_for_compute();
       redirected.emplace(*dequantize_stream);
     }
+    const std::array<int64_t, kLinearModules> extra = folded_columns(layer);
     for (int m : order) {
       if (dequantize_stream && ahead) dequantize_stream->wait(buffer_free[m]);
       ScopedSection section("nf4 dequantize");  // on the side stream: its own time, overlapped
-      const TensorView dense = layer.linear[m].dense(dequantized[m], act);
+      const MatrixView dense = extra[m] > 0 ? dequantize_folded(m, layer.linear[m], extra[m])
+                                            : MatrixView(layer.linear[m].dense(dequantized[m], act));
       c.set_weight(m, dense, dequantize_stream ? dequantize_stream->mark() : StreamMark{});
     }
+    for (int group = 0; group < kLinearGroups; ++group) c.folded[group] = extra[group_modules(group)[0]] > 0;
+  }
+
+  // Per module, the columns its folded weight adds after the base's (LayerCompute: K_j), or 0 where
+  // its group is not folded: with lora_fold(), the groups of several modules whose every module is
+  // plain LoRA on a quantised, frozen base with rows of whole 64-value blocks (NF4's blocks and
+  // HQQ's groups: what the CPU's dequantisation writes a row at a time; every Llama width).
+  std::array<int64_t, kLinearModules> folded_columns(const LayerWeights& layer) const {
+    std::array<int64_t, kLinearModules> extra{};
+    if (!lora_fold()) return extra;
+    for (int group = 0; group < kLinearGroups; ++group) {
+      const std::span<const int> modules = group_modules(group);
+      bool folds = modules.size() > 1;
+      for (int m : modules) {
+        const BaseWeight& base = layer.linear[m];
+        folds = folds && layer.lora[m] && !layer.lora[m]->magnitude && !base.trainable && base.frozen.defined() &&
+                base.frozen.format().quantized() && base.shape.last() % 64 == 0;
+      }
+      int64_t columns = 0;
+      for (int m : modules) extra[m] = folds ? (columns += layer.lora[m]->A.shape[0]) : 0;
+    }
+    return extra;
+  }
+
+  // Module m's base weight dequantised into the first columns of its folded buffer
+  // [out, in + extra], the buffer made (zeroed: the blocks under other adapters stay 0) when its
+  // shape changes; the layer writes the adapter's block (LayerCompute).
+  MatrixView dequantize_folded(int m, const BaseWeight& base, int64_t extra) {
+    const Shape& shape = base.frozen.shape();
+    const Shape wide{shape[0], shape[1] + extra};
+    Tensor& buffer = dequantized[m];
+    const Device where = base.frozen.device();
+    if (!buffer.defined() || buffer.shape() != wide || buffer.dtype() != act || buffer.device() != where)
+      buffer = Tensor::zeros(wide, act, where);
+    const MatrixView block(buffer.view(), 0, shape[1]);
+    base.frozen.dequantize_into(block);
+    return block;
   }
 
   LayerCompute layer_compute(int64_t index, bool training, uint64_t step_key,
@@ -257,9 +306,10 @@ struct LlamaModel::Impl {
       const LoraAdapter* adapter = w.lora[m];
       if (!adapter || !adapter->magnitude) continue;
       if (!norms[m].defined()) {
-        norms[m] = Tensor::empty(Shape{w.weight(m).shape[0]}, DType::F32, device);
+        const TensorView W = w.weight(m).as_tensor();
+        norms[m] = Tensor::empty(Shape{W.shape[0]}, DType::F32, device);
         const TensorView A = adapter->A.compute_view();
-        dora_weight_norm(norms[m], w.weight(m), A, adapter->B.compute_view(), lora_scaling(w.lora_params[m], A.shape[0]));
+        dora_weight_norm(norms[m], W, A, adapter->B.compute_view(), lora_scaling(w.lora_params[m], A.shape[0]));
       }
       views[m] = norms[m];
     }

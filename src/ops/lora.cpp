@@ -236,6 +236,24 @@ void accumulate_dropped(TensorView dx, std::span<const TensorView> gs, const Gro
   });
 }
 
+// xa = dropout(x) · Aᵀ: one GEMM over the stacked A, the fused kernels (the masks applied inside the
+// products), or one GEMM per adapter on its dropped copy of x.
+void down_products(TensorView xa, const TensorView& x, std::span<const LoraSite> sites, const GroupDims& g) {
+  std::optional<ScopedSection> timed(std::in_place, "lora: x·Aᵀ");
+  if (const StackedA stacked = stack_a(sites, g); stacked.view.data != nullptr) {
+    linear_forward(xa, x, stacked.view);
+  } else if (fused_on_gpu(x, [&](const GroupMask& mask) {
+               if constexpr (kWithCuda) return cuda_ops::lora_fused_forward(xa, x, sites, mask.for_gpu());
+               return false;
+             }, sites)) {
+  } else {
+    timed.reset();  // the dropout copies are timed on their own
+    const AdapterInputs inputs = adapter_inputs(x, sites);
+    timed.emplace("lora: x·Aᵀ");
+    for (size_t i = 0; i < sites.size(); ++i) linear_forward(columns_of(xa, g, i), inputs.views[i], sites[i].A);
+  }
+}
+
 }  // namespace
 
 float lora_scaling(const LoraParams& params, int64_t rank) { return params.alpha / static_cast<float>(rank); }
@@ -281,24 +299,14 @@ void lora_forward_group(std::span<const TensorView> ys, TensorView xa, const Ten
                "{}: y {} does not match x {} and B {}", op, ys[i].shape.to_string(), x.shape.to_string(),
                sites[i].B.shape.to_string());
   }
-  // xa = dropout(x) · Aᵀ: one GEMM over the stacked A, the fused kernels (the masks applied inside
-  // the products), or one GEMM per adapter on its dropped copy of x.
-  std::optional<ScopedSection> timed(std::in_place, "lora: x·Aᵀ");
-  if (const StackedA stacked = stack_a(sites, g); stacked.view.data != nullptr) {
-    linear_forward(xa, x, stacked.view);
-  } else if (fused_on_gpu(x, [&](const GroupMask& mask) {
-               if constexpr (kWithCuda) return cuda_ops::lora_fused_forward(xa, x, sites, mask.for_gpu());
-               return false;
-             }, sites)) {
-  } else {
-    timed.reset();  // the dropout copies are timed on their own
-    const AdapterInputs inputs = adapter_inputs(x, sites);
-    timed.emplace("lora: x·Aᵀ");
-    for (size_t i = 0; i < sites.size(); ++i) linear_forward(columns_of(xa, g, i), inputs.views[i], sites[i].A);
-  }
-  timed.emplace("lora: xa·Bᵀ");
+  down_products(xa, x, sites, g);
+  const ScopedSection timed("lora: xa·Bᵀ");
   for (size_t i = 0; i < sites.size(); ++i)
     linear_forward(ys[i], columns_of(xa, g, i), sites[i].B, accumulate_ys, lora_scaling(sites[i].params, g.site[i].rank));
+}
+
+void lora_down_group(TensorView xa, const TensorView& x, std::span<const LoraSite> sites) {
+  down_products(xa, x, sites, check_group("lora_forward", x, xa, sites));
 }
 
 void lora_backward_output(TensorView dxa, size_t i, TensorView dB, const TensorView& dy, const TensorView& x,

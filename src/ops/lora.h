@@ -78,6 +78,9 @@ void set_gpu_lora_kernels(GpuLoraKernels kernels);
 // the adapter's read of y).
 void lora_forward_group(std::span<const TensorView> ys, TensorView xa, const TensorView& x,
                         std::span<const LoraSite> sites, bool accumulate_ys = true);
+// The first half of lora_forward_group: xa = [dropout_i(x) · A_iᵀ]_i only, for a caller that applies
+// the B products its own way (folded into the base GEMM, model/llama_layer.cpp).
+void lora_down_group(TensorView xa, const TensorView& x, std::span<const LoraSite> sites);
 // dys[i]: the gradient at ys[i]. dx (+)= every adapter's part (skipped when dx.data is null).
 void lora_backward_group(TensorView dx, std::span<const LoraSiteGrads> grads, std::span<const TensorView> dys,
                          const TensorView& x, const TensorView& xa, std::span<const LoraSite> sites);

@@ -145,6 +145,23 @@ UnitBytes unit_bytes(const PlanInput& p, const UnitShape& u, int shard_size, boo
 
 int64_t state_buffers(OptimizerKind kind) { return static_cast<int64_t>(optimizer_state_names(kind).size()); }
 
+// The columns each module's folded weight adds after its base's (model/llama_layer.h, LayerCompute:
+// K_j = r_0 + … + r_j), 0 where its group is not folded: with lora_fold(), groups of several
+// modules, each plain LoRA on a quantised, frozen base of rows of whole 64-value blocks (LlamaModel's
+// folded_columns).
+std::vector<int64_t> folded_columns(const PlanInput& p, const std::vector<Linear>& lin) {
+  std::vector<int64_t> extra(lin.size(), 0);
+  if (!lora_fold() || !p.quantized || p.train_base || p.dora) return extra;
+  for (int group_index = 0; group_index < kLinearGroups; ++group_index) {
+    const std::span<const int> group = group_modules(group_index);
+    bool folds = group.size() > 1;
+    for (int m : group) folds = folds && lin[static_cast<size_t>(m)].rank > 0 && lin[static_cast<size_t>(m)].in % 64 == 0;
+    int64_t columns = 0;
+    for (int m : group) extra[static_cast<size_t>(m)] = folds ? (columns += lin[static_cast<size_t>(m)].rank) : 0;
+  }
+  return extra;
+}
+
 // The largest buffers the adapter ops allocate for themselves in a layer's forward and backward.
 struct OpTemporaries {
   int64_t forward = 0, backward = 0;
@@ -159,7 +176,8 @@ struct OpTemporaries {
 // masked product d(xa)_i · A_i (x's dtype, as many bytes as the copies), or beside the stacked A and dA. A group the fused LoRA kernels take
 // (GPU, 16-bit, dropout: ops/lora.h) writes no dropped copy: only their fp32 partial sums
 // (kernels/lora_fused_shape.h), the forward's split-K ones and the backward's per-chunk dA. A group
-// of one module keeps its dy copy through its adapter's part, which runs first.
+// of one module keeps its dy copy through its adapter's part, which runs first. A folded group's
+// forward then holds [x | xa] [N, in + Σr], once its dropped copies are gone.
 OpTemporaries lora_temporaries(const PlanInput& p, const std::vector<Linear>& lin, int64_t N) {
   const bool gpu = p.on_gpu, dropout = p.lora_dropout > 0;
   const int64_t a = static_cast<int64_t>(dtype_size(p.activation));
@@ -168,6 +186,7 @@ OpTemporaries lora_temporaries(const PlanInput& p, const std::vector<Linear>& li
   const bool cast = gpu && p.activation != DType::F32;  // d(xa) is rounded for the GEMMs against A
   const bool dy_cast_needed = cast && g == kF32;
   const bool fused_kernels = cast && dropout && gpu_lora_kernels() == GpuLoraKernels::Fused;
+  const std::vector<int64_t> folded = folded_columns(p, lin);
   OpTemporaries t;
   for (int group_index = 0; group_index < kLinearGroups; ++group_index) {
     const std::span<const int> group = group_modules(group_index);
@@ -187,6 +206,7 @@ OpTemporaries lora_temporaries(const PlanInput& p, const std::vector<Linear>& li
     t.forward = std::max(t.forward, fused     ? R(lora_fused::down_workspace_floats(N, in, rank) * kF32)
                                     : dropout ? dropped_copies
                                               : stacked);
+    if (folded[static_cast<size_t>(group[0])] > 0) t.forward = std::max(t.forward, R(N * (in + rank) * a));
     const int64_t dxa = R(N * rank * kF32), dxa_cast = cast ? R(N * rank * a) : 0;
     const int64_t input_phase = fused     ? R(lora_fused::weight_grad_workspace_floats(N, in, rank) * kF32)
                                 : dropout ? dropped_copies
@@ -327,8 +347,10 @@ ActivationBytes activation_bytes(const PlanInput& p) {
   x.stream = ids + (L + 1) * one_input;
   x.stream_on_device = p.setting.activation_offload ? ids + 2 * one_input : x.stream;
 
-  if (p.quantized && !p.train_base)
-    for (const Linear& l : lin) x.dequantized += R(l.out * l.in * a);
+  if (p.quantized && !p.train_base) {
+    const std::vector<int64_t> folded = folded_columns(p, lin);
+    for (size_t i = 0; i < lin.size(); ++i) x.dequantized += R(lin[i].out * (lin[i].in + folded[i]) * a);
+  }
   x.rope = 2 * R(T * D * kF32);
 
   // The head: normed + rstd, d_normed, one chunk of logits (+1 spare row) and its labels.
@@ -359,7 +381,9 @@ ActivationBytes activation_bytes(const PlanInput& p) {
   const int64_t kept = x.stream_on_device + x.kept_layers * x.layer + x.shared_elementwise + x.dequantized + x.rope;
   x.forward_peak = kept + forward_temp;
   x.head_peak = kept + root_grads + normed + final_rstd + d_normed + std::max(logits, d_resid);
-  x.backward_peak = kept + root_grads + layer_grads + x.grad_scratch + std::max(forward_temp, backward_temp);
+  // The backward meets the forward's temporaries again only in a layer it recomputes.
+  const int64_t recompute_temp = p.setting.gradient_checkpointing ? forward_temp : 0;
+  x.backward_peak = kept + root_grads + layer_grads + x.grad_scratch + std::max(recompute_temp, backward_temp);
   x.peak = std::max({x.forward_peak, x.head_peak, x.backward_peak});
   x.transient_peak = x.peak - x.dequantized - x.rope;
   return x;

@@ -94,13 +94,7 @@ TEST(GpuModel, ElementwiseRecomputeGivesTheSameBits) {
 // orders: plain, every layer recomputed, every other layer recomputed.
 TEST(GpuModel, DequantizingBesideTheComputeStreamGivesTheSameBits) {
   test::use_gpu();
-  LlamaConfig config = test::tiny_llama();
-  config.hidden_size = 512;
-  config.intermediate_size = 1408;
-  config.num_attention_heads = 8;
-  config.num_key_value_heads = 4;
-  config.head_dim = 64;
-  config.num_hidden_layers = 4;
+  const LlamaConfig config = test::tiny_llama_wide();
   const data::Batch batch = test::random_batch(2, 64, config.vocab_size, 8);
   struct Case {
     const char* name;

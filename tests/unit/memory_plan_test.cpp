@@ -412,6 +412,7 @@ struct PassCase {
   int64_t checkpoint_every = 1;
   bool dora = false;
   int64_t new_blocks = 0;  // Llama-Pro (quantize: the frozen layers NF4)
+  bool lora_fold = false;  // FSDPQ_LORA_FOLD: wider dequantised buffers, [x | xa] in the forward
 };
 
 // DoRA adds per adapted linear a magnitude [out] with its fp32 master, gradient and AdamW state,
@@ -448,9 +449,13 @@ TEST(MemoryPlan, ActivationBytesEqualWhatACpuPassAllocates) {
       {"dora fp32 ckpt dropout", false, false, true, 0.1, Precision::FP32, 2, 20, 1, true},
       {"bnb_llama_pro bf16 ckpt", true, false, true, 0.0, Precision::BF16, 2, 24, 1, false, 2},
       {"bnb_llama_pro fp32 no ckpt", true, false, false, 0.0, Precision::FP32, 2, 16, 1, false, 1},
+      {"qlora bf16 ckpt dropout folded", true, false, true, 0.1, Precision::BF16, 2, 24, 1, false, 0, true},
+      {"qlora fp32 no ckpt folded", true, false, false, 0.0, Precision::FP32, 3, 16, 1, false, 0, true},
   };
+  const bool saved_fold = lora_fold();
   for (const PassCase& c : cases) {
     SCOPED_TRACE(c.name);
+    set_lora_fold(c.lora_fold);
     const LlamaConfig config = test::tiny_llama(300);
     ModelOptions o = c.train_base ? test::full_options(c.precision) : test::lora_options(c.precision, c.quantize, c.dropout);
     if (c.new_blocks > 0) {
@@ -495,6 +500,7 @@ TEST(MemoryPlan, ActivationBytesEqualWhatACpuPassAllocates) {
     EXPECT_EQ(after_second.peak - after_first.live, predicted.transient_peak);
     EXPECT_GT(predicted.transient_peak, predicted.kept_layers * predicted.layer);
   }
+  set_lora_fold(saved_fold);
 }
 
 test::CommandResult plan(const std::string& args) {

@@ -18,6 +18,9 @@ namespace fsdpq {
 namespace {
 
 using test::error_of;
+using test::expect_bit_identical;
+using test::GradSnapshot;
+using test::run_step;
 
 // ---- Gradients against central finite differences --------------------------------------------
 //
@@ -149,33 +152,6 @@ TEST(LlamaModel, TiedEmbeddingGradientsMatchFiniteDifferences) {
 }
 
 // ---- Activation checkpointing ------------------------------------------------------------------
-
-struct GradSnapshot {
-  LossSum loss;
-  std::vector<Tensor> grads;
-};
-
-GradSnapshot run_step(const LlamaConfig& config, ModelOptions options, bool checkpointing, const data::Batch& batch,
-                      uint64_t step_key) {
-  options.gradient_checkpointing = checkpointing;
-  LlamaModel model = LlamaModel::random(config, 9, options);
-  test::randomize_lora_b(model, 10);
-  GradSnapshot snap;
-  snap.loss = model.forward_backward(batch, static_cast<double>(batch.target_tokens), 1.0f, step_key);
-  for (const TrainableParameter& p : model.trainable_parameters()) {
-    Tensor copy = Tensor::empty(p.grad->shape(), DType::F32);
-    std::memcpy(copy.view().data, p.grad->view().data, p.grad->nbytes());
-    snap.grads.push_back(std::move(copy));
-  }
-  return snap;
-}
-
-void expect_bit_identical(const GradSnapshot& a, const GradSnapshot& b) {
-  EXPECT_EQ(a.loss.loss_sum, b.loss.loss_sum);
-  EXPECT_EQ(a.loss.tokens, b.loss.tokens);
-  ASSERT_EQ(a.grads.size(), b.grads.size());
-  for (size_t i = 0; i < a.grads.size(); ++i) EXPECT_TRUE(test::same_bits(a.grads[i], b.grads[i])) << "tensor " << i;
-}
 
 TEST(LlamaModel, CheckpointingGivesBitIdenticalGradients) {
   const LlamaConfig config = test::tiny_llama();

@@ -24,6 +24,31 @@ inline LlamaConfig tiny_llama(int64_t vocab = 300, double initializer_range = 0.
   return config;
 }
 
+// tiny_llama widened (hidden 512, intermediate 1408, 8 heads of 64, 4 KV heads, 4 layers): widths at
+// which a GPU dequantisation takes long enough for a race with the products beside it to show.
+inline LlamaConfig tiny_llama_wide() {
+  LlamaConfig config = tiny_llama();
+  config.hidden_size = 512;
+  config.intermediate_size = 1408;
+  config.num_attention_heads = 8;
+  config.num_key_value_heads = 4;
+  config.head_dim = 64;
+  config.num_hidden_layers = 4;
+  return config;
+}
+
+// Sets lora_fold() (FSDPQ_LORA_FOLD) for a scope.
+class LoraFoldSetting {
+ public:
+  explicit LoraFoldSetting(bool fold) : saved_(lora_fold()) { set_lora_fold(fold); }
+  ~LoraFoldSetting() { set_lora_fold(saved_); }
+  LoraFoldSetting(const LoraFoldSetting&) = delete;
+  LoraFoldSetting& operator=(const LoraFoldSetting&) = delete;
+
+ private:
+  bool saved_;
+};
+
 inline std::vector<std::string> all_linear_targets() {
   return {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
 }
@@ -104,6 +129,35 @@ inline void randomize_lora_b(LlamaModel& model, uint32_t seed, float scale = 0.1
       for (int64_t i = 0; i < p.master->numel(); ++i) v[i] = dist(rng);
     }
   model.masters_updated();
+}
+
+// One forward_backward of a fresh random model (seed 9, every adapter's B random): the loss and
+// copies of every trainable tensor's gradient.
+struct GradSnapshot {
+  LossSum loss;
+  std::vector<Tensor> grads;
+};
+
+inline GradSnapshot run_step(const LlamaConfig& config, ModelOptions options, bool checkpointing, const data::Batch& batch,
+                      uint64_t step_key) {
+  options.gradient_checkpointing = checkpointing;
+  LlamaModel model = LlamaModel::random(config, 9, options);
+  randomize_lora_b(model, 10);
+  GradSnapshot snap;
+  snap.loss = model.forward_backward(batch, static_cast<double>(batch.target_tokens), 1.0f, step_key);
+  for (const TrainableParameter& p : model.trainable_parameters()) {
+    Tensor copy = Tensor::empty(p.grad->shape(), DType::F32);
+    std::memcpy(copy.view().data, p.grad->view().data, p.grad->nbytes());
+    snap.grads.push_back(std::move(copy));
+  }
+  return snap;
+}
+
+inline void expect_bit_identical(const GradSnapshot& a, const GradSnapshot& b) {
+  EXPECT_EQ(a.loss.loss_sum, b.loss.loss_sum);
+  EXPECT_EQ(a.loss.tokens, b.loss.tokens);
+  ASSERT_EQ(a.grads.size(), b.grads.size());
+  for (size_t i = 0; i < a.grads.size(); ++i) EXPECT_TRUE(same_bits(a.grads[i], b.grads[i])) << "tensor " << i;
 }
 
 // ||got - want||_2 / ||want||_2.
