@@ -64,6 +64,10 @@ nlohmann::json memory_record(const char* at, int64_t step, Device device) {
     r["reserved_bytes"] = m.reserved;
     r["peak_allocated_bytes"] = m.peak_allocated;
     r["peak_reserved_bytes"] = m.peak_reserved;
+    // Cache misses so far (each a synchronising cudaMalloc) and hits: a step that still misses
+    // after the first is slower than its neighbours.
+    r["device_allocations"] = m.device_allocations;
+    r["cache_hits"] = m.cache_hits;
   }
   return r;
 }
