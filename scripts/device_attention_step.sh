@@ -37,8 +37,8 @@ if ! skip step; then
   done
   python3 - $OUT <<'PY'
 import glob, json, os, sys
-print("\n| route @ binary | checkpointing | bs | tokens/s (steps 2..) | peak allocated GiB | attention fwd ms/step | attention bwd ms/step | losses |")
-print("|---|---|---|---|---|---|---|---|")
+print("\n| route @ binary | checkpointing | bs | tokens/s (steps 2..) | peak allocated GiB | attention fwd ms/step | attention bwd ms/step | losses | step s | cudaMallocs after each step |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for path in sorted(glob.glob(f"{sys.argv[1]}/*.metrics.jsonl")):
     rows = [json.loads(l) for l in open(path)]
     steps = [r for r in rows if r.get("type") == "step"]
@@ -53,11 +53,15 @@ for path in sorted(glob.glob(f"{sys.argv[1]}/*.metrics.jsonl")):
                 return f"{1e3 * (v['seconds'] if isinstance(v, dict) else v) / max(1, len(steps) - 1):.1f}"
         return "?"
     losses = " ".join("%.4f" % s["loss"] for s in steps)
+    times = " ".join("%.3f" % s["step_seconds"] for s in steps)
+    # With --profile_memory: the caching allocator's misses so far, after each optimizer step.
+    mallocs = " ".join(str(r.get("device_allocations", "?")) for r in rows
+                       if r.get("type") == "memory" and r.get("at") == "after_optimizer") or "-"
     route, rest = os.path.basename(path).split("_ckpt")
     route = route.replace("__", " @ ")
     ckpt, bs = rest.split(".")[0].split("_bs")
     print(f"| {route} | {ckpt} | {bs} | {tps:,.0f} | {summary.get('peak_device_allocated_bytes', 0) / 2**30:.2f} | "
-          f"{ms('attention')} | {ms('attention bwd')} | {losses} |")
+          f"{ms('attention')} | {ms('attention bwd')} | {losses} | {times} | {mallocs} |")
 PY
   for f in $OUT/*_ckptfalse_*.log; do echo "-- $(basename $f)"; grep -E "section " $f | head -12; done
 fi
