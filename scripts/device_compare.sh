@@ -9,8 +9,9 @@
 #   scripts/device_pack.sh build/fsdpq build/tests/fsdpq_gpu_tests .device/lib .device/base
 # Run there with carry [".device/pack.tar.xz"]:
 #   tar xJf .device/pack.tar.xz && bash scripts/device_compare.sh
-# Settings: BUILDS="base=.device/base new=." (label=root, or label=root@VAR=value for that build's
-#   step with VAR set; the last one's GPU tests run),
+# Settings: BUILDS="base=.device/base new=." (label=root, or label=root@VAR=value[@VAR2=value2] for
+#   that build's step with those set; the last one's GPU tests run), POINTS (checkpointing:batch
+#   size pairs of the step, default false:4), FLAGS_<label> (that label's extra fsdpq flags),
 #   TESTS='gtest filter' (default every GPU test; none: skip), PERF='gtest filter' (FSDPQ_GPU_PERF=1
 #   lines, every build), STEP=1 (the 7B step of every build), HF=1 (HF + PEFT parity of the last
 #   build; needs bench/fetch_peer_wheels.sh's .device/wheels packed too), PROFILE=label (ncu of that
@@ -43,12 +44,12 @@ if [ "${STEP:-1}" = 1 ] && [ $(left) -gt 120 ]; then
     [[ $root == *@* ]] && env_setting=${root#*@} && root=${root%%@*}  # label=root@VAR=value: that build with VAR set
     exe=$PWD/$root/build/fsdpq
     if [ -n "$env_setting" ]; then
-      exe=$(mktemp -d)/fsdpq; printf '#!/bin/sh\nexport %s\nexec %s "$@"\n' "$env_setting" "$PWD/$root/build/fsdpq" > $exe
+      exe=$(mktemp -d)/fsdpq; printf '#!/bin/sh\nexport %s\nexec %s "$@"\n' "${env_setting//@/ }" "$PWD/$root/build/fsdpq" > $exe
       chmod +x $exe
     fi
     binaries="$binaries ${b%%=*}=$exe"
   done
-  BINARIES="$binaries" ROUTES=auto POINTS="false:4" STEPS=${STEPS:-6} SKIP=hf bash scripts/device_attention_step.sh  # prints the sections too
+  BINARIES="$binaries" ROUTES=auto POINTS="${POINTS:-false:4}" STEPS=${STEPS:-6} SKIP=hf bash scripts/device_attention_step.sh  # prints the sections too
 fi
 
 if [ "${HF:-0}" = 1 ] && [ $(left) -gt 150 ]; then  # HF + PEFT (+ bitsandbytes) parity of the last build
