@@ -18,6 +18,7 @@ The FLOP count behind "mfu" is stated in shapes.py. stdout carries only the JSON
 are sent to stderr); exit 0 measured, 3 out of memory (JSON has "oom": true), 1 any other error.
 """
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -63,6 +64,9 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cuda")
     p.add_argument("--peak-tflops", type=float, default=DEFAULT_PEAK_TFLOPS)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile", metavar="FILE",
+                   help="run the last timed step under torch.profiler and write its operators' GPU times, largest "
+                        "first, to FILE (that step's time includes the profiler's overhead)")
     return p.parse_args(argv)
 
 
@@ -178,6 +182,32 @@ def record_example_steps(args, shape, rec, times, timed):
                step_seq_lens=[seq_len for seq_len, _, _ in timed])
 
 
+def step_profiler(args, torch, cuda, step):
+    """torch.profiler for the last timed step when --profile asks for it, else None."""
+    if not args.profile or step != args.warmup + args.steps - 1:
+        return None
+    from torch.profiler import ProfilerActivity, profile
+    return profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else []))
+
+
+def write_profile(path, profiler, rec, cuda):
+    """The profiled step's operators and kernels, by their own GPU time (CPU time without a GPU)."""
+    averages = profiler.key_averages()
+    table = None
+    keys = ("self_device_time_total", "self_cuda_time_total") if cuda else ()  # newest torch's name first
+    for key in keys + ("self_cpu_time_total",):
+        try:
+            table = averages.table(sort_by=key, row_limit=80, max_name_column_width=90)
+            break
+        except (AttributeError, KeyError, ValueError):
+            continue
+    with open(path, "w") as f:
+        f.write(f"# {rec['peer']} {rec['model_shape']} bs {rec['batch_size']} ctx {rec['context_length']} "
+                f"grad-ckpt {rec['gradient_checkpointing']}: the last timed step under torch.profiler\n")
+        f.write(table if table is not None else "(no sortable profiler table in this torch)\n")
+    log(f"profile of the last step written to {path}")
+
+
 def run(args, rec):
     if args.model:
         with open(os.path.join(args.model, "config.json")) as f:
@@ -255,16 +285,20 @@ def run(args, rec):
             sync()
             torch.cuda.reset_peak_memory_stats(device)  # the steady state, not compile-time extras
         ids, labels, slots, real = batches[step % len(batches)]
+        profiler = step_profiler(args, torch, cuda, step)
         sync()
         t0 = time.perf_counter()
-        # No attention_mask, as fsdp_qlora's train.py (its forward passes attention_mask=None): rows are
-        # padded on the right, so under the causal mask no real token sees a pad, and pads carry no label.
-        loss = forward(input_ids=ids, labels=labels).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        sync()
+        with profiler or contextlib.nullcontext():
+            # No attention_mask, as fsdp_qlora's train.py (its forward passes attention_mask=None): rows are
+            # padded on the right, so under the causal mask no real token sees a pad, and pads carry no label.
+            loss = forward(input_ids=ids, labels=labels).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            sync()
         dt = time.perf_counter() - t0
+        if profiler is not None:
+            write_profile(args.profile, profiler, rec, cuda)
         kind = "warm-up" if step < args.warmup else "timed"
         log(f"step {step + 1}/{args.warmup + args.steps} ({kind}): {dt:.3f} s, loss {loss.item():.4f}")
         if step >= args.warmup:
