@@ -29,6 +29,7 @@
 
 #include "kernels/attention_sm90a.cuh"
 #include "kernels/hopper/mbarrier.cuh"
+#include "kernels/hopper/sm90a_image.cuh"
 #include "kernels/hopper/tensor_map.cuh"
 #include "kernels/hopper/tma.cuh"
 #include "kernels/hopper/type_and_dim.cuh"
@@ -411,23 +412,8 @@ bool attention_sm90a_supported(KType q, KType k, KType v, KType out, int64_t D) 
 }
 
 const std::string& attention_sm90a_unavailable() {
-  static const std::string why = []() -> std::string {
-    int device = 0, major = 0, minor = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-    if (major != 9 || minor != 0)
-      return "the GPU is compute capability " + std::to_string(major) + "." + std::to_string(minor) +
-             "; the wgmma kernel is built for sm_90a (9.0) alone";
-    // The image is sm_90a machine code only: this fails where the driver cannot load it.
-    cudaFuncAttributes attributes{};
-    const cudaError_t err = cudaFuncGetAttributes(&attributes, attention_sm90a_kernel<__nv_bfloat16, 128, false>);
-    if (err != cudaSuccess) {
-      cudaGetLastError();  // not a launch error of anyone's
-      return std::string("the sm_90a kernel image does not load here: ") + cudaGetErrorString(err);
-    }
-    return "";
-  }();
+  static const std::string why =
+      sm90a_unavailable(reinterpret_cast<const void*>(attention_sm90a_kernel<__nv_bfloat16, 128, false>));
   return why;
 }
 

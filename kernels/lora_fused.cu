@@ -450,14 +450,18 @@ void lora_fused_down(void* xa, KType xa_type, const void* x, KType type, const L
             static_cast<XA*>(xa), splits > 1 ? workspace : nullptr, static_cast<const T*>(x), g, M, in, per);
       });
       check_launch("lora_fused_down");
-      if (splits > 1) {
-        const int64_t n = M * g.total_rank;
-        down_reduce_kernel<XA><<<blocks_for(n), 256, 0, stream>>>(static_cast<XA*>(xa), workspace,
-                                                                 static_cast<int>(splits), n);
-        check_launch("lora_fused_down (split sum)");
-      }
     });
   });
+  if (splits > 1) lora_fused_split_sum(xa, xa_type, workspace, static_cast<int>(splits), M * g.total_rank, stream);
+}
+
+void lora_fused_split_sum(void* xa, KType xa_type, const float* partial, int splits, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  with_ktype(xa_type, [&](auto xa_tag) {
+    using XA = decltype(xa_tag);
+    down_reduce_kernel<XA><<<blocks_for(n), 256, 0, stream>>>(static_cast<XA*>(xa), partial, splits, n);
+  });
+  check_launch("lora_fused_down (split sum)");
 }
 
 void lora_fused_input_grad(void* dx, KType dx_type, const void* dxa, KType type, const LoraFusedGroup& g, int64_t M,

@@ -189,6 +189,24 @@ __device__ __forceinline__ void wgmma_m64nk16_rs(float (&d)[N / 2], const uint32
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
+// d += A B, m64n64k16: A in registers (the layout above), B K-major in shared memory
+// (descriptor_k_major): a tile whose 64 rows are B's columns, K along each row (the LoRA down
+// product's A_j, kernels/lora_down_sm90a.cu).
+template <class T>
+__device__ __forceinline__ void wgmma_m64n64k16_rs_k_major(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FSDPQ_WGMMA_D32
+                 ", {%32, %33, %34, %35}, %36, 1, 1, 1, 0;\n"
+                 : FSDPQ_WGMMA_ACC32("+f", d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+  else
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " FSDPQ_WGMMA_D32
+                 ", {%32, %33, %34, %35}, %36, 1, 1, 1, 0;\n"
+                 : FSDPQ_WGMMA_ACC32("+f", d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
 // d += A B over K = 16 · len(a) / 4: A's k-steps in registers (4 each, as wgmma_m64nk16_rs takes
 // them), B an MN-major tile whose K rows follow one another as 128-byte swizzled rows (b its
 // descriptor). The attention forward's P V and the backward's gradient products.

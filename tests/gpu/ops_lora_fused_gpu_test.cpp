@@ -7,14 +7,14 @@
 // multiply the same 16-bit operands with fp32 accumulation, in another order: xa (stored 16-bit)
 // and the outputs 2e-2, as GpuOpsLora's bf16 cases; dA, dB fp32 sums of 16-bit products 2e-2; dx
 // adds each adapter's part before one rounding (the separate path rounds after each), 2e-2.
-#include <gtest/gtest.h>
-
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
 #include "gpu/op_parity.h"
+#include "kernels/lora_down_sm90a.cuh"
 #include "ops/cuda_ops.h"
 #include "ops/lora.h"
 
@@ -182,6 +182,29 @@ TEST_F(GpuOpsLoraFused, MatchesTheCpuAndTheSeparatePath) {
     EXPECT_EQ(cuda_ops::lora_fused_runs() - before, 2) << "the separate path ran a fused kernel";
     expect_runs_close(fused, cpu, "fused vs cpu");
     expect_runs_close(fused, separate, "fused vs separate");
+  }
+}
+
+// The Hopper down kernel (kernels/lora_down_sm90a.cuh) takes rank-64 groups of 1 to 3 on an H100 or
+// H200: rows that are and are not whole 128-row tiles, one split and several (8192 rows: 4; 1 row:
+// 64), both 16-bit types, the mask against the CPU's. Elsewhere they run the mma kernel, as before.
+TEST_F(GpuOpsLoraFused, HopperDownKernelMatchesTheCpu) {
+  const bool hopper = cuda::lora_down_sm90a_unavailable().empty();
+  const std::vector<GroupCase> cases = {
+      {3000, 512, {64, 64, 64}, {256, 64, 64}, DType::BF16, DType::BF16},
+      {1, 128, {64}, {128}, DType::F16, DType::F16},
+      {128, 256, {64, 64}, {64, 64}, DType::BF16, DType::F32},
+      {8192, 1024, {64, 64, 64}, {128, 128, 128}, DType::BF16, DType::BF16},
+  };
+  for (const GroupCase& c : cases) {
+    SCOPED_TRACE(c.name());
+    const LoraGroup group(c);
+    const GroupRun cpu = group.run(Device::CPU);
+    set_gpu_lora_kernels(GpuLoraKernels::Fused);
+    const int64_t before = cuda_ops::lora_down_sm90a_runs();
+    const GroupRun fused = group.run(Device::CUDA);
+    EXPECT_EQ(cuda_ops::lora_down_sm90a_runs() - before, hopper ? 1 : 0) << cuda::lora_down_sm90a_unavailable();
+    expect_runs_close(fused, cpu, "fused (Hopper down) vs cpu");
   }
 }
 

@@ -1,6 +1,7 @@
 // The fused LoRA group products on the GPU (kernels/lora_fused.cuh): which groups they take, their
 // scratch, and the launch. ops/lora.cpp derives the mask and holds the CPU reference.
 #include "kernels/lora_fused.cuh"
+#include "kernels/lora_down_sm90a.cuh"
 
 #include <atomic>
 #include <vector>
@@ -13,7 +14,7 @@ namespace {
 
 static_assert(cuda::kLoraFusedMaxAdapters == static_cast<int>(kMaxLoraGroup));
 
-std::atomic<int64_t> runs{0};
+std::atomic<int64_t> runs{0}, hopper_down_runs{0};
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -51,8 +52,15 @@ bool lora_fused_forward(TensorView xa, const TensorView& x, std::span<const Lora
   const int64_t M = x.shape.rows(), in = x.shape.last();
   const int64_t floats = lora_fused::down_workspace_floats(M, in, g.total_rank);
   Tensor workspace = floats > 0 ? Tensor::empty(Shape{floats}, DType::F32, Device::CUDA) : Tensor();
-  cuda::lora_fused_down(xa.data, ktype("lora_forward", xa), x.data, ktype("lora_forward", x), g, M, in,
-                        floats > 0 ? workspace.data<float>() : nullptr, cuda::stream());
+  const cuda::KType type = ktype("lora_forward", x), xa_type = ktype("lora_forward", xa);
+  float* scratch = floats > 0 ? workspace.data<float>() : nullptr;
+  // On Hopper the wgmma kernel takes rank-64 groups of up to 3 (the same split and scratch).
+  if (xa_type == type && cuda::lora_down_sm90a_takes(type, in, g) && cuda::lora_down_sm90a_unavailable().empty()) {
+    cuda::lora_down_sm90a(xa.data, xa_type, x.data, type, g, M, in, scratch, cuda::stream());
+    ++hopper_down_runs;
+  } else {
+    cuda::lora_fused_down(xa.data, xa_type, x.data, type, g, M, in, scratch, cuda::stream());
+  }
   ++runs;
   return true;
 }
@@ -77,5 +85,6 @@ bool lora_fused_backward_input(TensorView dx, bool accumulate_dx, std::span<cons
 }
 
 int64_t lora_fused_runs() { return runs.load(); }
+int64_t lora_down_sm90a_runs() { return hopper_down_runs.load(); }
 
 }  // namespace fsdpq::cuda_ops
