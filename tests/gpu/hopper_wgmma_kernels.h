@@ -19,4 +19,9 @@ void wgmma_tile_ss(float* c, const void* a, const void* b, cuda::KType type, cud
 // layout), b MN-major in shared memory, N in two column blocks — attention's O = P V at D 128.
 void wgmma_tile_rs(float* c, const void* a, const void* b, cuda::KType type, cudaStream_t stream);
 
+// c [64][64] fp32 = a [64][64] · bᵀ with b [64][64]: a from the copy engine's swizzled tile into
+// registers by ldmatrix, b K-major in shared memory — the LoRA down product's x · A_iᵀ
+// (kernels/lora_down_sm90a.cu).
+void wgmma_tile_rs_swizzled(float* c, const void* a, const void* b, cuda::KType type, cudaStream_t stream);
+
 }  // namespace fsdpq::test

@@ -11,6 +11,7 @@
 #include "kernels/hopper/tensor_map.cuh"
 #include "kernels/hopper/tma.cuh"
 #include "kernels/hopper/wgmma.cuh"
+#include "kernels/mma_fragments.cuh"
 
 namespace fsdpq::test {
 namespace {
@@ -108,6 +109,51 @@ __global__ void __launch_bounds__(128) tile_rs_kernel(float* c, const T* a, cons
   store_accumulators(c, d);
 }
 
+// c [64][64] = a bᵀ, a and b [64][64], both brought in swizzled by the copy engine; a goes to
+// registers through ldmatrix (each lane's row and 16-byte chunk, the swizzle undone: the LoRA
+// down kernel's loads, kernels/lora_down_sm90a.cu) and b stays K-major in shared memory.
+template <class T>
+__global__ void __launch_bounds__(128) tile_rs_swizzled_kernel(float* c, const __grid_constant__ CUtensorMap a_map,
+                                                               const __grid_constant__ CUtensorMap b_map) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* a = aligned_1024(smem_raw);
+  uint8_t* b = a + kBlock64;
+  __shared__ uint64_t full;
+  if (threadIdx.x == 0) {
+    mbarrier_init(&full, 1);
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    mbarrier_arrive_expect_tx(&full, 2 * kBlock64);
+    tma_load_4d(a, a_map, &full, 0, 0, 0, 0);
+    tma_load_4d(b, b_map, &full, 0, 0, 0, 0);
+  }
+  mbarrier_wait(&full, 0);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, ld_row = 16 * warp + lane % 16;
+  uint32_t frag[4][4];
+  for (int kk = 0; kk < 4; ++kk) {
+    const int chunk = (2 * kk + lane / 16) ^ (ld_row % 8);  // the copy engine's swizzle
+    cuda::mma_fragments::ldmatrix_x4(frag[kk], a + ld_row * kSwizzleRowBytes + chunk * 16);
+  }
+  float d[32] = {};
+  const uint64_t b_desc = descriptor_k_major(b);
+  fence_operand(d);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) wgmma_m64n64k16_rs_k_major<T>(d, frag[kk], advanced(b_desc, kk * 32));
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_operand(d);
+  const int row = 16 * warp + lane / 4, col = 2 * (lane % 4);
+  for (int j = 0; j < 8; ++j) {
+    c[row * 64 + 8 * j + col] = d[4 * j];
+    c[row * 64 + 8 * j + col + 1] = d[4 * j + 1];
+    c[(row + 8) * 64 + 8 * j + col] = d[4 * j + 2];
+    c[(row + 8) * 64 + 8 * j + col + 1] = d[4 * j + 3];
+  }
+}
+
 template <class Fn>
 void with_type(cuda::KType type, Fn&& fn) {
   if (type == cuda::KType::BF16)
@@ -143,6 +189,16 @@ void wgmma_tile_rs(float* c, const void* a, const void* b, cuda::KType type, cud
     tile_rs_kernel<T><<<1, 128, smem, stream>>>(c, static_cast<const T*>(a), b_map);
   });
   cuda::check_launch("wgmma_tile_rs");
+}
+
+void wgmma_tile_rs_swizzled(float* c, const void* a, const void* b, cuda::KType type, cudaStream_t stream) {
+  const CUtensorMap a_map = head_tensor_map(a, 1, 64, 1, 64, 64), b_map = head_tensor_map(b, 1, 64, 1, 64, 64);
+  with_type(type, [&](auto tag) {
+    using T = decltype(tag);
+    const size_t smem = with_smem(tile_rs_swizzled_kernel<T>, 2 * kBlock64 + 1024);
+    tile_rs_swizzled_kernel<T><<<1, 128, smem, stream>>>(c, a_map, b_map);
+  });
+  cuda::check_launch("wgmma_tile_rs_swizzled");
 }
 
 }  // namespace fsdpq::test
