@@ -25,6 +25,7 @@
 #include "kernels/hopper/tma.cuh"
 #include "kernels/hopper/warpgroup.cuh"
 #include "kernels/hopper/wgmma.cuh"
+#include "kernels/lora_down_layout.h"
 #include "kernels/lora_down_sm90a.cuh"
 #include "kernels/lora_dropout_mask.h"
 #include "kernels/lora_fused_shape.h"
@@ -111,30 +112,23 @@ __device__ void produce(const Maps& maps, uint8_t* smem, Barriers& bar, int m0, 
 // ---- a consumer warpgroup ----
 
 // A register of x's A operand (two consecutive 16-bit elements, lower column in the lower bits)
-// as an adapter's dropout leaves it: `fields` are the two 16-bit fields of the elements' quad word
-// (kernels/lora_dropout_mask.h) that decide them, lower element's in the lower half; a kept element
-// times keep_scale and rounded to T, a dropped one 0, as the CPU's dropped copy holds them.
+// as an adapter's dropout leaves it: `fields` decide the two (kernels/lora_down_layout.h); a kept
+// element times keep_scale and rounded to T, a dropped one 0, as the CPU's dropped copy holds them.
 template <class T>
 __device__ __forceinline__ uint32_t dropped_pair(uint32_t raw, uint32_t fields, uint32_t threshold, float keep_scale) {
   const T* v = reinterpret_cast<const T*>(&raw);
-  const float lo = (fields & 0xFFFFu) >= threshold ? __fmul_rn(to_float(v[0]), keep_scale) : 0.0f;
-  const float hi = (fields >> 16) >= threshold ? __fmul_rn(to_float(v[1]), keep_scale) : 0.0f;
+  const float lo = lora_down_layout::field_keeps(fields, 0, threshold) ? __fmul_rn(to_float(v[0]), keep_scale) : 0.0f;
+  const float hi = lora_down_layout::field_keeps(fields, 1, threshold) ? __fmul_rn(to_float(v[1]), keep_scale) : 0.0f;
   return pack2<T>(lo, hi);
 }
 
-// The fields deciding this thread's pairs in rows g and g + 8 of a 16-row slice (the same columns),
-// one hash per thread: threads 2q and 2q + 1 of a quad of lanes hold the two halves of the same
-// quad words (columns 4q'..4q'+3 of each row), so the even one hashes row g's word, the odd one
-// row g + 8's, and each hands the other the half it needs.
-struct PairFields {
-  uint32_t row_g, row_g8;
-};
-__device__ __forceinline__ PairFields pair_fields(uint64_t mixed_key, int64_t quad_g, int64_t quad_g8, bool odd) {
-  const uint64_t mine = keep_word(mixed_key, odd ? quad_g8 : quad_g);
-  const uint32_t keep = odd ? static_cast<uint32_t>(mine >> 32) : static_cast<uint32_t>(mine);
-  const uint32_t give = odd ? static_cast<uint32_t>(mine) : static_cast<uint32_t>(mine >> 32);
-  const uint32_t got = __shfl_xor_sync(0xffffffffu, give, 1);
-  return odd ? PairFields{got, keep} : PairFields{keep, got};
+// The fields of this thread's pairs in rows g and g + 8 (quads quad_g, quad_g8): one hash per lane,
+// the halves exchanged with the neighbouring lane (kernels/lora_down_layout.h).
+__device__ __forceinline__ lora_down_layout::PairFields pair_fields(uint64_t mixed_key, int64_t quad_g, int64_t quad_g8,
+                                                                    bool odd) {
+  using namespace lora_down_layout;
+  const Halves mine = split(keep_word(mixed_key, hashed_quad(quad_g, quad_g8, odd)), odd);
+  return combine(mine.keep, __shfl_xor_sync(0xffffffffu, mine.give, 1), odd);
 }
 
 template <class T, class XA, int COUNT>
@@ -154,25 +148,22 @@ struct Consumer {
 
   // Step i's x rows masked per adapter (the stage has landed).
   __device__ __forceinline__ void mask_step(int i) {
-    // ldmatrix.x4: lane l gives row l % 16 of the warp's 16 and the 16-byte chunk l / 16 of the
-    // slice; the copy engine put chunk c of row r at chunk c ^ (r % 8).
     const uint8_t* x_rows = smem + S::kX + stage_of(i) * S::kXBytes + index * S::kConsumerRows;
-    const int ld_row = 16 * warp + lane % 16;
-    const int64_t row = static_cast<int64_t>(m0) + row_in_block;
-    const int64_t column = static_cast<int64_t>(k_begin) + static_cast<int64_t>(i) * kStepColumns + 2 * t4;
+    const int64_t step_column = static_cast<int64_t>(k_begin) + static_cast<int64_t>(i) * kStepColumns;
+    const bool odd = (t4 & 1) != 0;
 #pragma unroll
     for (int kk = 0; kk < kSlices; ++kk) {
-      const int chunk = (2 * kk + lane / 16) ^ (ld_row % 8);
       uint32_t raw[4];
-      mma_fragments::ldmatrix_x4(raw, x_rows + ld_row * kSwizzleRowBytes + chunk * 16);
-      // raw[2h], raw[2h + 1]: rows g and g + 8, columns 2·t4 + 8h (+ 1) of the slice.
+      mma_fragments::ldmatrix_x4(raw, x_rows + lora_down_layout::ldmatrix_offset(warp, lane, kk));
+      // raw[2h], raw[2h + 1]: rows g and g + 8 of the same columns.
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int64_t first = column + 16 * kk + 8 * h;  // this pair's first column
-        const int64_t quad_g = (row * p.in + first) >> 2, quad_g8 = ((row + 8) * p.in + first) >> 2;
+        const lora_down_layout::Pair at = lora_down_layout::fragment_pair(warp, lane, kk, 2 * h);
+        const int64_t row = static_cast<int64_t>(m0) + 64 * index + at.row, column = step_column + at.column;
+        const int64_t quad_g = (row * p.in + column) >> 2, quad_g8 = ((row + 8) * p.in + column) >> 2;
 #pragma unroll
         for (int j = 0; j < COUNT; ++j) {
-          const PairFields f = pair_fields(p.g.mixed_key[j], quad_g, quad_g8, (t4 & 1) != 0);
+          const lora_down_layout::PairFields f = pair_fields(p.g.mixed_key[j], quad_g, quad_g8, odd);
           masked[j][4 * kk + 2 * h] = dropped_pair<T>(raw[2 * h], f.row_g, p.g.threshold, p.g.keep_scale);
           masked[j][4 * kk + 2 * h + 1] = dropped_pair<T>(raw[2 * h + 1], f.row_g8, p.g.threshold, p.g.keep_scale);
         }

@@ -1,0 +1,61 @@
+// Where each thread of the Hopper LoRA down kernel (kernels/lora_down_sm90a.cu) finds its part of x
+// and which dropout fields decide it: plain C++ for host and device, so a CPU test
+// (tests/unit/kernels_lora_down_layout_test.cpp) checks the index arithmetic — the part of the
+// kernel most easily wrong — against the CPU's mask, element by element, without a GPU.
+//
+// A consumer warpgroup multiplies 64 rows of x a 64-column step at a time, in 16-column slices.
+// The step's tile lies in shared memory as the copy engine writes it: rows of 128 bytes whose
+// 16-byte chunk c sits at chunk c ^ (row % 8). Warp w of the warpgroup holds rows 16w..16w+15 of
+// wgmma's register A operand: with g = lane / 4, t = lane % 4, register r of slice kk holds row
+// 16w + g + 8·(r & 1), columns 16·kk + 2t + 8·(r >> 1) and the one after.
+#pragma once
+#include <cstdint>
+
+#include "kernels/host_device.h"
+
+namespace fsdpq::lora_down_layout {
+
+// The row (of the consumer's 64) and first column (of the step's 64) of register r's two elements.
+struct Pair {
+  int row, column;
+};
+FSDPQ_HOST_DEVICE_INLINE Pair fragment_pair(int warp, int lane, int kk, int r) {
+  return Pair{16 * warp + lane / 4 + 8 * (r & 1), 16 * kk + 2 * (lane % 4) + 8 * (r >> 1)};
+}
+
+// The byte offset, in the consumer's swizzled 64-row tile, of the 16-byte row segment lane `lane`
+// hands ldmatrix.x4 for slice kk: lanes 0-7, 8-15, 16-23, 24-31 address matrices 0-3 (rows 0-7
+// and 8-15 of the warp's 16, columns 0-7 then 8-15 of the slice), whose fragments are registers
+// 0-3 in fragment_pair's order.
+FSDPQ_HOST_DEVICE_INLINE int ldmatrix_offset(int warp, int lane, int kk) {
+  const int row = 16 * warp + lane % 16, chunk = 2 * kk + lane / 16;
+  return row * 128 + (chunk ^ (row % 8)) * 16;
+}
+
+// The dropout fields (two 16-bit fields, the lower element's in the lower half) of a thread's
+// pairs in rows g and g + 8 of a slice, the same columns. Lanes 2q and 2q + 1 hold the two halves
+// of the same quad words (4 columns from a multiple of 4), so each hashes one word — the even lane
+// row g's, the odd lane row g + 8's (hashed_quad) — keeps its own half and gives the other lane
+// the half that lane needs (split), which it combines with the half it got (combine).
+struct PairFields {
+  uint32_t row_g, row_g8;
+};
+struct Halves {
+  uint32_t keep, give;
+};
+// The quad whose word this lane hashes, from the quads of its rows g and g + 8.
+FSDPQ_HOST_DEVICE_INLINE int64_t hashed_quad(int64_t quad_g, int64_t quad_g8, bool odd) { return odd ? quad_g8 : quad_g; }
+FSDPQ_HOST_DEVICE_INLINE Halves split(uint64_t word, bool odd) {
+  const uint32_t low = static_cast<uint32_t>(word), high = static_cast<uint32_t>(word >> 32);
+  return odd ? Halves{high, low} : Halves{low, high};
+}
+FSDPQ_HOST_DEVICE_INLINE PairFields combine(uint32_t keep, uint32_t got, bool odd) {
+  return odd ? PairFields{got, keep} : PairFields{keep, got};
+}
+
+// Whether the field of element `high` (0: the pair's lower, 1: its upper) keeps the element.
+FSDPQ_HOST_DEVICE_INLINE bool field_keeps(uint32_t fields, int high, uint32_t threshold) {
+  return ((fields >> (16 * high)) & 0xFFFFu) >= threshold;
+}
+
+}  // namespace fsdpq::lora_down_layout
