@@ -41,7 +41,7 @@ void lora_fused_down(void* xa, KType xa_type, const void* x, KType type, const L
                      int64_t in, float* workspace, cudaStream_t stream);
 // xa = the down kernels' split-K partial sums (partial [splits][n]), added in split order and
 // rounded once: the second launch of a split down product (this one's, or the Hopper kernel's,
-// kernels/lora_down_sm90a.cuh).
+// kernels/lora_fused_sm90a.cuh).
 void lora_fused_split_sum(void* xa, KType xa_type, const float* partial, int splits, int64_t n, cudaStream_t stream);
 void lora_fused_input_grad(void* dx, KType dx_type, const void* dxa, KType type, const LoraFusedGroup& group,
                            int64_t M, int64_t in, cudaStream_t stream);

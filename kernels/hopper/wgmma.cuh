@@ -191,7 +191,7 @@ __device__ __forceinline__ void wgmma_m64nk16_rs(float (&d)[N / 2], const uint32
 
 // d += A B, m64n64k16: A in registers (the layout above), B K-major in shared memory
 // (descriptor_k_major): a tile whose 64 rows are B's columns, K along each row (the LoRA down
-// product's A_j, kernels/lora_down_sm90a.cu).
+// product's A_j, kernels/lora_fused_sm90a.cu).
 template <class T>
 __device__ __forceinline__ void wgmma_m64n64k16_rs_k_major(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
   static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>);

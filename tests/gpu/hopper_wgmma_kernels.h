@@ -21,7 +21,7 @@ void wgmma_tile_rs(float* c, const void* a, const void* b, cuda::KType type, cud
 
 // c [64][64] fp32 = a [64][64] · bᵀ with b [64][64]: a from the copy engine's swizzled tile into
 // registers by ldmatrix, b K-major in shared memory — the LoRA down product's x · A_iᵀ
-// (kernels/lora_down_sm90a.cu).
+// (kernels/lora_fused_sm90a.cu).
 void wgmma_tile_rs_swizzled(float* c, const void* a, const void* b, cuda::KType type, cudaStream_t stream);
 
 }  // namespace fsdpq::test

@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(128) tile_rs_kernel(float* c, const T* a, cons
 
 // c [64][64] = a bᵀ, a and b [64][64], both brought in swizzled by the copy engine; a goes to
 // registers through ldmatrix (each lane's row and 16-byte chunk, the swizzle undone: the LoRA
-// down kernel's loads, kernels/lora_down_sm90a.cu) and b stays K-major in shared memory.
+// down kernel's loads, kernels/lora_fused_sm90a.cu) and b stays K-major in shared memory.
 template <class T>
 __global__ void __launch_bounds__(128) tile_rs_swizzled_kernel(float* c, const __grid_constant__ CUtensorMap a_map,
                                                                const __grid_constant__ CUtensorMap b_map) {

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "gpu/op_parity.h"
-#include "kernels/lora_down_sm90a.cuh"
+#include "kernels/lora_fused_sm90a.cuh"
 #include "ops/cuda_ops.h"
 #include "ops/lora.h"
 
@@ -185,11 +185,12 @@ TEST_F(GpuOpsLoraFused, MatchesTheCpuAndTheSeparatePath) {
   }
 }
 
-// The Hopper down kernel (kernels/lora_down_sm90a.cuh) takes rank-64 groups of 1 to 3 on an H100 or
-// H200: rows that are and are not whole 128-row tiles, one split and several (8192 rows: 4; 1 row:
-// 64), both 16-bit types, the mask against the CPU's. Elsewhere they run the mma kernel, as before.
-TEST_F(GpuOpsLoraFused, HopperDownKernelMatchesTheCpu) {
-  const bool hopper = cuda::lora_down_sm90a_unavailable().empty();
+// The Hopper kernels (kernels/lora_fused_sm90a.cuh) take rank-64 groups of 1 to 3 on an H100 or
+// H200: the down product (rows that are and are not whole 128-row tiles, one split and several:
+// 8192 rows give 4, 1 row 64) and the input gradient (dx BF16, F16 and F32), both 16-bit types, the
+// masks against the CPU's. Elsewhere they run the mma kernels, as before.
+TEST_F(GpuOpsLoraFused, HopperKernelsMatchTheCpu) {
+  const bool hopper = cuda::lora_fused_sm90a_unavailable().empty();
   const std::vector<GroupCase> cases = {
       {3000, 512, {64, 64, 64}, {256, 64, 64}, DType::BF16, DType::BF16},
       {1, 128, {64}, {128}, DType::F16, DType::F16},
@@ -201,11 +202,17 @@ TEST_F(GpuOpsLoraFused, HopperDownKernelMatchesTheCpu) {
     const LoraGroup group(c);
     const GroupRun cpu = group.run(Device::CPU);
     set_gpu_lora_kernels(GpuLoraKernels::Fused);
-    const int64_t before = cuda_ops::lora_down_sm90a_runs();
+    const int64_t down = cuda_ops::lora_down_sm90a_runs(), input_grad = cuda_ops::lora_input_grad_sm90a_runs();
     const GroupRun fused = group.run(Device::CUDA);
-    EXPECT_EQ(cuda_ops::lora_down_sm90a_runs() - before, hopper ? 1 : 0) << cuda::lora_down_sm90a_unavailable();
-    expect_runs_close(fused, cpu, "fused (Hopper down) vs cpu");
+    EXPECT_EQ(cuda_ops::lora_down_sm90a_runs() - down, hopper ? 1 : 0) << cuda::lora_fused_sm90a_unavailable();
+    EXPECT_EQ(cuda_ops::lora_input_grad_sm90a_runs() - input_grad, hopper ? 1 : 0);
+    expect_runs_close(fused, cpu, "fused (Hopper kernels) vs cpu");
   }
+  // dx written rather than added to, through the Hopper input gradient: the old dx must not show.
+  const LoraGroup group({300, 512, {64}, {256}, DType::BF16, DType::F32});
+  set_gpu_lora_kernels(GpuLoraKernels::Fused);
+  expect_runs_close(group.run(Device::CUDA, /*accumulate_dx=*/false), group.run(Device::CPU, /*accumulate_dx=*/false),
+                    "fused (Hopper kernels), dx written");
 }
 
 // dx written rather than added to (a group of one runs its adapter's part first,

@@ -1,7 +1,7 @@
 // The fused LoRA group products on the GPU (kernels/lora_fused.cuh): which groups they take, their
 // scratch, and the launch. ops/lora.cpp derives the mask and holds the CPU reference.
 #include "kernels/lora_fused.cuh"
-#include "kernels/lora_down_sm90a.cuh"
+#include "kernels/lora_fused_sm90a.cuh"
 
 #include <atomic>
 #include <vector>
@@ -14,7 +14,7 @@ namespace {
 
 static_assert(cuda::kLoraFusedMaxAdapters == static_cast<int>(kMaxLoraGroup));
 
-std::atomic<int64_t> runs{0}, hopper_down_runs{0};
+std::atomic<int64_t> runs{0}, hopper_down_runs{0}, hopper_input_grad_runs{0};
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -55,7 +55,7 @@ bool lora_fused_forward(TensorView xa, const TensorView& x, std::span<const Lora
   const cuda::KType type = ktype("lora_forward", x), xa_type = ktype("lora_forward", xa);
   float* scratch = floats > 0 ? workspace.data<float>() : nullptr;
   // On Hopper the wgmma kernel takes rank-64 groups of up to 3 (the same split and scratch).
-  if (xa_type == type && cuda::lora_down_sm90a_takes(type, in, g) && cuda::lora_down_sm90a_unavailable().empty()) {
+  if (xa_type == type && cuda::lora_down_sm90a_takes(type, in, g) && cuda::lora_fused_sm90a_unavailable().empty()) {
     cuda::lora_down_sm90a(xa.data, xa_type, x.data, type, g, M, in, scratch, cuda::stream());
     ++hopper_down_runs;
   } else {
@@ -78,13 +78,23 @@ bool lora_fused_backward_input(TensorView dx, bool accumulate_dx, std::span<cons
   const cuda::KType type = ktype("lora_backward", x);
   cuda::lora_fused_weight_grad(grads.data(), dxa.data, x.data, type, g, M, in, workspace.data<float>(), cuda::stream());
   if (dx.data != nullptr && !accumulate_dx) fill_zero(dx);  // the kernel adds to dx
-  if (dx.data != nullptr)
-    cuda::lora_fused_input_grad(dx.data, ktype("lora_backward", dx), dxa.data, type, g, M, in, cuda::stream());
+  if (dx.data != nullptr) {
+    const cuda::KType dx_type = ktype("lora_backward", dx);
+    // On Hopper the wgmma kernel takes rank-64 groups of up to 3 (dx of x's type or F32).
+    if ((dx_type == type || dx_type == cuda::KType::F32) && cuda::lora_input_grad_sm90a_takes(type, in, g) &&
+        cuda::lora_fused_sm90a_unavailable().empty()) {
+      cuda::lora_input_grad_sm90a(dx.data, dx_type, dxa.data, type, g, M, in, cuda::stream());
+      ++hopper_input_grad_runs;
+    } else {
+      cuda::lora_fused_input_grad(dx.data, dx_type, dxa.data, type, g, M, in, cuda::stream());
+    }
+  }
   ++runs;
   return true;
 }
 
 int64_t lora_fused_runs() { return runs.load(); }
 int64_t lora_down_sm90a_runs() { return hopper_down_runs.load(); }
+int64_t lora_input_grad_sm90a_runs() { return hopper_input_grad_runs.load(); }
 
 }  // namespace fsdpq::cuda_ops

@@ -1,9 +1,10 @@
-// Where each thread of the Hopper LoRA down kernel (kernels/lora_down_sm90a.cu) finds its part of x
-// and which dropout fields decide it: plain C++ for host and device, so a CPU test
-// (tests/unit/kernels_lora_down_layout_test.cpp) checks the index arithmetic — the part of the
+// Where each thread of the Hopper fused LoRA kernels (kernels/lora_fused_sm90a.cu) finds its
+// elements and which dropout fields decide them: plain C++ for host and device, so a CPU test
+// (tests/unit/kernels_lora_fused_sm90a_layout_test.cpp) checks the index arithmetic — the part of the
 // kernel most easily wrong — against the CPU's mask, element by element, without a GPU.
 //
-// A consumer warpgroup multiplies 64 rows of x a 64-column step at a time, in 16-column slices.
+// The down kernel: a consumer warpgroup multiplies 64 rows of x a 64-column step at a time, in
+// 16-column slices.
 // The step's tile lies in shared memory as the copy engine writes it: rows of 128 bytes whose
 // 16-byte chunk c sits at chunk c ^ (row % 8). Warp w of the warpgroup holds rows 16w..16w+15 of
 // wgmma's register A operand: with g = lane / 4, t = lane % 4, register r of slice kk holds row
@@ -13,7 +14,7 @@
 
 #include "kernels/host_device.h"
 
-namespace fsdpq::lora_down_layout {
+namespace fsdpq::lora_sm90a_layout {
 
 // The row (of the consumer's 64) and first column (of the step's 64) of register r's two elements.
 struct Pair {
@@ -21,6 +22,12 @@ struct Pair {
 };
 FSDPQ_HOST_DEVICE_INLINE Pair fragment_pair(int warp, int lane, int kk, int r) {
   return Pair{16 * warp + lane / 4 + 8 * (r & 1), 16 * kk + 2 * (lane % 4) + 8 * (r >> 1)};
+}
+
+// The input-gradient kernel masks its products' accumulators instead: an m64nN accumulator holds,
+// in registers 4c + 2h and 4c + 2h + 1, row 16w + g + 8h and columns 8c + 2t and the one after.
+FSDPQ_HOST_DEVICE_INLINE Pair accumulator_pair(int warp, int lane, int c, int h) {
+  return Pair{16 * warp + lane / 4 + 8 * h, 8 * c + 2 * (lane % 4)};
 }
 
 // The byte offset, in the consumer's swizzled 64-row tile, of the 16-byte row segment lane `lane`
@@ -58,4 +65,4 @@ FSDPQ_HOST_DEVICE_INLINE bool field_keeps(uint32_t fields, int high, uint32_t th
   return ((fields >> (16 * high)) & 0xFFFFu) >= threshold;
 }
 
-}  // namespace fsdpq::lora_down_layout
+}  // namespace fsdpq::lora_sm90a_layout

@@ -1,0 +1,594 @@
+// The Hopper fused LoRA kernels (kernels/lora_fused_sm90a.cuh): the down product, and below it the
+// input gradient. The down product: one block per (128-row tile of x, split of the input width);
+// 3 warpgroups with fixed roles, as the Hopper attention forward (kernels/attention_sm90a.cu) has
+// them:
+//  - warpgroup 0, the producer: one thread issues the bulk tensor copies of each 64-column k step
+//    — the x tile (128 rows) and every adapter's A tile (its 64 rows) — into stage i % kStages of
+//    a ring, each stage with a "full" barrier (bytes arrived) and an "empty" one (every consumer
+//    thread is done). It keeps 24 registers per thread and gives the rest to the consumers.
+//  - warpgroups 1 and 2, the consumers: 64 rows of x each. Per k step and 16-column slice, a warp
+//    loads its 16 rows once (ldmatrix from the copy engine's swizzled tile: the layout of wgmma's
+//    register A operand), then for each adapter masks those registers with the adapter's dropout
+//    (the CPU's mask and rounding: kernels/lora_dropout_mask.h, ops/lora.cpp) and issues
+//    xa_i += masked x · A_iᵀ (wgmma m64n64k16, A_i's tile K-major in shared memory). Each step's
+//    products are waited for within the step: ptxas serialises every wgmma of a kernel where
+//    registers of a product's operands are written while products run (docs/cuda.md). The two
+//    consumers run independently, so one's masking overlaps the other's products.
+// Rows past M load as zeros (their products are never stored). The epilogue writes each thread's
+// accumulators straight to xa, or to the split's fp32 partial sums, which
+// lora_fused_split_sum adds in split order.
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "kernels/hopper/mbarrier.cuh"
+#include "kernels/hopper/sm90a_image.cuh"
+#include "kernels/hopper/tensor_map.cuh"
+#include "kernels/hopper/tma.cuh"
+#include "kernels/hopper/warpgroup.cuh"
+#include "kernels/hopper/wgmma.cuh"
+#include "kernels/lora_fused_sm90a_layout.h"
+#include "kernels/lora_fused_sm90a.cuh"
+#include "kernels/lora_dropout_mask.h"
+#include "kernels/lora_fused_shape.h"
+#include "kernels/mma_fragments.cuh"
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "lora_fused_sm90a.cu needs sm_90a (wgmma, setmaxnreg): CMakeLists.txt builds *_sm90a.cu for it alone"
+#endif
+
+namespace fsdpq::cuda {
+namespace {
+
+using namespace hopper;
+
+constexpr int kConsumers = 2;                     // warpgroups multiplying, 64 rows of x each
+constexpr int kThreads = 128 * (1 + kConsumers);  // plus the producer warpgroup
+constexpr int kBlockRows = 64 * kConsumers;       // rows of x per block
+constexpr int kRank = 64;                         // every adapter's: one wgmma n64 per adapter
+constexpr int kStepColumns = 64;                  // columns of x per k step: one 128-byte swizzled box
+constexpr int kSlices = kStepColumns / 16;        // wgmma k16 slices per step
+constexpr int kStages = 4;
+// Adapters a block takes: each holds 32 accumulators and 16 masked registers per thread, and the
+// consumers have 240 registers (q, k, v is the largest group a Llama layer has).
+constexpr int kMaxCount = 3;
+constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
+static_assert(kStepColumns == static_cast<int>(lora_fused::kTileK), "the split's k ranges are whole steps");
+static_assert(kStepColumns == kBoxColumns);
+
+// Shared memory from a 1024-byte aligned base: kStages x tiles, then kStages x COUNT A tiles, then
+// the barriers. Every tile is whole 1024-byte swizzle atoms (rows of 128 bytes).
+template <int COUNT>
+struct Smem {
+  static constexpr int kXBytes = kBlockRows * kSwizzleRowBytes;  // 16 KiB
+  static constexpr int kABytes = kRank * kSwizzleRowBytes;       // 8 KiB
+  static constexpr int kX = 0;
+  static constexpr int kA = kX + kStages * kXBytes;
+  static constexpr int kBarriers = kA + kStages * COUNT * kABytes;
+  static constexpr int kStepBytes = kXBytes + COUNT * kABytes;  // what one step's copies bring
+  static constexpr int kConsumerRows = 64 * kSwizzleRowBytes;   // offset of consumer c's rows: c times this
+};
+
+struct Barriers {
+  uint64_t full[kStages];   // the copy engine's bytes have landed
+  uint64_t empty[kStages];  // every consumer thread is done with the stage
+};
+
+template <int COUNT>
+constexpr size_t smem_bytes() {
+  return Smem<COUNT>::kBarriers + sizeof(Barriers) + 1024;  // + room to align the base to 1024
+}
+
+// Either kernel's tensor maps: the rows it reads once a block (x for the down product, dxa for the
+// input gradient) and each adapter's A (unused entries repeat adapter 0's).
+struct Maps {
+  CUtensorMap rows;
+  CUtensorMap a[lora_fused::kMaxAdapters];
+};
+
+struct Params {
+  // down: xa (XA) with one split, else the fp32 partial sums [splits][M][Σ rank]; input gradient: dx
+  void* out;
+  int64_t M, in;
+  int64_t per_split;  // columns of `in` a block's split covers
+  LoraFusedGroup g;
+};
+
+// The ring stage and phase parity of a block's i-th step.
+template <int STAGES = kStages>
+__device__ __forceinline__ int stage_of(int i) {
+  return i % STAGES;
+}
+template <int STAGES = kStages>
+__device__ __forceinline__ uint32_t parity_of(int i) {
+  return static_cast<uint32_t>(i / STAGES) & 1u;
+}
+
+// ---- what both kernels' blocks start with ----
+
+__device__ __forceinline__ uint8_t* aligned_1024(uint8_t* raw) {
+  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t{1023});
+}
+
+// The columns of `in` this block's split covers: [begin, begin + steps · step_columns).
+struct Split {
+  int begin, steps;
+};
+__device__ __forceinline__ Split block_split(const Params& p, int step_columns) {
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * p.per_split;
+  const int64_t end = begin + p.per_split < p.in ? begin + p.per_split : p.in;
+  return Split{static_cast<int>(begin), static_cast<int>((end - begin) / step_columns)};
+}
+
+// A ring's barriers (thread 0; the caller's __syncthreads publishes them): "full" completes on the
+// copy engine's bytes, "empty" on every consumer thread's arrival.
+template <int STAGES>
+__device__ __forceinline__ void init_ring(uint64_t (&full)[STAGES], uint64_t (&empty)[STAGES]) {
+  for (int s = 0; s < STAGES; ++s) {
+    mbarrier_init(&full[s], 1);
+    mbarrier_init(&empty[s], 128 * kConsumers);
+  }
+}
+
+// ---- the producer ----
+
+template <int COUNT>
+__device__ void produce(const Maps& maps, uint8_t* smem, Barriers& bar, int m0, int k_begin, int steps) {
+  using S = Smem<COUNT>;
+  for (int i = 0; i < steps; ++i) {
+    const int s = stage_of(i), k = k_begin + i * kStepColumns;
+    mbarrier_wait(&bar.empty[s], parity_of(i) ^ 1u);  // the phase in which the stage was last emptied
+    mbarrier_arrive_expect_tx(&bar.full[s], S::kStepBytes);
+    tma_load_4d(smem + S::kX + s * S::kXBytes, maps.rows, &bar.full[s], k, m0, 0, 0);
+#pragma unroll
+    for (int j = 0; j < COUNT; ++j)
+      tma_load_4d(smem + S::kA + (s * COUNT + j) * S::kABytes, maps.a[j], &bar.full[s], k, 0, 0, 0);
+  }
+}
+
+// ---- a consumer warpgroup ----
+
+// A register of x's A operand (two consecutive 16-bit elements, lower column in the lower bits)
+// as an adapter's dropout leaves it: `fields` decide the two (kernels/lora_fused_sm90a_layout.h); a kept
+// element times keep_scale and rounded to T, a dropped one 0, as the CPU's dropped copy holds them.
+template <class T>
+__device__ __forceinline__ uint32_t dropped_pair(uint32_t raw, uint32_t fields, uint32_t threshold, float keep_scale) {
+  const T* v = reinterpret_cast<const T*>(&raw);
+  const float lo = lora_sm90a_layout::field_keeps(fields, 0, threshold) ? __fmul_rn(to_float(v[0]), keep_scale) : 0.0f;
+  const float hi = lora_sm90a_layout::field_keeps(fields, 1, threshold) ? __fmul_rn(to_float(v[1]), keep_scale) : 0.0f;
+  return pack2<T>(lo, hi);
+}
+
+// The fields of this thread's pairs in rows g and g + 8 (quads quad_g, quad_g8): one hash per lane,
+// the halves exchanged with the neighbouring lane (kernels/lora_fused_sm90a_layout.h).
+__device__ __forceinline__ lora_sm90a_layout::PairFields pair_fields(uint64_t mixed_key, int64_t quad_g, int64_t quad_g8,
+                                                                    bool odd) {
+  using namespace lora_sm90a_layout;
+  const Halves mine = split(keep_word(mixed_key, hashed_quad(quad_g, quad_g8, odd)), odd);
+  return combine(mine.keep, __shfl_xor_sync(0xffffffffu, mine.give, 1), odd);
+}
+
+template <class T, class XA, int COUNT>
+struct Consumer {
+  using S = Smem<COUNT>;
+  uint8_t* smem;
+  Barriers& bar;
+  const Params& p;
+  const int m0, k_begin;
+  const int index = static_cast<int>(threadIdx.x) / 128 - 1;  // 0 or 1
+  const int warp = (static_cast<int>(threadIdx.x) % 128) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int g = lane / 4, t4 = lane % 4;
+  // This thread's rows (and + 8) of x, in the block and in x.
+  const int row_in_block = 64 * index + 16 * warp + g;
+  float acc[COUNT][32] = {};
+  uint32_t masked[COUNT][kSlices * 4];  // the step's x rows as each adapter's A operand
+
+  // Step i's x rows masked per adapter (the stage has landed).
+  __device__ __forceinline__ void mask_step(int i) {
+    const uint8_t* x_rows = smem + S::kX + stage_of(i) * S::kXBytes + index * S::kConsumerRows;
+    const int64_t step_column = static_cast<int64_t>(k_begin) + static_cast<int64_t>(i) * kStepColumns;
+    const bool odd = (t4 & 1) != 0;
+#pragma unroll
+    for (int kk = 0; kk < kSlices; ++kk) {
+      uint32_t raw[4];
+      mma_fragments::ldmatrix_x4(raw, x_rows + lora_sm90a_layout::ldmatrix_offset(warp, lane, kk));
+      // raw[2h], raw[2h + 1]: rows g and g + 8 of the same columns.
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const lora_sm90a_layout::Pair at = lora_sm90a_layout::fragment_pair(warp, lane, kk, 2 * h);
+        const int64_t row = static_cast<int64_t>(m0) + 64 * index + at.row, column = step_column + at.column;
+        const int64_t quad_g = (row * p.in + column) >> 2, quad_g8 = ((row + 8) * p.in + column) >> 2;
+#pragma unroll
+        for (int j = 0; j < COUNT; ++j) {
+          const lora_sm90a_layout::PairFields f = pair_fields(p.g.mixed_key[j], quad_g, quad_g8, odd);
+          masked[j][4 * kk + 2 * h] = dropped_pair<T>(raw[2 * h], f.row_g, p.g.threshold, p.g.keep_scale);
+          masked[j][4 * kk + 2 * h + 1] = dropped_pair<T>(raw[2 * h + 1], f.row_g8, p.g.threshold, p.g.keep_scale);
+        }
+      }
+    }
+  }
+
+  // Step i's products, issued and committed (not waited for).
+  __device__ __forceinline__ void issue_step(int i) {
+    const uint8_t* a_tiles = smem + S::kA + stage_of(i) * COUNT * S::kABytes;
+#pragma unroll
+    for (int j = 0; j < COUNT; ++j) fence_operand(acc[j]);
+#pragma unroll
+    for (int j = 0; j < COUNT; ++j) fence_operand(masked[j]);
+    wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < COUNT; ++j) {
+      const uint64_t a = opaque(descriptor_k_major(a_tiles + j * S::kABytes));
+#pragma unroll
+      for (int kk = 0; kk < kSlices; ++kk) {
+        const uint32_t slice[4] = {masked[j][4 * kk], masked[j][4 * kk + 1], masked[j][4 * kk + 2],
+                                   masked[j][4 * kk + 3]};
+        wgmma_m64n64k16_rs_k_major<T>(acc[j], slice, advanced(a, kk * 32));
+      }
+    }
+    wgmma_commit();
+  }
+
+  __device__ void run(int steps) {
+    for (int i = 0; i < steps; ++i) {
+      mbarrier_wait(&bar.full[stage_of(i)], parity_of(i));
+      mask_step(i);
+      issue_step(i);
+      wgmma_wait<0>();
+#pragma unroll
+      for (int j = 0; j < COUNT; ++j) fence_operand(acc[j]);
+#pragma unroll
+      for (int j = 0; j < COUNT; ++j) fence_operand(masked[j]);
+      mbarrier_arrive(&bar.empty[stage_of(i)]);
+    }
+  }
+
+  // acc[j] (rows row, row + 8; columns 8c + 2·t4, + 1 of adapter j's 64) to xa, or to this split's
+  // partial sums.
+  __device__ void store(bool partial) {
+    const int total = p.g.total_rank;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = static_cast<int64_t>(m0) + row_in_block + 8 * h;
+      if (row >= p.M) continue;
+#pragma unroll
+      for (int j = 0; j < COUNT; ++j)
+#pragma unroll
+        for (int c = 0; c < kRank / 8; ++c) {
+          const int64_t column = p.g.first[j] + 8 * c + 2 * t4;
+          const float lo = acc[j][4 * c + 2 * h], hi = acc[j][4 * c + 2 * h + 1];
+          if (partial) {
+            float* out = static_cast<float*>(p.out) + (static_cast<int64_t>(blockIdx.y) * p.M + row) * total + column;
+            *reinterpret_cast<float2*>(out) = make_float2(lo, hi);
+          } else {
+            XA* out = static_cast<XA*>(p.out) + row * total + column;
+            out[0] = from_float<XA>(lo);
+            out[1] = from_float<XA>(hi);
+          }
+        }
+    }
+  }
+};
+
+template <class T, class XA, int COUNT>
+__global__ void __launch_bounds__(kThreads, 1)
+    lora_down_sm90a_kernel(const __grid_constant__ Maps maps, const __grid_constant__ Params p) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = aligned_1024(smem_raw);
+  Barriers& bar = *reinterpret_cast<Barriers*>(smem + Smem<COUNT>::kBarriers);
+  const int m0 = static_cast<int>(blockIdx.x) * kBlockRows;
+  const Split split = block_split(p, kStepColumns);
+  if (threadIdx.x == 0) {
+    init_ring(bar.full, bar.empty);
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+  if (threadIdx.x < 128) {
+    release_registers<kProducerRegisters>();
+    if (threadIdx.x == 0) produce<COUNT>(maps, smem, bar, m0, split.begin, split.steps);
+  } else {
+    claim_registers<kConsumerRegisters>();
+    Consumer<T, XA, COUNT> c{smem, bar, p, m0, split.begin};
+    c.run(split.steps);
+    c.store(gridDim.y > 1);
+  }
+}
+
+// ---- the input gradient: dx += Σ_i keep_i ⊙ keep_scale ⊙ (dxa_i · A_i) ----
+// One block per (128-row tile, split of dx's columns), the same 3 warpgroups. The producer brings
+// the block's dxa rows once (each adapter's 64 columns: one box) and, per 128-column step, every
+// adapter's A columns (two 64-column boxes of its 64 rows) into a ring. A consumer loads its rows
+// of each adapter's dxa into registers once (wgmma's A operand, as the down kernel loads x), then
+// per step, 64-column half and adapter issues acc = dxa_i · A_i (m64n64k16, B MN-major: A_i's
+// rows are the k steps), waits, masks the accumulators with adapter i's dropout (the fields as the
+// down kernel shares them: kernels/lora_fused_sm90a_layout.h) and adds them, times keep_scale,
+// into an fp32 sum, which the half adds to dx: one rounding of dx, as the mma kernel (the separate
+// path rounds each adapter's product, then dx after each). Halves of 64 columns keep a
+// consumer's registers (3 adapters' dxa, acc and sum) within its 240: at 128, ptxas spilled and
+// serialised the products.
+constexpr int kGradColumns = 128;  // dx columns per step: two column blocks of A_i's tile
+constexpr int kHalfColumns = 64;   // one wgmma n64, one column block
+constexpr int kGradStages = 3;
+constexpr int kGradTargetBlocks = 132;  // an H100's or H200's SMs: the column split fills them about once
+
+template <int COUNT>
+struct GradSmem {
+  static constexpr int kDxaBytes = kBlockRows * kSwizzleRowBytes;  // one adapter's columns of the block's rows
+  static constexpr int kABlockBytes = kRank * kSwizzleRowBytes;     // 64 columns of A_i's 64 rows
+  static constexpr int kABytes = 2 * kABlockBytes;                  // a step's 128 columns of A_i
+  static constexpr int kDxa = 0;
+  static constexpr int kA = kDxa + COUNT * kDxaBytes;
+  static constexpr int kBarriers = kA + kGradStages * COUNT * kABytes;
+  static constexpr int kStepBytes = COUNT * kABytes;
+  static constexpr int kConsumerRows = 64 * kSwizzleRowBytes;
+};
+
+struct GradBarriers {
+  uint64_t dxa_full;
+  uint64_t full[kGradStages], empty[kGradStages];
+};
+
+template <int COUNT>
+constexpr size_t grad_smem_bytes() {
+  return GradSmem<COUNT>::kBarriers + sizeof(GradBarriers) + 1024;
+}
+
+template <int COUNT>
+__device__ void produce_grad(const Maps& maps, const LoraFusedGroup& g, uint8_t* smem, GradBarriers& bar, int m0,
+                             int c_begin, int steps) {
+  using S = GradSmem<COUNT>;
+  mbarrier_arrive_expect_tx(&bar.dxa_full, COUNT * S::kDxaBytes);
+#pragma unroll
+  for (int j = 0; j < COUNT; ++j)
+    tma_load_4d(smem + S::kDxa + j * S::kDxaBytes, maps.rows, &bar.dxa_full, g.first[j], m0, 0, 0);
+  for (int i = 0; i < steps; ++i) {
+    const int s = stage_of<kGradStages>(i), c = c_begin + i * kGradColumns;
+    mbarrier_wait(&bar.empty[s], parity_of<kGradStages>(i) ^ 1u);
+    mbarrier_arrive_expect_tx(&bar.full[s], S::kStepBytes);
+#pragma unroll
+    for (int j = 0; j < COUNT; ++j)
+#pragma unroll
+      for (int cb = 0; cb < 2; ++cb)
+        tma_load_4d(smem + S::kA + (s * COUNT + j) * S::kABytes + cb * S::kABlockBytes, maps.a[j], &bar.full[s],
+                    c + kBoxColumns * cb, 0, 0, 0);
+  }
+}
+
+// dx's pair at p += (lo, hi), rounded once to DX.
+template <class DX>
+__device__ __forceinline__ void add_pair(DX* at, float lo, float hi) {
+  if constexpr (std::is_same_v<DX, float>) {
+    float2 v = *reinterpret_cast<float2*>(at);
+    v.x += lo;
+    v.y += hi;
+    *reinterpret_cast<float2*>(at) = v;
+  } else {
+    const uint32_t old = *reinterpret_cast<const uint32_t*>(at);
+    const DX* v = reinterpret_cast<const DX*>(&old);
+    *reinterpret_cast<uint32_t*>(at) = pack2<DX>(to_float(v[0]) + lo, to_float(v[1]) + hi);
+  }
+}
+
+template <class T, class DX, int COUNT>
+struct GradConsumer {
+  using S = GradSmem<COUNT>;
+  uint8_t* smem;
+  GradBarriers& bar;
+  const Params& p;
+  const int m0, c_begin;
+  const int index = static_cast<int>(threadIdx.x) / 128 - 1;  // 0 or 1
+  const int warp = (static_cast<int>(threadIdx.x) % 128) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  uint32_t dxa[COUNT][kSlices * 4];  // this warp's 16 rows of each adapter's dxa: wgmma's A operand
+  float acc[32], sum[32];             // one 64-column half
+
+  __device__ __forceinline__ void load_dxa() {
+    mbarrier_wait(&bar.dxa_full, 0);
+#pragma unroll
+    for (int j = 0; j < COUNT; ++j)
+#pragma unroll
+      for (int kk = 0; kk < kSlices; ++kk) {
+        uint32_t r[4];
+        mma_fragments::ldmatrix_x4(r, smem + S::kDxa + j * S::kDxaBytes + index * S::kConsumerRows +
+                                          lora_sm90a_layout::ldmatrix_offset(warp, lane, kk));
+#pragma unroll
+        for (int q = 0; q < 4; ++q) dxa[j][4 * kk + q] = r[q];
+      }
+  }
+
+  // sum += keep_scale · (adapter j's dropout ⊙ acc), for the half's columns from column0.
+  __device__ __forceinline__ void add_masked(int j, int64_t column0) {
+    const bool odd = (lane & 1) != 0;
+    const float keep_scale = p.g.keep_scale;
+    const uint32_t threshold = p.g.threshold;
+#pragma unroll
+    for (int c = 0; c < kHalfColumns / 8; ++c) {
+      const lora_sm90a_layout::Pair at = lora_sm90a_layout::accumulator_pair(warp, lane, c, 0);
+      const int64_t row = static_cast<int64_t>(m0) + 64 * index + at.row, column = column0 + at.column;
+      const int64_t quad_g = (row * p.in + column) >> 2, quad_g8 = ((row + 8) * p.in + column) >> 2;
+      const lora_sm90a_layout::PairFields f = pair_fields(p.g.mixed_key[j], quad_g, quad_g8, odd);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {  // (row g, lower), (row g, upper), (row g + 8, lower), (row g + 8, upper)
+        const bool keep = lora_sm90a_layout::field_keeps(e < 2 ? f.row_g : f.row_g8, e & 1, threshold);
+        sum[4 * c + e] += keep ? acc[4 * c + e] * keep_scale : 0.0f;
+      }
+    }
+  }
+
+  __device__ __forceinline__ void step(int i) {
+    const int s = stage_of<kGradStages>(i);
+    mbarrier_wait(&bar.full[s], parity_of<kGradStages>(i));
+    for (int half = 0; half < 2; ++half) {
+      const int64_t column0 = static_cast<int64_t>(c_begin) + static_cast<int64_t>(i) * kGradColumns + kHalfColumns * half;
+#pragma unroll
+      for (int e = 0; e < 32; ++e) sum[e] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < COUNT; ++j) {
+#pragma unroll
+        for (int e = 0; e < 32; ++e) acc[e] = 0.0f;
+        fence_operand(acc);
+        fence_operand(dxa[j]);
+        wgmma_fence();
+        // The half's column block of A_i's step tile, MN-major: k step kk is rows 16kk .. 16kk + 15.
+        const uint64_t b = opaque(descriptor_mn_major(
+            smem + S::kA + (s * COUNT + j) * S::kABytes + half * S::kABlockBytes, S::kABlockBytes));
+#pragma unroll
+        for (int kk = 0; kk < kSlices; ++kk) {
+          const uint32_t slice[4] = {dxa[j][4 * kk], dxa[j][4 * kk + 1], dxa[j][4 * kk + 2], dxa[j][4 * kk + 3]};
+          wgmma_m64nk16_rs<T, kHalfColumns>(acc, slice, advanced(b, kk * 16 * kSwizzleRowBytes));
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_operand(acc);
+        fence_operand(dxa[j]);
+        add_masked(j, column0);
+      }
+      if (half == 1) mbarrier_arrive(&bar.empty[s]);  // both halves' products have read the stage
+      add_to_dx(column0);
+    }
+  }
+
+  __device__ __forceinline__ void add_to_dx(int64_t column0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = static_cast<int64_t>(m0) + 64 * index + 16 * warp + lane / 4 + 8 * h;
+      if (row >= p.M) continue;
+      DX* dx_row = static_cast<DX*>(p.out) + row * p.in + column0 + 2 * (lane % 4);
+#pragma unroll
+      for (int c = 0; c < kHalfColumns / 8; ++c) add_pair<DX>(dx_row + 8 * c, sum[4 * c + 2 * h], sum[4 * c + 2 * h + 1]);
+    }
+  }
+};
+
+template <class T, class DX, int COUNT>
+__global__ void __launch_bounds__(kThreads, 1)
+    lora_input_grad_sm90a_kernel(const __grid_constant__ Maps maps, const __grid_constant__ Params p) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = aligned_1024(smem_raw);
+  GradBarriers& bar = *reinterpret_cast<GradBarriers*>(smem + GradSmem<COUNT>::kBarriers);
+  const int m0 = static_cast<int>(blockIdx.x) * kBlockRows;
+  const Split split = block_split(p, kGradColumns);
+  if (threadIdx.x == 0) {
+    mbarrier_init(&bar.dxa_full, 1);
+    init_ring(bar.full, bar.empty);
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+  if (threadIdx.x < 128) {
+    release_registers<kProducerRegisters>();
+    if (threadIdx.x == 0) produce_grad<COUNT>(maps, p.g, smem, bar, m0, split.begin, split.steps);
+  } else {
+    claim_registers<kConsumerRegisters>();
+    GradConsumer<T, DX, COUNT> c{smem, bar, p, m0, split.begin};
+    c.load_dxa();
+    for (int i = 0; i < split.steps; ++i) c.step(i);
+  }
+}
+
+template <class Fn>
+void with_count(int count, Fn&& fn) {
+  switch (count) {
+    case 1: return fn(std::integral_constant<int, 1>{});
+    case 2: return fn(std::integral_constant<int, 2>{});
+    case 3: return fn(std::integral_constant<int, 3>{});
+    default: break;
+  }
+  throw std::logic_error("cuda::lora_fused_sm90a: a group of " + std::to_string(count) + " adapters");
+}
+
+}  // namespace
+
+bool lora_down_sm90a_takes(KType type, int64_t in, const LoraFusedGroup& g) {
+  if ((type != KType::BF16 && type != KType::F16) || in <= 0 || in % kStepColumns != 0) return false;
+  if (g.count < 1 || g.count > kMaxCount || g.total_rank != kRank * g.count) return false;
+  for (int i = 0; i < g.count; ++i)
+    if (g.rank[i] != kRank || g.first[i] != kRank * i || g.A[i] == nullptr) return false;
+  return in <= (int64_t{1} << 30);
+}
+
+const std::string& lora_fused_sm90a_unavailable() {
+  static const std::string why =
+      sm90a_unavailable(reinterpret_cast<const void*>(lora_down_sm90a_kernel<__nv_bfloat16, __nv_bfloat16, 3>));
+  return why;
+}
+
+void lora_down_sm90a(void* xa, KType xa_type, const void* x, KType type, const LoraFusedGroup& g, int64_t M,
+                     int64_t in, float* workspace, cudaStream_t stream) {
+  if (!lora_down_sm90a_takes(type, in, g) || xa_type != type)
+    throw std::logic_error("cuda::lora_down_sm90a: needs x, A and xa of one 16-bit type, 1 to 3 adapters of rank 64 "
+                           "and in % 64 == 0");
+  if (M < 0 || M > (int64_t{1} << 30)) throw std::logic_error("cuda::lora_down_sm90a: unsupported row count");
+  if (M == 0) return;
+  const int64_t per = lora_fused::down_k_per_split(M, in), splits = lora_fused::down_splits(M, in);
+  if (splits > 1 && workspace == nullptr) throw std::logic_error("cuda::lora_down_sm90a: no workspace for the split");
+  Maps maps{};
+  maps.rows = head_tensor_map(x, 1, M, 1, in, kBlockRows);
+  for (int j = 0; j < lora_fused::kMaxAdapters; ++j) maps.a[j] = head_tensor_map(g.A[j < g.count ? j : 0], 1, kRank, 1, in, kRank);
+  const Params p{splits > 1 ? static_cast<void*>(workspace) : xa, M, in, per, g};
+  const dim3 grid(static_cast<unsigned>((M + kBlockRows - 1) / kBlockRows), static_cast<unsigned>(splits));
+  auto launch = [&](auto tag, auto count) {
+    using T = decltype(tag);
+    constexpr int COUNT = decltype(count)::value;
+    const auto kernel = lora_down_sm90a_kernel<T, T, COUNT>;
+    const size_t smem = smem_bytes<COUNT>();
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) != cudaSuccess)
+      check_launch("lora_down_sm90a (shared memory attribute)");
+    kernel<<<grid, kThreads, smem, stream>>>(maps, p);
+  };
+  with_count(g.count, [&](auto count) {
+    if (type == KType::BF16)
+      launch(__nv_bfloat16{}, count);
+    else
+      launch(__half{}, count);
+  });
+  check_launch("lora_down_sm90a");
+  if (splits > 1) lora_fused_split_sum(xa, xa_type, workspace, static_cast<int>(splits), M * g.total_rank, stream);
+}
+
+bool lora_input_grad_sm90a_takes(KType type, int64_t in, const LoraFusedGroup& g) {
+  return lora_down_sm90a_takes(type, in, g) && in % kGradColumns == 0;
+}
+
+void lora_input_grad_sm90a(void* dx, KType dx_type, const void* dxa, KType type, const LoraFusedGroup& g, int64_t M,
+                           int64_t in, cudaStream_t stream) {
+  if (!lora_input_grad_sm90a_takes(type, in, g) || (dx_type != type && dx_type != KType::F32))
+    throw std::logic_error("cuda::lora_input_grad_sm90a: needs dxa and A of one 16-bit type, dx of that type or F32, 1 "
+                           "to 3 adapters of rank 64 and in % 128 == 0");
+  if (M < 0 || M > (int64_t{1} << 30)) throw std::logic_error("cuda::lora_input_grad_sm90a: unsupported row count");
+  if (M == 0) return;
+  const int64_t row_tiles = (M + kBlockRows - 1) / kBlockRows, steps = in / kGradColumns;
+  const int64_t want = kGradTargetBlocks / row_tiles;  // whole waves: 8192 rows give 64 x 2 blocks
+  const int64_t splits_wanted = want < 1 ? 1 : (want > steps ? steps : want);
+  const int64_t per = (steps + splits_wanted - 1) / splits_wanted * kGradColumns, splits = (in + per - 1) / per;
+  Maps maps{};
+  maps.rows = head_tensor_map(dxa, 1, M, 1, g.total_rank, kBlockRows);
+  for (int j = 0; j < lora_fused::kMaxAdapters; ++j)
+    maps.a[j] = head_tensor_map(g.A[j < g.count ? j : 0], 1, kRank, 1, in, kRank);
+  const Params p{dx, M, in, per, g};
+  const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(splits));
+  auto launch = [&](auto tag, auto dx_tag, auto count) {
+    using T = decltype(tag);
+    using DX = decltype(dx_tag);
+    constexpr int COUNT = decltype(count)::value;
+    const auto kernel = lora_input_grad_sm90a_kernel<T, DX, COUNT>;
+    const size_t smem = grad_smem_bytes<COUNT>();
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) != cudaSuccess)
+      check_launch("lora_input_grad_sm90a (shared memory attribute)");
+    kernel<<<grid, kThreads, smem, stream>>>(maps, p);
+  };
+  with_count(g.count, [&](auto count) {
+    auto with_dx = [&](auto tag) {
+      using T = decltype(tag);
+      if (dx_type == KType::F32)
+        launch(tag, float{}, count);
+      else
+        launch(tag, T{}, count);
+    };
+    if (type == KType::BF16)
+      with_dx(__nv_bfloat16{});
+    else
+      with_dx(__half{});
+  });
+  check_launch("lora_input_grad_sm90a");
+}
+
+}  // namespace fsdpq::cuda
