@@ -508,10 +508,15 @@ void lora_fused_weight_grad(float* const* dA, const void* dxa, const void* x, KT
     });
   });
   check_launch("lora_fused_weight_grad");
+  lora_fused_weight_grad_sum(dA, workspace, g, static_cast<int>(chunks), in, stream);
+}
+
+void lora_fused_weight_grad_sum(float* const* dA, const float* partial, const LoraFusedGroup& g, int chunks, int64_t in,
+                                cudaStream_t stream) {
   AdapterGrads grads{};
   for (int i = 0; i < g.count; ++i) grads.dA[i] = dA[i];
   weight_grad_reduce_kernel<<<blocks_for(static_cast<int64_t>(g.total_rank) * in), 256, 0, stream>>>(
-      grads, workspace, g, static_cast<int>(chunks), in);
+      grads, partial, g, chunks, in);
   check_launch("lora_fused_weight_grad (chunk sum)");
 }
 

@@ -49,4 +49,10 @@ void lora_fused_input_grad(void* dx, KType dx_type, const void* dxa, KType type,
 void lora_fused_weight_grad(float* const* dA, const void* dxa, const void* x, KType type, const LoraFusedGroup& group,
                             int64_t M, int64_t in, float* workspace, cudaStream_t stream);
 
+// dA[i] += the weight-gradient kernels' per-chunk partial sums (partial [chunks][Σ rank][in]), added
+// in chunk order: the second launch of lora_fused_weight_grad (and of the Hopper kernel's,
+// kernels/lora_fused_sm90a.cuh).
+void lora_fused_weight_grad_sum(float* const* dA, const float* partial, const LoraFusedGroup& group, int chunks,
+                                int64_t in, cudaStream_t stream);
+
 }  // namespace fsdpq::cuda

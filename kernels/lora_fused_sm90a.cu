@@ -130,6 +130,25 @@ __device__ __forceinline__ void init_ring(uint64_t (&full)[STAGES], uint64_t (&e
   }
 }
 
+// A warp-specialised block's roles: thread 0 initialises the barriers (init), then warpgroup 0's
+// first thread produces with a small register budget and the consumer warpgroups consume with
+// the rest, as the attention kernels split them.
+template <class Init, class Produce, class Consume>
+__device__ __forceinline__ void run_roles(Init&& init, Produce&& produce, Consume&& consume) {
+  if (threadIdx.x == 0) {
+    init();
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+  if (threadIdx.x < 128) {
+    release_registers<kProducerRegisters>();
+    if (threadIdx.x == 0) produce();
+  } else {
+    claim_registers<kConsumerRegisters>();
+    consume();
+  }
+}
+
 // ---- the producer ----
 
 template <int COUNT>
@@ -278,20 +297,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   Barriers& bar = *reinterpret_cast<Barriers*>(smem + Smem<COUNT>::kBarriers);
   const int m0 = static_cast<int>(blockIdx.x) * kBlockRows;
   const Split split = block_split(p, kStepColumns);
-  if (threadIdx.x == 0) {
-    init_ring(bar.full, bar.empty);
-    mbarrier_init_fence();
-  }
-  __syncthreads();
-  if (threadIdx.x < 128) {
-    release_registers<kProducerRegisters>();
-    if (threadIdx.x == 0) produce<COUNT>(maps, smem, bar, m0, split.begin, split.steps);
-  } else {
-    claim_registers<kConsumerRegisters>();
-    Consumer<T, XA, COUNT> c{smem, bar, p, m0, split.begin};
-    c.run(split.steps);
-    c.store(gridDim.y > 1);
-  }
+  run_roles([&] { init_ring(bar.full, bar.empty); },
+            [&] { produce<COUNT>(maps, smem, bar, m0, split.begin, split.steps); },
+            [&] {
+              Consumer<T, XA, COUNT> c{smem, bar, p, m0, split.begin};
+              c.run(split.steps);
+              c.store(gridDim.y > 1);
+            });
 }
 
 // ---- the input gradient: dx += Σ_i keep_i ⊙ keep_scale ⊙ (dxa_i · A_i) ----
@@ -467,21 +479,168 @@ __global__ void __launch_bounds__(kThreads, 1)
   GradBarriers& bar = *reinterpret_cast<GradBarriers*>(smem + GradSmem<COUNT>::kBarriers);
   const int m0 = static_cast<int>(blockIdx.x) * kBlockRows;
   const Split split = block_split(p, kGradColumns);
-  if (threadIdx.x == 0) {
-    mbarrier_init(&bar.dxa_full, 1);
-    init_ring(bar.full, bar.empty);
-    mbarrier_init_fence();
+  run_roles(
+      [&] {
+        mbarrier_init(&bar.dxa_full, 1);
+        init_ring(bar.full, bar.empty);
+      },
+      [&] { produce_grad<COUNT>(maps, p.g, smem, bar, m0, split.begin, split.steps); },
+      [&] {
+        GradConsumer<T, DX, COUNT> c{smem, bar, p, m0, split.begin};
+        c.load_dxa();
+        for (int i = 0; i < split.steps; ++i) c.step(i);
+      });
+}
+
+// ---- the weight gradient: dA_i += dxa_iᵀ · dropout_i(x) ----
+// One block per (128 columns of `in`, chunk of lora_fused::kChunkRows rows), the same 3
+// warpgroups; consumer c owns columns 64c .. 64c + 63 of the block's 128 and every adapter's 64
+// rows of dA there. Per 64-row step the producer brings x's rows (the two 64-column blocks) and
+// each adapter's dxa columns into a ring; each consumer masks its block of x once per adapter
+// into a buffer of its own (dropout applied where wgmma reads it: B comes from shared memory),
+// then issues dA_i += dxa_iᵀ · masked x (m64n64k16, both operands MN-major: the tiles are
+// row-major [rows, …] as the copy engine brought them). The chunk's sums go to the fp32 partial
+// sums [chunk][Σ rank][in], which lora_fused_weight_grad_sum adds in chunk order, as for the mma
+// kernel (the same scratch).
+constexpr int kWeightColumns = 128;  // columns of `in` per block: a 64-column block per consumer
+static_assert(lora_fused::kChunkRows % 64 == 0);
+
+template <int COUNT>
+struct WeightSmem {
+  static constexpr int kBlockBytes = 64 * kSwizzleRowBytes;  // 64 rows x 64 columns
+  static constexpr int kXBytes = 2 * kBlockBytes;             // a step's 64 rows of the block's 128 columns
+  static constexpr int kDxaBytes = kBlockBytes;               // a step's 64 rows of one adapter's dxa
+  static constexpr int kStageBytes = kXBytes + COUNT * kDxaBytes;
+  static constexpr int kRing = 0;
+  static constexpr int kMasked = kRing + kStages * kStageBytes;  // [consumer][adapter] masked x blocks
+  static constexpr int kBarriers = kMasked + kConsumers * COUNT * kBlockBytes;
+};
+
+template <int COUNT>
+constexpr size_t weight_smem_bytes() {
+  return WeightSmem<COUNT>::kBarriers + sizeof(Barriers) + 1024;
+}
+
+template <int COUNT>
+__device__ void produce_weight(const Maps& maps, const CUtensorMap& dxa_map, const LoraFusedGroup& g, uint8_t* smem,
+                               Barriers& bar, int c0, int row0, int steps) {
+  using S = WeightSmem<COUNT>;
+  for (int i = 0; i < steps; ++i) {
+    const int s = stage_of(i), row = row0 + 64 * i;
+    uint8_t* stage = smem + S::kRing + s * S::kStageBytes;
+    mbarrier_wait(&bar.empty[s], parity_of(i) ^ 1u);
+    mbarrier_arrive_expect_tx(&bar.full[s], S::kStageBytes);
+#pragma unroll
+    for (int cb = 0; cb < 2; ++cb)
+      tma_load_4d(stage + cb * S::kBlockBytes, maps.rows, &bar.full[s], c0 + kBoxColumns * cb, row, 0, 0);
+#pragma unroll
+    for (int j = 0; j < COUNT; ++j)
+      tma_load_4d(stage + S::kXBytes + j * S::kDxaBytes, dxa_map, &bar.full[s], g.first[j], row, 0, 0);
   }
-  __syncthreads();
-  if (threadIdx.x < 128) {
-    release_registers<kProducerRegisters>();
-    if (threadIdx.x == 0) produce_grad<COUNT>(maps, p.g, smem, bar, m0, split.begin, split.steps);
-  } else {
-    claim_registers<kConsumerRegisters>();
-    GradConsumer<T, DX, COUNT> c{smem, bar, p, m0, split.begin};
-    c.load_dxa();
-    for (int i = 0; i < split.steps; ++i) c.step(i);
+}
+
+template <class T, int COUNT>
+struct WeightConsumer {
+  using S = WeightSmem<COUNT>;
+  uint8_t* smem;
+  Barriers& bar;
+  const Params& p;
+  const int c0, row0;
+  const int index = static_cast<int>(threadIdx.x) / 128 - 1;  // 0 or 1: the block's column half
+  const int thread = static_cast<int>(threadIdx.x) % 128;
+  float acc[COUNT][32] = {};
+
+  __device__ uint8_t* masked(int j) const { return smem + S::kMasked + (index * COUNT + j) * S::kBlockBytes; }
+
+  // This consumer's 64 x 64 block of step i's x, masked per adapter into masked(j): 16-byte chunks
+  // (8 elements, two mask quads) at the same swizzled places.
+  __device__ __forceinline__ void mask_block(const uint8_t* x_block, int i) {
+    for (int idx = thread; idx < 64 * 8; idx += 128) {
+      const int row = idx / 8, chunk = idx % 8;  // logical 16-byte chunk of the row
+      const int offset = row * kSwizzleRowBytes + (chunk ^ (row % 8)) * 16;
+      const uint4 raw = *reinterpret_cast<const uint4*>(x_block + offset);
+      const int64_t e = (static_cast<int64_t>(row0) + 64 * i + row) * p.in + c0 + 64 * index + 8 * chunk;
+      const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+      for (int j = 0; j < COUNT; ++j) {
+        const uint64_t w0 = keep_word(p.g.mixed_key[j], e >> 2), w1 = keep_word(p.g.mixed_key[j], (e >> 2) + 1);
+        uint32_t out[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {  // pairs: fields 0-1 and 2-3 of w0, then of w1
+          const uint64_t w = q < 2 ? w0 : w1;
+          const uint32_t fields = static_cast<uint32_t>(w >> (32 * (q & 1)));
+          out[q] = dropped_pair<T>(words[q], fields, p.g.threshold, p.g.keep_scale);
+        }
+        *reinterpret_cast<uint4*>(masked(j) + offset) = make_uint4(out[0], out[1], out[2], out[3]);
+      }
+    }
   }
+
+  __device__ __forceinline__ void step(int i) {
+    const int s = stage_of(i);
+    const uint8_t* stage = smem + S::kRing + s * S::kStageBytes;
+    mbarrier_wait(&bar.full[s], parity_of(i));
+    mask_block(stage + index * S::kBlockBytes, i);
+    fence_proxy_async_shared();  // the masked blocks, written by these threads, are read by wgmma
+    warpgroup_sync(1 + index);
+#pragma unroll
+    for (int j = 0; j < COUNT; ++j) fence_operand(acc[j]);
+    wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < COUNT; ++j) {
+      // dxa_iᵀ: the dxa tile's 64 rows are the k steps, its 64 columns the M rows of dA.
+      const uint64_t a = opaque(descriptor_mn_major(stage + S::kXBytes + j * S::kDxaBytes, S::kBlockBytes));
+      const uint64_t b = opaque(descriptor_mn_major(masked(j), S::kBlockBytes));
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        wgmma_m64n64k16_ss_mn_major<T>(acc[j], advanced(a, kk * 16 * kSwizzleRowBytes),
+                                       advanced(b, kk * 16 * kSwizzleRowBytes));
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int j = 0; j < COUNT; ++j) fence_operand(acc[j]);
+    mbarrier_arrive(&bar.empty[s]);
+    warpgroup_sync(1 + index);  // every thread's products are done before the masked blocks are rewritten
+  }
+
+  // acc[j] (dA rows 16w + g (+ 8) of adapter j, columns 8c + 2t (+ 1) of this consumer's 64) into
+  // this chunk's partial sums.
+  __device__ void store(float* partial) const {
+    const int warp = thread / 32, lane = thread % 32;
+    const int64_t total = p.g.total_rank;
+    float* chunk = partial + static_cast<int64_t>(blockIdx.y) * total * p.in;
+#pragma unroll
+    for (int j = 0; j < COUNT; ++j)
+#pragma unroll
+      for (int c = 0; c < 8; ++c)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const lora_sm90a_layout::Pair at = lora_sm90a_layout::accumulator_pair(warp, lane, c, h);
+          float* out = chunk + (p.g.first[j] + at.row) * p.in + c0 + 64 * index + at.column;
+          *reinterpret_cast<float2*>(out) = make_float2(acc[j][4 * c + 2 * h], acc[j][4 * c + 2 * h + 1]);
+        }
+  }
+};
+
+template <class T, int COUNT>
+__global__ void __launch_bounds__(kThreads, 1)
+    lora_weight_grad_sm90a_kernel(const __grid_constant__ Maps maps, const __grid_constant__ CUtensorMap dxa_map,
+                                  const __grid_constant__ Params p) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = aligned_1024(smem_raw);
+  Barriers& bar = *reinterpret_cast<Barriers*>(smem + WeightSmem<COUNT>::kBarriers);
+  const int c0 = static_cast<int>(blockIdx.x) * kWeightColumns;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * lora_fused::kChunkRows;
+  const int64_t rows = p.M - row0 < lora_fused::kChunkRows ? p.M - row0 : lora_fused::kChunkRows;
+  const int steps = static_cast<int>((rows + 63) / 64);
+  run_roles([&] { init_ring(bar.full, bar.empty); },
+            [&] { produce_weight<COUNT>(maps, dxa_map, p.g, smem, bar, c0, static_cast<int>(row0), steps); },
+            [&] {
+              WeightConsumer<T, COUNT> c{smem, bar, p, c0, static_cast<int>(row0)};
+              for (int i = 0; i < steps; ++i) c.step(i);
+              c.store(static_cast<float*>(p.out));
+            });
 }
 
 template <class Fn>
@@ -589,6 +748,43 @@ void lora_input_grad_sm90a(void* dx, KType dx_type, const void* dxa, KType type,
       with_dx(__half{});
   });
   check_launch("lora_input_grad_sm90a");
+}
+
+bool lora_weight_grad_sm90a_takes(KType type, int64_t in, const LoraFusedGroup& g) {
+  return lora_down_sm90a_takes(type, in, g) && in % kWeightColumns == 0;
+}
+
+void lora_weight_grad_sm90a(float* const* dA, const void* dxa, const void* x, KType type, const LoraFusedGroup& g,
+                            int64_t M, int64_t in, float* workspace, cudaStream_t stream) {
+  if (!lora_weight_grad_sm90a_takes(type, in, g))
+    throw std::logic_error("cuda::lora_weight_grad_sm90a: needs x, dxa and A of one 16-bit type, 1 to 3 adapters of "
+                           "rank 64 and in % 128 == 0");
+  if (M < 0 || M > (int64_t{1} << 30)) throw std::logic_error("cuda::lora_weight_grad_sm90a: unsupported row count");
+  if (M == 0) return;
+  if (workspace == nullptr) throw std::logic_error("cuda::lora_weight_grad_sm90a: no workspace");
+  const int64_t chunks = lora_fused::weight_grad_chunks(M);
+  Maps maps{};
+  maps.rows = head_tensor_map(x, 1, M, 1, in, 64);
+  const CUtensorMap dxa_map = head_tensor_map(dxa, 1, M, 1, g.total_rank, 64);
+  const Params p{workspace, M, in, kWeightColumns, g};
+  const dim3 grid(static_cast<unsigned>(in / kWeightColumns), static_cast<unsigned>(chunks));
+  auto launch = [&](auto tag, auto count) {
+    using T = decltype(tag);
+    constexpr int COUNT = decltype(count)::value;
+    const auto kernel = lora_weight_grad_sm90a_kernel<T, COUNT>;
+    const size_t smem = weight_smem_bytes<COUNT>();
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) != cudaSuccess)
+      check_launch("lora_weight_grad_sm90a (shared memory attribute)");
+    kernel<<<grid, kThreads, smem, stream>>>(maps, dxa_map, p);
+  };
+  with_count(g.count, [&](auto count) {
+    if (type == KType::BF16)
+      launch(__nv_bfloat16{}, count);
+    else
+      launch(__half{}, count);
+  });
+  check_launch("lora_weight_grad_sm90a");
+  lora_fused_weight_grad_sum(dA, workspace, g, static_cast<int>(chunks), in, stream);
 }
 
 }  // namespace fsdpq::cuda

@@ -1,12 +1,13 @@
 // The fused LoRA path's products on Hopper's own instructions (sm_90a), for groups of up to 3
 // adapters of rank 64 (kernels/lora_fused.cuh states the contract, the mask and the rounding; the
-// mma kernels there keep the other groups and the weight gradient):
+// mma kernels there keep the other groups):
 //   down:        xa[:, first_i : first_i + 64] = dropout_i(x) · A_iᵀ
 //   input grad:  dx += Σ_i keep_i ⊙ (1 / (1 - p)) ⊙ (dxa_i · A_i)
+//   weight grad: dA_i += dxa_iᵀ · dropout_i(x)
 // Bulk tensor copies (TMA) bring the operands through shared-memory rings; two consumer warpgroups
-// hold x's (or dxa's) rows in registers as wgmma's A operand and apply each adapter's dropout in
-// registers — to x before the down product, to the products' accumulators in the input gradient —
-// so no masked copy of x exists anywhere. The down product splits the input width as
+// apply each adapter's dropout where wgmma reads or writes: to x's rows in registers (the down
+// product's A operand), to the products' accumulators (the input gradient), to a block of x in
+// shared memory (the weight gradient's B operand) — so no masked copy of x reaches global memory. The down product splits the input width as
 // lora_fused::down_splits says, partial sums added in split order: the mma kernel's scratch, and
 // bits that do not depend on the GPU's size. docs/cuda.md has the design.
 //
@@ -42,5 +43,14 @@ bool lora_input_grad_sm90a_takes(KType type, int64_t in, const LoraFusedGroup& g
 // (dxa_i · A_i), one rounding of dx (of x's 16-bit type or F32); dxa of x's type.
 void lora_input_grad_sm90a(void* dx, KType dx_type, const void* dxa, KType type, const LoraFusedGroup& group, int64_t M,
                            int64_t in, cudaStream_t stream);
+
+// Whether the weight-gradient kernel takes the group: as lora_down_sm90a_takes, and in % 128 == 0.
+bool lora_weight_grad_sm90a_takes(KType type, int64_t in, const LoraFusedGroup& group);
+
+// As lora_fused_weight_grad (kernels/lora_fused.cuh): dA[i] (fp32 [64, in]) += dxa_iᵀ · dropout_i(x),
+// through lora_fused::weight_grad_workspace_floats floats of per-chunk partial sums (the mma
+// kernel's chunks and scratch); x and dxa of one 16-bit type.
+void lora_weight_grad_sm90a(float* const* dA, const void* dxa, const void* x, KType type, const LoraFusedGroup& group,
+                            int64_t M, int64_t in, float* workspace, cudaStream_t stream);
 
 }  // namespace fsdpq::cuda

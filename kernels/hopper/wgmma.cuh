@@ -189,6 +189,22 @@ __device__ __forceinline__ void wgmma_m64nk16_rs(float (&d)[N / 2], const uint32
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
+// d += A B, m64n64k16: A and B both MN-major in shared memory (descriptor_mn_major): A's tile holds
+// K rows with M along each, B's K rows with N along each (the LoRA weight gradient's dxaᵀ · x,
+// kernels/lora_fused_sm90a.cu, reads both straight from row-major [tokens, …] tiles).
+template <class T>
+__device__ __forceinline__ void wgmma_m64n64k16_ss_mn_major(float (&d)[32], uint64_t a, uint64_t b) {
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FSDPQ_WGMMA_D32 ", %32, %33, 1, 1, 1, 1, 1;\n"
+                 : FSDPQ_WGMMA_ACC32("+f", d)
+                 : "l"(a), "l"(b));
+  else
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " FSDPQ_WGMMA_D32 ", %32, %33, 1, 1, 1, 1, 1;\n"
+                 : FSDPQ_WGMMA_ACC32("+f", d)
+                 : "l"(a), "l"(b));
+}
+
 // d += A B, m64n64k16: A in registers (the layout above), B K-major in shared memory
 // (descriptor_k_major): a tile whose 64 rows are B's columns, K along each row (the LoRA down
 // product's A_j, kernels/lora_fused_sm90a.cu).

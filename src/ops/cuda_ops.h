@@ -85,11 +85,12 @@ bool lora_fused_backward_input(TensorView dx, bool accumulate_dx, std::span<cons
                                const TensorView& dxa, const TensorView& x, std::span<const LoraSite> sites,
                                const LoraGroupMask& mask);
 // How many group products the fused kernels ran since the process started, and how many of their
-// down products and input gradients the Hopper kernels took (kernels/lora_fused_sm90a.cuh; the
-// tests check them).
+// down products, input and weight gradients the Hopper kernels took (kernels/lora_fused_sm90a.cuh;
+// the tests check them).
 int64_t lora_fused_runs();
 int64_t lora_down_sm90a_runs();
 int64_t lora_input_grad_sm90a_runs();
+int64_t lora_weight_grad_sm90a_runs();
 
 // dora.h's elementwise pieces (kernels/dora.cuh).
 void dora_row_norms(TensorView norm, const TensorView& P);

@@ -187,8 +187,9 @@ TEST_F(GpuOpsLoraFused, MatchesTheCpuAndTheSeparatePath) {
 
 // The Hopper kernels (kernels/lora_fused_sm90a.cuh) take rank-64 groups of 1 to 3 on an H100 or
 // H200: the down product (rows that are and are not whole 128-row tiles, one split and several:
-// 8192 rows give 4, 1 row 64) and the input gradient (dx BF16, F16 and F32), both 16-bit types, the
-// masks against the CPU's. Elsewhere they run the mma kernels, as before.
+// 8192 rows give 4, 1 row 64), the input gradient (dx BF16, F16 and F32) and the weight gradient
+// (one 1024-row chunk and several, the last partial), both 16-bit types, the masks against the
+// CPU's. Elsewhere they run the mma kernels, as before.
 TEST_F(GpuOpsLoraFused, HopperKernelsMatchTheCpu) {
   const bool hopper = cuda::lora_fused_sm90a_unavailable().empty();
   const std::vector<GroupCase> cases = {
@@ -202,10 +203,12 @@ TEST_F(GpuOpsLoraFused, HopperKernelsMatchTheCpu) {
     const LoraGroup group(c);
     const GroupRun cpu = group.run(Device::CPU);
     set_gpu_lora_kernels(GpuLoraKernels::Fused);
-    const int64_t down = cuda_ops::lora_down_sm90a_runs(), input_grad = cuda_ops::lora_input_grad_sm90a_runs();
+    const int64_t down = cuda_ops::lora_down_sm90a_runs(), input_grad = cuda_ops::lora_input_grad_sm90a_runs(),
+                  weight_grad = cuda_ops::lora_weight_grad_sm90a_runs();
     const GroupRun fused = group.run(Device::CUDA);
     EXPECT_EQ(cuda_ops::lora_down_sm90a_runs() - down, hopper ? 1 : 0) << cuda::lora_fused_sm90a_unavailable();
     EXPECT_EQ(cuda_ops::lora_input_grad_sm90a_runs() - input_grad, hopper ? 1 : 0);
+    EXPECT_EQ(cuda_ops::lora_weight_grad_sm90a_runs() - weight_grad, hopper ? 1 : 0);
     expect_runs_close(fused, cpu, "fused (Hopper kernels) vs cpu");
   }
   // dx written rather than added to, through the Hopper input gradient: the old dx must not show.

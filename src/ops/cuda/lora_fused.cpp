@@ -14,7 +14,7 @@ namespace {
 
 static_assert(cuda::kLoraFusedMaxAdapters == static_cast<int>(kMaxLoraGroup));
 
-std::atomic<int64_t> runs{0}, hopper_down_runs{0}, hopper_input_grad_runs{0};
+std::atomic<int64_t> runs{0}, hopper_down_runs{0}, hopper_input_grad_runs{0}, hopper_weight_grad_runs{0};
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -76,13 +76,19 @@ bool lora_fused_backward_input(TensorView dx, bool accumulate_dx, std::span<cons
   std::vector<float*> grads;
   for (const TensorView& dA : dAs) grads.push_back(dA.as<float>());
   const cuda::KType type = ktype("lora_backward", x);
-  cuda::lora_fused_weight_grad(grads.data(), dxa.data, x.data, type, g, M, in, workspace.data<float>(), cuda::stream());
+  const bool hopper = cuda::lora_fused_sm90a_unavailable().empty();
+  if (hopper && cuda::lora_weight_grad_sm90a_takes(type, in, g)) {
+    cuda::lora_weight_grad_sm90a(grads.data(), dxa.data, x.data, type, g, M, in, workspace.data<float>(), cuda::stream());
+    ++hopper_weight_grad_runs;
+  } else {
+    cuda::lora_fused_weight_grad(grads.data(), dxa.data, x.data, type, g, M, in, workspace.data<float>(),
+                                 cuda::stream());
+  }
   if (dx.data != nullptr && !accumulate_dx) fill_zero(dx);  // the kernel adds to dx
   if (dx.data != nullptr) {
     const cuda::KType dx_type = ktype("lora_backward", dx);
     // On Hopper the wgmma kernel takes rank-64 groups of up to 3 (dx of x's type or F32).
-    if ((dx_type == type || dx_type == cuda::KType::F32) && cuda::lora_input_grad_sm90a_takes(type, in, g) &&
-        cuda::lora_fused_sm90a_unavailable().empty()) {
+    if (hopper && (dx_type == type || dx_type == cuda::KType::F32) && cuda::lora_input_grad_sm90a_takes(type, in, g)) {
       cuda::lora_input_grad_sm90a(dx.data, dx_type, dxa.data, type, g, M, in, cuda::stream());
       ++hopper_input_grad_runs;
     } else {
@@ -96,5 +102,6 @@ bool lora_fused_backward_input(TensorView dx, bool accumulate_dx, std::span<cons
 int64_t lora_fused_runs() { return runs.load(); }
 int64_t lora_down_sm90a_runs() { return hopper_down_runs.load(); }
 int64_t lora_input_grad_sm90a_runs() { return hopper_input_grad_runs.load(); }
+int64_t lora_weight_grad_sm90a_runs() { return hopper_weight_grad_runs.load(); }
 
 }  // namespace fsdpq::cuda_ops
