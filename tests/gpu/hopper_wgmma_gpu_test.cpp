@@ -80,6 +80,28 @@ TEST(GpuHopperWgmma, SwizzledRegisterAKMajorB) {
   check_swizzled_register_tile(DType::F16, 60);
 }
 
+// The LoRA weight gradient's operands: A and B both MN-major from shared memory (c = aᵀ b).
+void check_mn_major_tile(DType type, uint32_t seed) {
+  const Tensor a = test::random_tensor(Shape{64, 64}, type, seed), b = test::random_tensor(Shape{64, 64}, type, seed + 1);
+  const Tensor a_gpu = test::on_gpu(a), b_gpu = test::on_gpu(b);
+  Tensor c = Tensor::empty(Shape{64, 64}, DType::F32, Device::CUDA);
+  const cuda::KType kt = type == DType::BF16 ? cuda::KType::BF16 : cuda::KType::F16;
+  test::wgmma_tile_ss_mn_major(c.data<float>(), a_gpu.view().data, b_gpu.view().data, kt, cuda::stream());
+  const std::vector<double> got = test::values_of(c), av = test::values_of(a), bv = test::values_of(b);
+  std::vector<double> want(64 * 64, 0.0);
+  for (int m = 0; m < 64; ++m)
+    for (int n = 0; n < 64; ++n)
+      for (int k = 0; k < 64; ++k) want[m * 64 + n] += av[k * 64 + m] * bv[k * 64 + n];
+  const double err = test::relative_error(got, want);
+  EXPECT_LE(err, kTolerance) << "A and B MN-major from shared memory: normalized error " << err;
+}
+
+TEST(GpuHopperWgmma, BothOperandsMnMajor) {
+  skip_unless_hopper();
+  check_mn_major_tile(DType::BF16, 70);
+  check_mn_major_tile(DType::F16, 80);
+}
+
 TEST(GpuHopperWgmma, SharedOperandsBf16) {
   skip_unless_hopper();
   check_tile(DType::BF16, false, 10);

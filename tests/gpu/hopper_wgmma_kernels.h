@@ -24,4 +24,8 @@ void wgmma_tile_rs(float* c, const void* a, const void* b, cuda::KType type, cud
 // (kernels/lora_fused_sm90a.cu).
 void wgmma_tile_rs_swizzled(float* c, const void* a, const void* b, cuda::KType type, cudaStream_t stream);
 
+// c [64][64] fp32 = aᵀ · b with a, b [64][64] row-major: both MN-major in shared memory — the LoRA
+// weight gradient's dxaᵀ · x (kernels/lora_fused_sm90a.cu).
+void wgmma_tile_ss_mn_major(float* c, const void* a, const void* b, cuda::KType type, cudaStream_t stream);
+
 }  // namespace fsdpq::test

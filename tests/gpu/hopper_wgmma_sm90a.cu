@@ -154,6 +154,48 @@ __global__ void __launch_bounds__(128) tile_rs_swizzled_kernel(float* c, const _
   }
 }
 
+// c [64][64] = aᵀ b, a and b [64][64] row-major (K rows), both brought in by the copy engine and
+// read MN-major from shared memory — the LoRA weight gradient's dxaᵀ · masked x
+// (kernels/lora_fused_sm90a.cu).
+template <class T>
+__global__ void __launch_bounds__(128) tile_ss_mn_major_kernel(float* c, const __grid_constant__ CUtensorMap a_map,
+                                                               const __grid_constant__ CUtensorMap b_map) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* a = aligned_1024(smem_raw);
+  uint8_t* b = a + kBlock64;
+  __shared__ uint64_t full;
+  if (threadIdx.x == 0) {
+    mbarrier_init(&full, 1);
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    mbarrier_arrive_expect_tx(&full, 2 * kBlock64);
+    tma_load_4d(a, a_map, &full, 0, 0, 0, 0);
+    tma_load_4d(b, b_map, &full, 0, 0, 0, 0);
+  }
+  mbarrier_wait(&full, 0);
+  float d[32] = {};
+  const uint64_t a_desc = descriptor_mn_major(a, kBlock64), b_desc = descriptor_mn_major(b, kBlock64);
+  fence_operand(d);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    const uint32_t k_rows = kk * 16 * kSwizzleRowBytes;  // k step kk: rows 16kk .. 16kk + 15
+    wgmma_m64n64k16_ss_mn_major<T>(d, advanced(a_desc, k_rows), advanced(b_desc, k_rows));
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_operand(d);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, row = 16 * warp + lane / 4, col = 2 * (lane % 4);
+  for (int j = 0; j < 8; ++j) {
+    c[row * 64 + 8 * j + col] = d[4 * j];
+    c[row * 64 + 8 * j + col + 1] = d[4 * j + 1];
+    c[(row + 8) * 64 + 8 * j + col] = d[4 * j + 2];
+    c[(row + 8) * 64 + 8 * j + col + 1] = d[4 * j + 3];
+  }
+}
+
 template <class Fn>
 void with_type(cuda::KType type, Fn&& fn) {
   if (type == cuda::KType::BF16)
@@ -199,6 +241,16 @@ void wgmma_tile_rs_swizzled(float* c, const void* a, const void* b, cuda::KType 
     tile_rs_swizzled_kernel<T><<<1, 128, smem, stream>>>(c, a_map, b_map);
   });
   cuda::check_launch("wgmma_tile_rs_swizzled");
+}
+
+void wgmma_tile_ss_mn_major(float* c, const void* a, const void* b, cuda::KType type, cudaStream_t stream) {
+  const CUtensorMap a_map = head_tensor_map(a, 1, 64, 1, 64, 64), b_map = head_tensor_map(b, 1, 64, 1, 64, 64);
+  with_type(type, [&](auto tag) {
+    using T = decltype(tag);
+    const size_t smem = with_smem(tile_ss_mn_major_kernel<T>, 2 * kBlock64 + 1024);
+    tile_ss_mn_major_kernel<T><<<1, 128, smem, stream>>>(c, a_map, b_map);
+  });
+  cuda::check_launch("wgmma_tile_ss_mn_major");
 }
 
 }  // namespace fsdpq::test
