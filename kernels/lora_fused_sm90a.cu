@@ -566,11 +566,9 @@ struct WeightConsumer {
         const uint64_t w0 = keep_word(p.g.mixed_key[j], e >> 2), w1 = keep_word(p.g.mixed_key[j], (e >> 2) + 1);
         uint32_t out[4];
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {  // pairs: fields 0-1 and 2-3 of w0, then of w1
-          const uint64_t w = q < 2 ? w0 : w1;
-          const uint32_t fields = static_cast<uint32_t>(w >> (32 * (q & 1)));
-          out[q] = dropped_pair<T>(words[q], fields, p.g.threshold, p.g.keep_scale);
-        }
+        for (int q = 0; q < 4; ++q)
+          out[q] = dropped_pair<T>(words[q], lora_sm90a_layout::chunk_pair_fields(w0, w1, q), p.g.threshold,
+                                   p.g.keep_scale);
         *reinterpret_cast<uint4*>(masked(j) + offset) = make_uint4(out[0], out[1], out[2], out[3]);
       }
     }

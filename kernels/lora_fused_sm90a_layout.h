@@ -60,6 +60,12 @@ FSDPQ_HOST_DEVICE_INLINE PairFields combine(uint32_t keep, uint32_t got, bool od
   return odd ? PairFields{got, keep} : PairFields{keep, got};
 }
 
+// The weight-gradient kernel masks x in 16-byte chunks of 8 elements (from a multiple of 8: two
+// quads, words w0 and w1): pair q (elements 2q, 2q + 1) takes these fields.
+FSDPQ_HOST_DEVICE_INLINE uint32_t chunk_pair_fields(uint64_t w0, uint64_t w1, int q) {
+  return static_cast<uint32_t>((q < 2 ? w0 : w1) >> (32 * (q & 1)));
+}
+
 // Whether the field of element `high` (0: the pair's lower, 1: its upper) keeps the element.
 FSDPQ_HOST_DEVICE_INLINE bool field_keeps(uint32_t fields, int high, uint32_t threshold) {
   return ((fields >> (16 * high)) & 0xFFFFu) >= threshold;

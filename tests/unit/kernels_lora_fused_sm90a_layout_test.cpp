@@ -110,5 +110,24 @@ TEST(LoraSm90aLayout, InputGradKernelsFieldsDecideTheirElements) {
           }
 }
 
+// The weight-gradient kernel's 16-byte chunks: pair q of the 8 elements from e0 (a multiple of 8)
+// takes its fields from the chunk's two quad words as the mask's definition decides them.
+TEST(LoraSm90aLayout, WeightGradChunksFieldsDecideTheirElements) {
+  std::mt19937_64 rng(13);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const uint64_t key = rng(), mixed = mix64(key);
+    const int64_t e0 = 8 * static_cast<int64_t>(rng() % (int64_t{1} << 40));
+    const uint32_t threshold = static_cast<uint32_t>(rng() % 65536);
+    const uint64_t w0 = keep_word(mixed, e0 >> 2), w1 = keep_word(mixed, (e0 >> 2) + 1);
+    for (int q = 0; q < 4; ++q)
+      for (int high = 0; high < 2; ++high) {
+        const int64_t e = e0 + 2 * q + high;
+        ASSERT_EQ(field_keeps(chunk_pair_fields(w0, w1, q), high, threshold),
+                  keeps_lane(keep_word(mixed, e / 4), static_cast<int>(e % 4), threshold))
+            << "element " << e;
+      }
+  }
+}
+
 }  // namespace
 }  // namespace fsdpq
