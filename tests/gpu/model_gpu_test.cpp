@@ -6,6 +6,8 @@
 #include <algorithm>
 
 #include "gpu/op_parity.h"
+#include "ops/cuda_ops.h"
+#include "ops/lora.h"
 #include "unit/model_llama_test_support.h"
 
 namespace fsdpq {
@@ -17,8 +19,12 @@ struct Outcome {
   std::vector<double> logits;
 };
 
-Outcome run(const LlamaConfig& config, const ModelOptions& options, const data::Batch& batch, Device device) {
+// random_b: every adapter's B random (else PEFT's zeros, which leave dA and the adapters' part of
+// dx at zero).
+Outcome run(const LlamaConfig& config, const ModelOptions& options, const data::Batch& batch, Device device,
+            bool random_b = false) {
   LlamaModel model = LlamaModel::random(config, 7, options);
+  if (random_b) test::randomize_lora_b(model, 8);
   if (device == Device::CUDA) model.place_on(Device::CUDA);
   Outcome out;
   out.loss = model.forward_backward(batch, static_cast<double>(batch.target_tokens), 1.0f, 3);
@@ -120,6 +126,35 @@ TEST(GpuModel, DequantizingBesideTheComputeStreamGivesTheSameBits) {
       ASSERT_EQ(beside.grads.size(), in_line.grads.size());
       for (size_t i = 0; i < in_line.grads.size(); ++i) EXPECT_EQ(beside.grads[i], in_line.grads[i]) << "gradient " << i;
     }
+}
+
+// The fused LoRA kernels in the whole model (FSDPQ_LORA_KERNELS=fused; on an H100/H200 its rank-64
+// groups take the wgmma kernels, kernels/lora_fused_sm90a.cuh), alone and with the folded B
+// products (FSDPQ_LORA_FOLD): the CPU's loss and gradients within the bf16 tolerances of
+// LossAndGradientsMatchTheCpuBackend, at widths every group of the kernels takes (in 512, 1408).
+TEST(GpuModel, FusedLoraKernelsMatchTheCpu) {
+  test::use_gpu();
+  const LlamaConfig config = test::tiny_llama_wide();
+  const data::Batch batch = test::random_batch(2, 64, config.vocab_size, 10);
+  ModelOptions options = test::lora_options(Precision::BF16, true, 0.1, 64);
+  options.gradient_checkpointing = true;
+  const GpuLoraKernels saved = gpu_lora_kernels();
+  for (bool fold : {false, true}) {
+    SCOPED_TRACE(fold ? "fused kernels, folded B products" : "fused kernels");
+    const test::LoraFoldSetting folding(fold);
+    const Outcome cpu = run(config, options, batch, Device::CPU, /*random_b=*/true);
+    set_gpu_lora_kernels(GpuLoraKernels::Fused);
+    const int64_t before = cuda_ops::lora_fused_runs();
+    const Outcome gpu = run(config, options, batch, Device::CUDA, /*random_b=*/true);
+    set_gpu_lora_kernels(saved);
+    EXPECT_GT(cuda_ops::lora_fused_runs(), before) << "the fused kernels did not run";
+    EXPECT_NEAR(gpu.loss.mean(), cpu.loss.mean(), 2e-3 * std::abs(cpu.loss.mean()));
+    double worst = 0;
+    for (size_t i = 0; i < cpu.grads.size(); ++i) worst = std::max(worst, test::relative_error(gpu.grads[i], cpu.grads[i]));
+    EXPECT_LE(worst, 5e-2) << "worst gradient's normalized error";
+    std::printf("fused LoRA kernels%s: loss cpu %.6f gpu %.6f, worst gradient error %.2e\n", fold ? ", folded" : "",
+                cpu.loss.mean(), gpu.loss.mean(), worst);
+  }
 }
 
 }  // namespace
