@@ -58,48 +58,41 @@ void check_tile(DType type, bool registers_a, uint32_t seed) {
               err);
 }
 
-// The LoRA down kernel's operands: A loaded from a swizzled tile by ldmatrix, B K-major.
-void check_swizzled_register_tile(DType type, uint32_t seed) {
+// A 64 x 64 tile product through `gpu` (a launcher of hopper_wgmma_kernels.h) against the CPU's
+// sum of a(m, k) · b(k, n) over k, as `a_at`, `b_at` index the row-major 64 x 64 inputs.
+using Tile64 = void (*)(float*, const void*, const void*, cuda::KType, cudaStream_t);
+void check_tile64(Tile64 gpu, DType type, uint32_t seed, int (*a_at)(int m, int k), int (*b_at)(int k, int n),
+                  const char* what) {
   const Tensor a = test::random_tensor(Shape{64, 64}, type, seed), b = test::random_tensor(Shape{64, 64}, type, seed + 1);
   const Tensor a_gpu = test::on_gpu(a), b_gpu = test::on_gpu(b);
   Tensor c = Tensor::empty(Shape{64, 64}, DType::F32, Device::CUDA);
-  const cuda::KType kt = type == DType::BF16 ? cuda::KType::BF16 : cuda::KType::F16;
-  test::wgmma_tile_rs_swizzled(c.data<float>(), a_gpu.view().data, b_gpu.view().data, kt, cuda::stream());
+  gpu(c.data<float>(), a_gpu.view().data, b_gpu.view().data, type == DType::BF16 ? cuda::KType::BF16 : cuda::KType::F16,
+      cuda::stream());
   const std::vector<double> got = test::values_of(c), av = test::values_of(a), bv = test::values_of(b);
   std::vector<double> want(64 * 64, 0.0);
   for (int m = 0; m < 64; ++m)
     for (int n = 0; n < 64; ++n)
-      for (int k = 0; k < 64; ++k) want[m * 64 + n] += av[m * 64 + k] * bv[n * 64 + k];
+      for (int k = 0; k < 64; ++k) want[m * 64 + n] += av[a_at(m, k)] * bv[b_at(k, n)];
   const double err = test::relative_error(got, want);
-  EXPECT_LE(err, kTolerance) << "ldmatrix A from a swizzled tile, K-major B: normalized error " << err;
+  EXPECT_LE(err, kTolerance) << what << ": normalized error " << err;
 }
 
+// The LoRA down kernel's operands: A loaded from a swizzled tile by ldmatrix, B K-major (c = a bᵀ).
 TEST(GpuHopperWgmma, SwizzledRegisterAKMajorB) {
   skip_unless_hopper();
-  check_swizzled_register_tile(DType::BF16, 50);
-  check_swizzled_register_tile(DType::F16, 60);
+  auto a_at = [](int m, int k) { return m * 64 + k; };
+  auto b_at = [](int k, int n) { return n * 64 + k; };
+  for (DType type : {DType::BF16, DType::F16})
+    check_tile64(test::wgmma_tile_rs_swizzled, type, 50, a_at, b_at, "ldmatrix A from a swizzled tile, K-major B");
 }
 
 // The LoRA weight gradient's operands: A and B both MN-major from shared memory (c = aᵀ b).
-void check_mn_major_tile(DType type, uint32_t seed) {
-  const Tensor a = test::random_tensor(Shape{64, 64}, type, seed), b = test::random_tensor(Shape{64, 64}, type, seed + 1);
-  const Tensor a_gpu = test::on_gpu(a), b_gpu = test::on_gpu(b);
-  Tensor c = Tensor::empty(Shape{64, 64}, DType::F32, Device::CUDA);
-  const cuda::KType kt = type == DType::BF16 ? cuda::KType::BF16 : cuda::KType::F16;
-  test::wgmma_tile_ss_mn_major(c.data<float>(), a_gpu.view().data, b_gpu.view().data, kt, cuda::stream());
-  const std::vector<double> got = test::values_of(c), av = test::values_of(a), bv = test::values_of(b);
-  std::vector<double> want(64 * 64, 0.0);
-  for (int m = 0; m < 64; ++m)
-    for (int n = 0; n < 64; ++n)
-      for (int k = 0; k < 64; ++k) want[m * 64 + n] += av[k * 64 + m] * bv[k * 64 + n];
-  const double err = test::relative_error(got, want);
-  EXPECT_LE(err, kTolerance) << "A and B MN-major from shared memory: normalized error " << err;
-}
-
 TEST(GpuHopperWgmma, BothOperandsMnMajor) {
   skip_unless_hopper();
-  check_mn_major_tile(DType::BF16, 70);
-  check_mn_major_tile(DType::F16, 80);
+  auto a_at = [](int m, int k) { return k * 64 + m; };
+  auto b_at = [](int k, int n) { return k * 64 + n; };
+  for (DType type : {DType::BF16, DType::F16})
+    check_tile64(test::wgmma_tile_ss_mn_major, type, 70, a_at, b_at, "A and B MN-major from shared memory");
 }
 
 TEST(GpuHopperWgmma, SharedOperandsBf16) {

@@ -11,6 +11,7 @@
 #include "kernels/hopper/tensor_map.cuh"
 #include "kernels/hopper/tma.cuh"
 #include "kernels/hopper/wgmma.cuh"
+#include "kernels/lora_fused_sm90a_layout.h"
 #include "kernels/mma_fragments.cuh"
 
 namespace fsdpq::test {
@@ -109,9 +110,37 @@ __global__ void __launch_bounds__(128) tile_rs_kernel(float* c, const T* a, cons
   store_accumulators(c, d);
 }
 
-// c [64][64] = a bᵀ, a and b [64][64], both brought in swizzled by the copy engine; a goes to
-// registers through ldmatrix (each lane's row and 16-byte chunk, the swizzle undone: the LoRA
-// down kernel's loads, kernels/lora_fused_sm90a.cu) and b stays K-major in shared memory.
+// Two 64 x 64 tiles (a, then b) brought in by the copy engine, 128-byte swizzled, onto one mbarrier;
+// every thread returns once they have landed.
+__device__ void load_two_tiles(uint8_t* a, uint8_t* b, const CUtensorMap& a_map, const CUtensorMap& b_map,
+                               uint64_t* full) {
+  if (threadIdx.x == 0) {
+    mbarrier_init(full, 1);
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    mbarrier_arrive_expect_tx(full, 2 * kBlock64);
+    tma_load_4d(a, a_map, full, 0, 0, 0, 0);
+    tma_load_4d(b, b_map, full, 0, 0, 0, 0);
+  }
+  mbarrier_wait(full, 0);
+}
+
+// The fp32 accumulators of a 64 x 64 product into c [64][64] (the layout the LoRA kernels read
+// their accumulators in: kernels/lora_fused_sm90a_layout.h).
+__device__ void store_accumulators64(float* c, const float (&d)[32]) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int j = 0; j < 8; ++j)
+    for (int h = 0; h < 2; ++h) {
+      const lora_sm90a_layout::Pair at = lora_sm90a_layout::accumulator_pair(warp, lane, j, h);
+      c[at.row * 64 + at.column] = d[4 * j + 2 * h];
+      c[at.row * 64 + at.column + 1] = d[4 * j + 2 * h + 1];
+    }
+}
+
+// c [64][64] = a bᵀ: a goes from its swizzled tile to registers through ldmatrix, as the LoRA down
+// kernel loads x (kernels/lora_fused_sm90a_layout.h's offsets), and b stays K-major in shared memory.
 template <class T>
 __global__ void __launch_bounds__(128) tile_rs_swizzled_kernel(float* c, const __grid_constant__ CUtensorMap a_map,
                                                                const __grid_constant__ CUtensorMap b_map) {
@@ -119,23 +148,11 @@ __global__ void __launch_bounds__(128) tile_rs_swizzled_kernel(float* c, const _
   uint8_t* a = aligned_1024(smem_raw);
   uint8_t* b = a + kBlock64;
   __shared__ uint64_t full;
-  if (threadIdx.x == 0) {
-    mbarrier_init(&full, 1);
-    mbarrier_init_fence();
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    mbarrier_arrive_expect_tx(&full, 2 * kBlock64);
-    tma_load_4d(a, a_map, &full, 0, 0, 0, 0);
-    tma_load_4d(b, b_map, &full, 0, 0, 0, 0);
-  }
-  mbarrier_wait(&full, 0);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, ld_row = 16 * warp + lane % 16;
+  load_two_tiles(a, b, a_map, b_map, &full);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   uint32_t frag[4][4];
-  for (int kk = 0; kk < 4; ++kk) {
-    const int chunk = (2 * kk + lane / 16) ^ (ld_row % 8);  // the copy engine's swizzle
-    cuda::mma_fragments::ldmatrix_x4(frag[kk], a + ld_row * kSwizzleRowBytes + chunk * 16);
-  }
+  for (int kk = 0; kk < 4; ++kk)
+    cuda::mma_fragments::ldmatrix_x4(frag[kk], a + lora_sm90a_layout::ldmatrix_offset(warp, lane, kk));
   float d[32] = {};
   const uint64_t b_desc = descriptor_k_major(b);
   fence_operand(d);
@@ -145,18 +162,11 @@ __global__ void __launch_bounds__(128) tile_rs_swizzled_kernel(float* c, const _
   wgmma_commit();
   wgmma_wait<0>();
   fence_operand(d);
-  const int row = 16 * warp + lane / 4, col = 2 * (lane % 4);
-  for (int j = 0; j < 8; ++j) {
-    c[row * 64 + 8 * j + col] = d[4 * j];
-    c[row * 64 + 8 * j + col + 1] = d[4 * j + 1];
-    c[(row + 8) * 64 + 8 * j + col] = d[4 * j + 2];
-    c[(row + 8) * 64 + 8 * j + col + 1] = d[4 * j + 3];
-  }
+  store_accumulators64(c, d);
 }
 
-// c [64][64] = aᵀ b, a and b [64][64] row-major (K rows), both brought in by the copy engine and
-// read MN-major from shared memory — the LoRA weight gradient's dxaᵀ · masked x
-// (kernels/lora_fused_sm90a.cu).
+// c [64][64] = aᵀ b, a and b row-major (K rows), both read MN-major from shared memory — the LoRA
+// weight gradient's dxaᵀ · masked x (kernels/lora_fused_sm90a.cu).
 template <class T>
 __global__ void __launch_bounds__(128) tile_ss_mn_major_kernel(float* c, const __grid_constant__ CUtensorMap a_map,
                                                                const __grid_constant__ CUtensorMap b_map) {
@@ -164,17 +174,7 @@ __global__ void __launch_bounds__(128) tile_ss_mn_major_kernel(float* c, const _
   uint8_t* a = aligned_1024(smem_raw);
   uint8_t* b = a + kBlock64;
   __shared__ uint64_t full;
-  if (threadIdx.x == 0) {
-    mbarrier_init(&full, 1);
-    mbarrier_init_fence();
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    mbarrier_arrive_expect_tx(&full, 2 * kBlock64);
-    tma_load_4d(a, a_map, &full, 0, 0, 0, 0);
-    tma_load_4d(b, b_map, &full, 0, 0, 0, 0);
-  }
-  mbarrier_wait(&full, 0);
+  load_two_tiles(a, b, a_map, b_map, &full);
   float d[32] = {};
   const uint64_t a_desc = descriptor_mn_major(a, kBlock64), b_desc = descriptor_mn_major(b, kBlock64);
   fence_operand(d);
@@ -187,13 +187,7 @@ __global__ void __launch_bounds__(128) tile_ss_mn_major_kernel(float* c, const _
   wgmma_commit();
   wgmma_wait<0>();
   fence_operand(d);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, row = 16 * warp + lane / 4, col = 2 * (lane % 4);
-  for (int j = 0; j < 8; ++j) {
-    c[row * 64 + 8 * j + col] = d[4 * j];
-    c[row * 64 + 8 * j + col + 1] = d[4 * j + 1];
-    c[(row + 8) * 64 + 8 * j + col] = d[4 * j + 2];
-    c[(row + 8) * 64 + 8 * j + col + 1] = d[4 * j + 3];
-  }
+  store_accumulators64(c, d);
 }
 
 template <class Fn>
@@ -233,24 +227,40 @@ void wgmma_tile_rs(float* c, const void* a, const void* b, cuda::KType type, cud
   cuda::check_launch("wgmma_tile_rs");
 }
 
-void wgmma_tile_rs_swizzled(float* c, const void* a, const void* b, cuda::KType type, cudaStream_t stream) {
+namespace {
+
+// A 64 x 64 tile product of `kernel<T>` over a and b, each mapped as 64 rows of 64 16-bit values.
+template <template <class> class Launch>
+void tile64(float* c, const void* a, const void* b, cuda::KType type, cudaStream_t stream, const char* name) {
   const CUtensorMap a_map = head_tensor_map(a, 1, 64, 1, 64, 64), b_map = head_tensor_map(b, 1, 64, 1, 64, 64);
-  with_type(type, [&](auto tag) {
-    using T = decltype(tag);
+  with_type(type, [&](auto tag) { Launch<decltype(tag)>::run(c, a_map, b_map, stream); });
+  cuda::check_launch(name);
+}
+
+template <class T>
+struct RsSwizzled {
+  static void run(float* c, const CUtensorMap& a_map, const CUtensorMap& b_map, cudaStream_t stream) {
     const size_t smem = with_smem(tile_rs_swizzled_kernel<T>, 2 * kBlock64 + 1024);
     tile_rs_swizzled_kernel<T><<<1, 128, smem, stream>>>(c, a_map, b_map);
-  });
-  cuda::check_launch("wgmma_tile_rs_swizzled");
+  }
+};
+
+template <class T>
+struct SsMnMajor {
+  static void run(float* c, const CUtensorMap& a_map, const CUtensorMap& b_map, cudaStream_t stream) {
+    const size_t smem = with_smem(tile_ss_mn_major_kernel<T>, 2 * kBlock64 + 1024);
+    tile_ss_mn_major_kernel<T><<<1, 128, smem, stream>>>(c, a_map, b_map);
+  }
+};
+
+}  // namespace
+
+void wgmma_tile_rs_swizzled(float* c, const void* a, const void* b, cuda::KType type, cudaStream_t stream) {
+  tile64<RsSwizzled>(c, a, b, type, stream, "wgmma_tile_rs_swizzled");
 }
 
 void wgmma_tile_ss_mn_major(float* c, const void* a, const void* b, cuda::KType type, cudaStream_t stream) {
-  const CUtensorMap a_map = head_tensor_map(a, 1, 64, 1, 64, 64), b_map = head_tensor_map(b, 1, 64, 1, 64, 64);
-  with_type(type, [&](auto tag) {
-    using T = decltype(tag);
-    const size_t smem = with_smem(tile_ss_mn_major_kernel<T>, 2 * kBlock64 + 1024);
-    tile_ss_mn_major_kernel<T><<<1, 128, smem, stream>>>(c, a_map, b_map);
-  });
-  cuda::check_launch("wgmma_tile_ss_mn_major");
+  tile64<SsMnMajor>(c, a, b, type, stream, "wgmma_tile_ss_mn_major");
 }
 
 }  // namespace fsdpq::test
