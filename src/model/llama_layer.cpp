@@ -201,6 +201,19 @@ void linear_group_backward(TensorView dx, bool accumulate, std::span<const Tenso
 
 }  // namespace
 
+std::array<int64_t, kLinearModules> folded_columns(const std::array<FoldCandidate, kLinearModules>& modules) {
+  std::array<int64_t, kLinearModules> extra{};
+  for (int group = 0; group < kLinearGroups; ++group) {
+    const std::span<const int> members = group_modules(group);
+    bool folds = members.size() > 1;
+    for (int m : members)
+      folds = folds && modules[m].plain_lora_on_quantized_base && modules[m].rank > 0 && modules[m].in % 64 == 0;
+    int64_t columns = 0;
+    for (int m : members) extra[m] = folds ? (columns += modules[m].rank) : 0;
+  }
+  return extra;
+}
+
 void LayerCompute::release_group(int group) const {
   if (buffer_free == nullptr) return;
   const StreamMark here = mark_compute();

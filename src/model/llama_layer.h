@@ -94,6 +94,18 @@ struct LayerCompute {
   std::array<StreamMark, kLinearModules> weight_ready_;
 };
 
+// Which modules a layer folds when lora_fold() (model/llama_model.h) is on: the one rule the model
+// and the planner (src/plan/) both apply. Per module, the columns its folded weight adds after its
+// base's (K_j above), 0 where its group is not folded: a group of several modules folds when every
+// module is plain LoRA (rank > 0, not DoRA) on a quantised, frozen base whose rows are whole
+// 64-value blocks (NF4's blocks, HQQ's groups: what the CPU's dequantisation writes a row at a
+// time; every Llama width).
+struct FoldCandidate {
+  bool plain_lora_on_quantized_base = false;
+  int64_t in = 0, rank = 0;
+};
+std::array<int64_t, kLinearModules> folded_columns(const std::array<FoldCandidate, kLinearModules>& modules);
+
 // Everything the backward reads, in the activation dtype (rstd and lse in F32). Token rows are
 // [N = B*T, features]. q and k are stored after RoPE (what attention saw).
 // The buffers the layers of a pass share for what they recompute in the backward instead of keeping

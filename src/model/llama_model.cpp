@@ -141,6 +141,7 @@ void set_gpu_dequantize_stream(GpuDequantizeStream stream) { gpu_dequantize_choi
 bool lora_fold() { return lora_fold_choice(); }
 void set_lora_fold(bool fold) { lora_fold_choice() = fold; }
 
+
 struct LlamaModel::Impl {
   LlamaConfig config;
   ModelOptions options;
@@ -239,25 +240,18 @@ struct LlamaModel::Impl {
     for (int group = 0; group < kLinearGroups; ++group) c.folded[group] = extra[group_modules(group)[0]] > 0;
   }
 
-  // Per module, the columns its folded weight adds after the base's (LayerCompute: K_j), or 0 where
-  // its group is not folded: with lora_fold(), the groups of several modules whose every module is
-  // plain LoRA on a quantised, frozen base with rows of whole 64-value blocks (NF4's blocks and
-  // HQQ's groups: what the CPU's dequantisation writes a row at a time; every Llama width).
+  // Per module, the columns its folded buffer adds (LayerCompute), with lora_fold() on.
   std::array<int64_t, kLinearModules> folded_columns(const LayerWeights& layer) const {
-    std::array<int64_t, kLinearModules> extra{};
-    if (!lora_fold()) return extra;
-    for (int group = 0; group < kLinearGroups; ++group) {
-      const std::span<const int> modules = group_modules(group);
-      bool folds = modules.size() > 1;
-      for (int m : modules) {
-        const BaseWeight& base = layer.linear[m];
-        folds = folds && layer.lora[m] && !layer.lora[m]->magnitude && !base.trainable && base.frozen.defined() &&
-                base.frozen.format().quantized() && base.shape.last() % 64 == 0;
-      }
-      int64_t columns = 0;
-      for (int m : modules) extra[m] = folds ? (columns += layer.lora[m]->A.shape[0]) : 0;
+    if (!lora_fold()) return {};
+    std::array<FoldCandidate, kLinearModules> modules{};
+    for (int m = 0; m < kLinearModules; ++m) {
+      const BaseWeight& base = layer.linear[m];
+      const LoraAdapter* lora = layer.lora[m].get();
+      modules[m] = {lora && !lora->magnitude && !base.trainable && base.frozen.defined() &&
+                        base.frozen.format().quantized(),
+                    base.shape.last(), lora ? lora->A.shape[0] : 0};
     }
-    return extra;
+    return fsdpq::folded_columns(modules);
   }
 
   // Module m's base weight dequantised into the first columns of its folded buffer

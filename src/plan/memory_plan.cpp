@@ -145,21 +145,17 @@ UnitBytes unit_bytes(const PlanInput& p, const UnitShape& u, int shard_size, boo
 
 int64_t state_buffers(OptimizerKind kind) { return static_cast<int64_t>(optimizer_state_names(kind).size()); }
 
-// The columns each module's folded weight adds after its base's (model/llama_layer.h, LayerCompute:
-// K_j = r_0 + … + r_j), 0 where its group is not folded: with lora_fold(), groups of several
-// modules, each plain LoRA on a quantised, frozen base of rows of whole 64-value blocks (LlamaModel's
-// folded_columns).
+// Per planned module, the columns its folded buffer adds (model/llama_layer.h's folded_columns), with
+// lora_fold() on.
 std::vector<int64_t> folded_columns(const PlanInput& p, const std::vector<Linear>& lin) {
-  std::vector<int64_t> extra(lin.size(), 0);
-  if (!lora_fold() || !p.quantized || p.train_base || p.dora) return extra;
-  for (int group_index = 0; group_index < kLinearGroups; ++group_index) {
-    const std::span<const int> group = group_modules(group_index);
-    bool folds = group.size() > 1;
-    for (int m : group) folds = folds && lin[static_cast<size_t>(m)].rank > 0 && lin[static_cast<size_t>(m)].in % 64 == 0;
-    int64_t columns = 0;
-    for (int m : group) extra[static_cast<size_t>(m)] = folds ? (columns += lin[static_cast<size_t>(m)].rank) : 0;
-  }
-  return extra;
+  if (!lora_fold()) return std::vector<int64_t>(lin.size(), 0);
+  std::array<FoldCandidate, kLinearModules> modules{};
+  for (size_t m = 0; m < lin.size() && m < modules.size(); ++m)
+    modules[m] = {p.quantized && !p.train_base && !p.dora, lin[m].in, lin[m].rank};
+  const std::array<int64_t, kLinearModules> extra = fsdpq::folded_columns(modules);
+  std::vector<int64_t> out(lin.size(), 0);
+  for (size_t m = 0; m < lin.size() && m < extra.size(); ++m) out[m] = extra[m];
+  return out;
 }
 
 // The largest buffers the adapter ops allocate for themselves in a layer's forward and backward.
