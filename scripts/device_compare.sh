@@ -16,7 +16,8 @@
 #   lines, every build), STEP=1 (the 7B step of every build), HF=1 (HF + PEFT parity of the last
 #   build; needs bench/fetch_peer_wheels.sh's .device/wheels packed too), PROFILE=label (ncu of that
 #   build's one step on a 2-layer model of the 7B's width, PROFILE_LAYERS to change). BUDGET (s,
-#   default 560) bounds the whole call.
+#   default 560) bounds the whole call; ROUTES (FSDPQ_ATTENTION of the step, default auto: builds older
+#   than the Hopper attention know only mma, simt, cudnn, cudnn-nondeterministic).
 export LD_LIBRARY_PATH=$PWD/.device/lib:${LD_LIBRARY_PATH:-}
 BUILDS=${BUILDS:-base=.device/base new=.}
 last=${BUILDS##* }; last_root=${last#*=}; last_root=${last_root%%@*}
@@ -49,7 +50,7 @@ if [ "${STEP:-1}" = 1 ] && [ $(left) -gt 120 ]; then
     fi
     binaries="$binaries ${b%%=*}=$exe"
   done
-  BINARIES="$binaries" ROUTES=auto POINTS="${POINTS:-false:4}" STEPS=${STEPS:-6} SKIP=hf bash scripts/device_attention_step.sh  # prints the sections too
+  BINARIES="$binaries" ROUTES=${ROUTES:-auto} POINTS="${POINTS:-false:4}" STEPS=${STEPS:-6} SKIP=hf bash scripts/device_attention_step.sh  # prints the sections too
 fi
 
 if [ "${HF:-0}" = 1 ] && [ $(left) -gt 150 ]; then  # HF + PEFT (+ bitsandbytes) parity of the last build
