@@ -1,3 +1,4 @@
+#include "backend/cuda_backend.h"
 #include "ops/gemm.h"
 #include "ops/matmul.h"
 #include "ops_test_support.h"
@@ -163,6 +164,14 @@ TEST(OpsMatmul, WeightAsAColumnBlockEqualsTheWeightAlone) {
   linear_backward_input(dx_block, dy, block);
   EXPECT_EQ(to_doubles(dx_block), to_doubles(dx_alone));
   EXPECT_THROW(linear_forward(y_block, x, MatrixView(folded.view(), wide - K + 1, K)), std::logic_error);
+}
+
+// The CPU's accumulating linear rounds the exact sum once: a LoRA update below the output's bf16
+// spacing still counts, on average (ops_test_support.h).
+TEST(OpsMatmul, AccumulatingIntoBf16KeepsASubUlpAddend) {
+  const double kept = test::kept_fraction_of_a_sub_ulp_addend([](const TensorView& v) { return copy_to(v, Device::CPU); },
+                                                              [](const TensorView& v) { return to_doubles(v); });
+  EXPECT_NEAR(kept, 1.0, 0.15);
 }
 
 TEST(OpsMatmul, ShapeMismatchIsALogicError) {
