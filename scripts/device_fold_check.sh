@@ -13,6 +13,8 @@
 export LD_LIBRARY_PATH=$PWD/.device/lib:${LD_LIBRARY_PATH:-}
 B=$PWD/build/fsdpq; W=$(mktemp -d); OUT=${OUT:-$W}
 nvidia-smi --query-gpu=name --format=csv,noheader
+# First the op itself: does cuBLAS's accumulate into bf16 keep a sub-ulp addend as the CPU does?
+"$PWD/build/tests/fsdpq_gpu_tests" --gtest_filter='GpuOpsMatmul.AccumulatingIntoBf16*' 2>&1 | grep -E "kept|OK \]|FAILED \]"
 losses() {  # the step records' losses, gradient norms and seconds
   python3 - "$1" <<'PY' 2>&1 | head -c 400
 import json, sys
