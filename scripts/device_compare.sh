@@ -31,8 +31,11 @@ if [ "${TESTS:-*}" != none ]; then
 fi
 
 if [ -n "${PERF:-}" ]; then
+  done_roots=" "
   for b in $BUILDS; do
-    root=${b#*=}; [[ $root == *@* ]] && continue  # the same binary again
+    root=${b#*=}; root=${root%%@*}
+    [[ $done_roots == *" $root "* ]] && continue  # each binary once (label=root@VAR=... is the same binary)
+    done_roots="$done_roots$root "
     FSDPQ_GPU_PERF=1 timeout 120 $root/build/tests/fsdpq_gpu_tests --gtest_filter="$PERF" > $OUT/perf_${b%%=*}.log 2>&1
     echo "perf ${b%%=*} rc=$?"; grep -iE "ms|TFLOP|GB/s" $OUT/perf_${b%%=*}.log | grep -v "^\[" | head -20
   done
