@@ -51,11 +51,12 @@ if [ "${SKIP_STEP:-0}" != 1 ]; then
   seven=(--model_name preset:llama2-7b --tokenizer_path builtin:bytes --dataset dummy --dataset_samples 80
          --context_length 2048 --pad_to_context_length true --batch_size 4 --max_steps 6 --lora_rank 64
          --lora_alpha 16 --lora_dropout 0.1 --use_gradient_checkpointing false)
-  # The learning itself: every step of the dummy data has the same loss at a learning rate of ~0,
-  # so each run's fall in loss is what its LoRA updates do to the forward.
+  # One change at a time against the separate path's flat losses (bench/RESULTS.md, stop 36).
   run sep_compute "FSDPQ_DEQUANTIZE_STREAM=compute" "${seven[@]}" --train_type qlora --max_steps 3
   run sep_nodropout "" "${seven[@]}" --train_type qlora --max_steps 3 --lora_dropout 0
   [ -n "${QUICK:-}" ] && exit 0  # QUICK=1: the two that split the question first
+  # Every step of the dummy data has the same loss at a learning rate of ~0, so each run's fall in
+  # loss is what its LoRA updates do to the forward.
   run sep_lr0 "" "${seven[@]}" --train_type qlora --max_steps 3 --lr 1e-12
   run sep_mma "FSDPQ_ATTENTION=mma" "${seven[@]}" --train_type qlora --max_steps 3
   run fold_compute "FSDPQ_LORA_FOLD=1 FSDPQ_DEQUANTIZE_STREAM=compute" "${seven[@]}" --train_type qlora --max_steps 3

@@ -77,9 +77,6 @@ TEST(GpuOpsMatmul, ForwardAndBothBackwardsMatchTheCpu) {
                     [&] { linear_forward(y, x, W); });
 }
 
-// Shapes: n = M·in a multiple of 4 (every dropout quad whole, vector accesses) and not (the last
-// quad partial); `shifted` views x and dx one row into a larger tensor, so with in = 95 their
-// data are not quad-aligned and the kernels take their element-by-element path.
 // cuBLAS's accumulate (beta 1) into a bf16 output keeps a sub-ulp addend as the CPU does: the LoRA
 // adapters' products reach the layer's output through it (model/llama_layer.cpp), and their first
 // updates are that small. On the 7B step (bench/RESULTS.md, stop 36) the separate path's loss fell
@@ -95,6 +92,9 @@ TEST(GpuOpsMatmul, AccumulatingIntoBf16KeepsASubUlpAddendAsTheCpuDoes) {
   EXPECT_NEAR(gpu, cpu, 0.15);
 }
 
+// Shapes: n = M·in a multiple of 4 (every dropout quad whole, vector accesses) and not (the last
+// quad partial); `shifted` views x and dx one row into a larger tensor, so with in = 95 their
+// data are not quad-aligned and the kernels take their element-by-element path.
 TEST(GpuOpsLora, ForwardAndBackwardWithDropoutMatchTheCpu) {
   test::use_gpu();
   struct Shape2 {

@@ -93,18 +93,19 @@ inline bool within_bf16_ulps(double a, double b, double ulps = 1.0) {
 }
 
 // How much of a tiny addend an accumulating bf16 linear keeps, on average: out = C + x·Wᵀ with C
-// filled with `addend`, an eighth of the output's bf16 spacing (x, W in [0.5, 1), K 512: every sum
-// lies in [128, 512), where bf16's spacing is 1 to 4). Rounding the exact sum once keeps the addend
-// on average (an element moves up one step with probability addend / spacing), so the mean of
-// out − x·Wᵀ (the product alone, rounded) is ≈ the addend: returns that mean over the addend, ≈ 1.
-// Rounding the product to bf16 before adding C (PyTorch's `y + lora(x)` in bf16) loses it: 0.
-// LoRA's early updates are such addends (B ~ lr after the first step): the layer adds the adapter's
-// product to the base GEMM's through C (model/llama_layer.cpp), so this decides whether they count.
-// `place` moves a host tensor to the device under test; `host` reads one back.
+// filled with `addend`, a quarter or an eighth of the output's bf16 spacing (x, W in [0.5, 1),
+// K 512: every sum lies in [128, 512), where bf16's spacing is 1, then 2). Rounding the exact sum
+// once keeps the addend on average (an element moves up one step with probability addend /
+// spacing), so the mean of out − x·Wᵀ (the product alone, rounded) is ≈ the addend: returns that
+// mean over the addend, ≈ 1. Rounding the product to bf16 before adding C (PyTorch's `y + lora(x)`
+// in bf16) loses it: 0. LoRA's early updates are such addends (B ~ lr after the first step): the
+// layer adds the adapter's product to the base GEMM's through C (model/llama_layer.cpp), so this
+// decides whether they count. `place` moves a host tensor to the device under test; `host` reads
+// one back.
 template <class Place, class Host>
 double kept_fraction_of_a_sub_ulp_addend(Place place, Host host) {
   const int64_t M = 96, N = 160, K = 512;
-  const float addend = 0.25f;  // spacing 2 at [256, 512), 1 at [128, 256): 1/8 to 1/4 of a step
+  const float addend = 0.25f;
   const Tensor x = place(random_tensor(Shape{M, K}, DType::BF16, 71, 0.5f, 1.0f).view());
   const Tensor W = place(random_tensor(Shape{N, K}, DType::BF16, 72, 0.5f, 1.0f).view());
   Tensor filled = Tensor::empty(Shape{M, N}, DType::BF16);
