@@ -306,20 +306,21 @@ __global__ void __launch_bounds__(kThreads, 1)
             });
 }
 
-// ---- the input gradient: dx += Σ_i keep_i ⊙ keep_scale ⊙ (dxa_i · A_i) ----
+// ---- the input gradient: dx (+)= Σ_i keep_i ⊙ keep_scale ⊙ (dxa_i · A_i) ----
 // One block per (128-row tile, split of dx's columns), the same 3 warpgroups. The producer brings
 // the block's dxa rows once (each adapter's 64 columns: one box) and, per 128-column step, every
 // adapter's A columns (two 64-column boxes of its 64 rows) into a ring. A consumer loads its rows
 // of each adapter's dxa into registers once (wgmma's A operand, as the down kernel loads x), then
-// per step, 64-column half and adapter issues acc = dxa_i · A_i (m64n64k16, B MN-major: A_i's
-// rows are the k steps), waits, masks the accumulators with adapter i's dropout (the fields as the
-// down kernel shares them: kernels/lora_fused_sm90a_layout.h) and adds them, times keep_scale,
-// into an fp32 sum, which the half adds to dx: one rounding of dx, as the mma kernel (the separate
-// path rounds each adapter's product, then dx after each). Halves of 64 columns keep a
-// consumer's registers (3 adapters' dxa, acc and sum) within its 240: at 128, ptxas spilled and
-// serialised the products.
+// works in units of one 64-column half of a step: it issues every adapter's acc_i = dxa_i · A_i
+// (m64n64k16, B MN-major: A_i's rows are the k steps), each committed on its own, then waits for
+// them one at a time and adds each, masked with adapter i's dropout (the fields as the down kernel
+// shares them: kernels/lora_fused_sm90a_layout.h) and times keep_scale, into an fp32 sum, in
+// adapter order — so the masking of one adapter overlaps the others' products. The sum goes to dx
+// while the next unit's products run: dx = sum (overwrite) or dx + sum, rounded once, as the mma
+// kernel (the separate path rounds each adapter's product, then dx after each). Units of 64
+// columns keep a consumer's registers (3 adapters' dxa and acc, and the sum) within its 240.
 constexpr int kGradColumns = 128;  // dx columns per step: two column blocks of A_i's tile
-constexpr int kHalfColumns = 64;   // one wgmma n64, one column block
+constexpr int kHalfColumns = 64;   // one wgmma n64, one column block: a unit
 constexpr int kGradStages = 3;
 constexpr int kGradTargetBlocks = 132;  // an H100's or H200's SMs: the column split fills them about once
 
@@ -366,23 +367,42 @@ __device__ void produce_grad(const Maps& maps, const LoraFusedGroup& g, uint8_t*
   }
 }
 
-// dx's pair at p += (lo, hi), rounded once to DX.
-template <class DX>
-__device__ __forceinline__ void add_pair(DX* at, float lo, float hi) {
+// dx's pair at `at` = (lo, hi), or += (lo, hi) with ADD: rounded once to DX.
+template <class DX, bool ADD>
+__device__ __forceinline__ void store_pair(DX* at, float lo, float hi) {
   if constexpr (std::is_same_v<DX, float>) {
-    float2 v = *reinterpret_cast<float2*>(at);
-    v.x += lo;
-    v.y += hi;
+    float2 v = make_float2(lo, hi);
+    if constexpr (ADD) {
+      const float2 old = *reinterpret_cast<const float2*>(at);
+      v.x += old.x;
+      v.y += old.y;
+    }
     *reinterpret_cast<float2*>(at) = v;
   } else {
-    const uint32_t old = *reinterpret_cast<const uint32_t*>(at);
-    const DX* v = reinterpret_cast<const DX*>(&old);
-    *reinterpret_cast<uint32_t*>(at) = pack2<DX>(to_float(v[0]) + lo, to_float(v[1]) + hi);
+    if constexpr (ADD) {
+      const uint32_t old = *reinterpret_cast<const uint32_t*>(at);
+      const DX* v = reinterpret_cast<const DX*>(&old);
+      lo += to_float(v[0]);
+      hi += to_float(v[1]);
+    }
+    *reinterpret_cast<uint32_t*>(at) = pack2<DX>(lo, hi);
   }
 }
 
-template <class T, class DX, int COUNT>
+// Waits until at most `pending` committed groups of products are still running (0 to 2: the
+// unrolled callers make it a constant).
+__device__ __forceinline__ void wgmma_wait_pending(int pending) {
+  if (pending >= 2)
+    wgmma_wait<2>();
+  else if (pending == 1)
+    wgmma_wait<1>();
+  else
+    wgmma_wait<0>();
+}
+
+template <class T, class DX, bool ADD, int COUNT>
 struct GradConsumer {
+  static_assert(COUNT <= 3, "wgmma_wait_pending waits for at most 2 groups behind the one it needs");
   using S = GradSmem<COUNT>;
   uint8_t* smem;
   GradBarriers& bar;
@@ -391,7 +411,7 @@ struct GradConsumer {
   const int index = static_cast<int>(threadIdx.x) / 128 - 1;  // 0 or 1
   const int warp = (static_cast<int>(threadIdx.x) % 128) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   uint32_t dxa[COUNT][kSlices * 4];  // this warp's 16 rows of each adapter's dxa: wgmma's A operand
-  float acc[32], sum[32];             // one 64-column half
+  float acc[COUNT][32], sum[32];      // one unit (64 columns)
 
   __device__ __forceinline__ void load_dxa() {
     mbarrier_wait(&bar.dxa_full, 0);
@@ -407,71 +427,98 @@ struct GradConsumer {
       }
   }
 
-  // sum += keep_scale · (adapter j's dropout ⊙ acc), for the half's columns from column0.
-  __device__ __forceinline__ void add_masked(int j, int64_t column0) {
+  __device__ __forceinline__ int64_t column_of_unit(int u) const {
+    return static_cast<int64_t>(c_begin) + static_cast<int64_t>(u / 2) * kGradColumns + kHalfColumns * (u % 2);
+  }
+
+  // Unit u's products (its step's stage has landed): one committed group per adapter.
+  __device__ __forceinline__ void issue_unit(int u) {
+    const int s = stage_of<kGradStages>(u / 2), half = u % 2;
+#pragma unroll
+    for (int j = 0; j < COUNT; ++j) {
+#pragma unroll
+      for (int e = 0; e < 32; ++e) acc[j][e] = 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < COUNT; ++j) fence_operand(acc[j]);
+#pragma unroll
+    for (int j = 0; j < COUNT; ++j) fence_operand(dxa[j]);
+    wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < COUNT; ++j) {
+      // The half's column block of A_i's step tile, MN-major: k step kk is rows 16kk .. 16kk + 15.
+      const uint64_t b = opaque(descriptor_mn_major(
+          smem + S::kA + (s * COUNT + j) * S::kABytes + half * S::kABlockBytes, S::kABlockBytes));
+#pragma unroll
+      for (int kk = 0; kk < kSlices; ++kk) {
+        const uint32_t slice[4] = {dxa[j][4 * kk], dxa[j][4 * kk + 1], dxa[j][4 * kk + 2], dxa[j][4 * kk + 3]};
+        wgmma_m64nk16_rs<T, kHalfColumns>(acc[j], slice, advanced(b, kk * 16 * kSwizzleRowBytes));
+      }
+      wgmma_commit();
+    }
+  }
+
+  // sum = Σ_j keep_scale · (adapter j's dropout ⊙ acc[j]) for unit u, adapter by adapter as its
+  // products finish.
+  __device__ __forceinline__ void sum_unit(int u) {
+    const int64_t column0 = column_of_unit(u);
     const bool odd = (lane & 1) != 0;
     const float keep_scale = p.g.keep_scale;
     const uint32_t threshold = p.g.threshold;
 #pragma unroll
-    for (int c = 0; c < kHalfColumns / 8; ++c) {
-      const lora_sm90a_layout::Pair at = lora_sm90a_layout::accumulator_pair(warp, lane, c, 0);
-      const int64_t row = static_cast<int64_t>(m0) + 64 * index + at.row, column = column0 + at.column;
-      const int64_t quad_g = (row * p.in + column) >> 2, quad_g8 = ((row + 8) * p.in + column) >> 2;
-      const lora_sm90a_layout::PairFields f = pair_fields(p.g.mixed_key[j], quad_g, quad_g8, odd);
+    for (int e = 0; e < 32; ++e) sum[e] = 0.0f;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {  // (row g, lower), (row g, upper), (row g + 8, lower), (row g + 8, upper)
-        const bool keep = lora_sm90a_layout::field_keeps(e < 2 ? f.row_g : f.row_g8, e & 1, threshold);
-        sum[4 * c + e] += keep ? acc[4 * c + e] * keep_scale : 0.0f;
-      }
-    }
-  }
-
-  __device__ __forceinline__ void step(int i) {
-    const int s = stage_of<kGradStages>(i);
-    mbarrier_wait(&bar.full[s], parity_of<kGradStages>(i));
-    for (int half = 0; half < 2; ++half) {
-      const int64_t column0 = static_cast<int64_t>(c_begin) + static_cast<int64_t>(i) * kGradColumns + kHalfColumns * half;
+    for (int j = 0; j < COUNT; ++j) {
+      wgmma_wait_pending(COUNT - 1 - j);
+      fence_operand(acc[j]);
 #pragma unroll
-      for (int e = 0; e < 32; ++e) sum[e] = 0.0f;
+      for (int c = 0; c < kHalfColumns / 8; ++c) {
+        const lora_sm90a_layout::Pair at = lora_sm90a_layout::accumulator_pair(warp, lane, c, 0);
+        const int64_t row = static_cast<int64_t>(m0) + 64 * index + at.row, column = column0 + at.column;
+        const int64_t quad_g = (row * p.in + column) >> 2, quad_g8 = ((row + 8) * p.in + column) >> 2;
+        const lora_sm90a_layout::PairFields f = pair_fields(p.g.mixed_key[j], quad_g, quad_g8, odd);
 #pragma unroll
-      for (int j = 0; j < COUNT; ++j) {
-#pragma unroll
-        for (int e = 0; e < 32; ++e) acc[e] = 0.0f;
-        fence_operand(acc);
-        fence_operand(dxa[j]);
-        wgmma_fence();
-        // The half's column block of A_i's step tile, MN-major: k step kk is rows 16kk .. 16kk + 15.
-        const uint64_t b = opaque(descriptor_mn_major(
-            smem + S::kA + (s * COUNT + j) * S::kABytes + half * S::kABlockBytes, S::kABlockBytes));
-#pragma unroll
-        for (int kk = 0; kk < kSlices; ++kk) {
-          const uint32_t slice[4] = {dxa[j][4 * kk], dxa[j][4 * kk + 1], dxa[j][4 * kk + 2], dxa[j][4 * kk + 3]};
-          wgmma_m64nk16_rs<T, kHalfColumns>(acc, slice, advanced(b, kk * 16 * kSwizzleRowBytes));
+        for (int e = 0; e < 4; ++e) {  // (row g, lower), (row g, upper), (row g + 8, lower), (row g + 8, upper)
+          const bool keep = lora_sm90a_layout::field_keeps(e < 2 ? f.row_g : f.row_g8, e & 1, threshold);
+          sum[4 * c + e] += keep ? acc[j][4 * c + e] * keep_scale : 0.0f;
         }
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_operand(acc);
-        fence_operand(dxa[j]);
-        add_masked(j, column0);
       }
-      if (half == 1) mbarrier_arrive(&bar.empty[s]);  // both halves' products have read the stage
-      add_to_dx(column0);
     }
+#pragma unroll
+    for (int j = 0; j < COUNT; ++j) fence_operand(dxa[j]);
   }
 
-  __device__ __forceinline__ void add_to_dx(int64_t column0) {
+  // Unit u's sum into dx.
+  __device__ __forceinline__ void store_unit(int u) {
+    const int64_t column0 = column_of_unit(u);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int64_t row = static_cast<int64_t>(m0) + 64 * index + 16 * warp + lane / 4 + 8 * h;
       if (row >= p.M) continue;
       DX* dx_row = static_cast<DX*>(p.out) + row * p.in + column0 + 2 * (lane % 4);
 #pragma unroll
-      for (int c = 0; c < kHalfColumns / 8; ++c) add_pair<DX>(dx_row + 8 * c, sum[4 * c + 2 * h], sum[4 * c + 2 * h + 1]);
+      for (int c = 0; c < kHalfColumns / 8; ++c)
+        store_pair<DX, ADD>(dx_row + 8 * c, sum[4 * c + 2 * h], sum[4 * c + 2 * h + 1]);
     }
+  }
+
+  // Two units a step. Unit u + 1's products are issued before unit u's sum is stored, so the
+  // stores (and with ADD the loads of dx) run beside the tensor cores; a stage is let go of once
+  // both its units' products are done.
+  __device__ void run(int steps) {
+    const int units = 2 * steps;
+    for (int u = 0; u < units; ++u) {
+      if (u % 2 == 0) mbarrier_wait(&bar.full[stage_of<kGradStages>(u / 2)], parity_of<kGradStages>(u / 2));
+      issue_unit(u);
+      if (u > 0) store_unit(u - 1);
+      sum_unit(u);
+      if (u % 2 == 1) mbarrier_arrive(&bar.empty[stage_of<kGradStages>(u / 2)]);
+    }
+    if (units > 0) store_unit(units - 1);
   }
 };
 
-template <class T, class DX, int COUNT>
+template <class T, class DX, bool ADD, int COUNT>
 __global__ void __launch_bounds__(kThreads, 1)
     lora_input_grad_sm90a_kernel(const __grid_constant__ Maps maps, const __grid_constant__ Params p) {
   extern __shared__ uint8_t smem_raw[];
@@ -486,9 +533,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       },
       [&] { produce_grad<COUNT>(maps, p.g, smem, bar, m0, split.begin, split.steps); },
       [&] {
-        GradConsumer<T, DX, COUNT> c{smem, bar, p, m0, split.begin};
+        GradConsumer<T, DX, ADD, COUNT> c{smem, bar, p, m0, split.begin};
         c.load_dxa();
-        for (int i = 0; i < split.steps; ++i) c.step(i);
+        c.run(split.steps);
       });
 }
 
@@ -499,10 +546,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 // each adapter's dxa columns into a ring; each consumer masks its block of x once per adapter
 // into a buffer of its own (dropout applied where wgmma reads it: B comes from shared memory),
 // then issues dA_i += dxa_iᵀ · masked x (m64n64k16, both operands MN-major: the tiles are
-// row-major [rows, …] as the copy engine brought them). The chunk's sums go to the fp32 partial
-// sums [chunk][Σ rank][in], which lora_fused_weight_grad_sum adds in chunk order, as for the mma
+// row-major [rows, …] as the copy engine brought them). The masked buffers are double: step i + 1
+// is masked while step i's products run. The chunk's sums go to the fp32 partial sums
+// [chunk][Σ rank][in], which lora_fused_weight_grad_sum adds in chunk order, as for the mma
 // kernel (the same scratch).
 constexpr int kWeightColumns = 128;  // columns of `in` per block: a 64-column block per consumer
+constexpr int kWeightStages = 3;     // with two masked buffers a consumer, within shared memory at 3 adapters
 static_assert(lora_fused::kChunkRows % 64 == 0);
 
 template <int COUNT>
@@ -512,23 +561,28 @@ struct WeightSmem {
   static constexpr int kDxaBytes = kBlockBytes;               // a step's 64 rows of one adapter's dxa
   static constexpr int kStageBytes = kXBytes + COUNT * kDxaBytes;
   static constexpr int kRing = 0;
-  static constexpr int kMasked = kRing + kStages * kStageBytes;  // [consumer][adapter] masked x blocks
-  static constexpr int kBarriers = kMasked + kConsumers * COUNT * kBlockBytes;
+  // [buffer][consumer][adapter] masked x blocks
+  static constexpr int kMasked = kRing + kWeightStages * kStageBytes;
+  static constexpr int kBarriers = kMasked + 2 * kConsumers * COUNT * kBlockBytes;
+};
+
+struct WeightBarriers {
+  uint64_t full[kWeightStages], empty[kWeightStages];
 };
 
 template <int COUNT>
 constexpr size_t weight_smem_bytes() {
-  return WeightSmem<COUNT>::kBarriers + sizeof(Barriers) + 1024;
+  return WeightSmem<COUNT>::kBarriers + sizeof(WeightBarriers) + 1024;
 }
 
 template <int COUNT>
 __device__ void produce_weight(const Maps& maps, const CUtensorMap& dxa_map, const LoraFusedGroup& g, uint8_t* smem,
-                               Barriers& bar, int c0, int row0, int steps) {
+                               WeightBarriers& bar, int c0, int row0, int steps) {
   using S = WeightSmem<COUNT>;
   for (int i = 0; i < steps; ++i) {
-    const int s = stage_of(i), row = row0 + 64 * i;
+    const int s = stage_of<kWeightStages>(i), row = row0 + 64 * i;
     uint8_t* stage = smem + S::kRing + s * S::kStageBytes;
-    mbarrier_wait(&bar.empty[s], parity_of(i) ^ 1u);
+    mbarrier_wait(&bar.empty[s], parity_of<kWeightStages>(i) ^ 1u);
     mbarrier_arrive_expect_tx(&bar.full[s], S::kStageBytes);
 #pragma unroll
     for (int cb = 0; cb < 2; ++cb)
@@ -543,18 +597,23 @@ template <class T, int COUNT>
 struct WeightConsumer {
   using S = WeightSmem<COUNT>;
   uint8_t* smem;
-  Barriers& bar;
+  WeightBarriers& bar;
   const Params& p;
   const int c0, row0;
   const int index = static_cast<int>(threadIdx.x) / 128 - 1;  // 0 or 1: the block's column half
   const int thread = static_cast<int>(threadIdx.x) % 128;
   float acc[COUNT][32] = {};
 
-  __device__ uint8_t* masked(int j) const { return smem + S::kMasked + (index * COUNT + j) * S::kBlockBytes; }
+  __device__ uint8_t* stage(int i) const { return smem + S::kRing + stage_of<kWeightStages>(i) * S::kStageBytes; }
+  __device__ uint8_t* masked(int i, int j) const {
+    return smem + S::kMasked + (((i & 1) * kConsumers + index) * COUNT + j) * S::kBlockBytes;
+  }
 
-  // This consumer's 64 x 64 block of step i's x, masked per adapter into masked(j): 16-byte chunks
-  // (8 elements, two mask quads) at the same swizzled places.
-  __device__ __forceinline__ void mask_block(const uint8_t* x_block, int i) {
+  // This consumer's 64 x 64 block of step i's x (landed), masked per adapter into masked(i, j):
+  // 16-byte chunks (8 elements, two mask quads) at the same swizzled places.
+  __device__ __forceinline__ void mask_block(int i) {
+    mbarrier_wait(&bar.full[stage_of<kWeightStages>(i)], parity_of<kWeightStages>(i));
+    const uint8_t* x_block = stage(i) + index * S::kBlockBytes;
     for (int idx = thread; idx < 64 * 8; idx += 128) {
       const int row = idx / 8, chunk = idx % 8;  // logical 16-byte chunk of the row
       const int offset = row * kSwizzleRowBytes + (chunk ^ (row % 8)) * 16;
@@ -569,37 +628,53 @@ struct WeightConsumer {
         for (int q = 0; q < 4; ++q)
           out[q] = dropped_pair<T>(words[q], lora_sm90a_layout::chunk_pair_fields(w0, w1, q), p.g.threshold,
                                    p.g.keep_scale);
-        *reinterpret_cast<uint4*>(masked(j) + offset) = make_uint4(out[0], out[1], out[2], out[3]);
+        *reinterpret_cast<uint4*>(masked(i, j) + offset) = make_uint4(out[0], out[1], out[2], out[3]);
       }
     }
+    fence_proxy_async_shared();  // the masked blocks, written by these threads, are read by wgmma
   }
 
-  __device__ __forceinline__ void step(int i) {
-    const int s = stage_of(i);
-    const uint8_t* stage = smem + S::kRing + s * S::kStageBytes;
-    mbarrier_wait(&bar.full[s], parity_of(i));
-    mask_block(stage + index * S::kBlockBytes, i);
-    fence_proxy_async_shared();  // the masked blocks, written by these threads, are read by wgmma
-    warpgroup_sync(1 + index);
+  // Step i's products (its masked blocks written by every thread of the warpgroup), committed.
+  __device__ __forceinline__ void issue(int i) {
 #pragma unroll
     for (int j = 0; j < COUNT; ++j) fence_operand(acc[j]);
     wgmma_fence();
 #pragma unroll
     for (int j = 0; j < COUNT; ++j) {
       // dxa_iᵀ: the dxa tile's 64 rows are the k steps, its 64 columns the M rows of dA.
-      const uint64_t a = opaque(descriptor_mn_major(stage + S::kXBytes + j * S::kDxaBytes, S::kBlockBytes));
-      const uint64_t b = opaque(descriptor_mn_major(masked(j), S::kBlockBytes));
+      const uint64_t a = opaque(descriptor_mn_major(stage(i) + S::kXBytes + j * S::kDxaBytes, S::kBlockBytes));
+      const uint64_t b = opaque(descriptor_mn_major(masked(i, j), S::kBlockBytes));
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
         wgmma_m64n64k16_ss_mn_major<T>(acc[j], advanced(a, kk * 16 * kSwizzleRowBytes),
                                        advanced(b, kk * 16 * kSwizzleRowBytes));
     }
     wgmma_commit();
+  }
+
+  // Step i's products done: its stage goes back to the producer.
+  __device__ __forceinline__ void finish(int i) {
     wgmma_wait<0>();
 #pragma unroll
     for (int j = 0; j < COUNT; ++j) fence_operand(acc[j]);
-    mbarrier_arrive(&bar.empty[s]);
-    warpgroup_sync(1 + index);  // every thread's products are done before the masked blocks are rewritten
+    mbarrier_arrive(&bar.empty[stage_of<kWeightStages>(i)]);
+  }
+
+  // Step i + 1 is masked while step i's products run. Before step i + 1's products, the warpgroup
+  // syncs: every thread's masking is done; before a buffer is masked into again (step i + 2), step
+  // i's products that read it are done (finish(i), then the sync before issue(i + 1)).
+  __device__ void run(int steps) {
+    if (steps == 0) return;
+    mask_block(0);
+    warpgroup_sync(1 + index);
+    issue(0);
+    for (int i = 1; i < steps; ++i) {
+      mask_block(i);
+      finish(i - 1);
+      warpgroup_sync(1 + index);
+      issue(i);
+    }
+    finish(steps - 1);
   }
 
   // acc[j] (dA rows 16w + g (+ 8) of adapter j, columns 8c + 2t (+ 1) of this consumer's 64) into
@@ -627,7 +702,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                   const __grid_constant__ Params p) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = aligned_1024(smem_raw);
-  Barriers& bar = *reinterpret_cast<Barriers*>(smem + WeightSmem<COUNT>::kBarriers);
+  WeightBarriers& bar = *reinterpret_cast<WeightBarriers*>(smem + WeightSmem<COUNT>::kBarriers);
   const int c0 = static_cast<int>(blockIdx.x) * kWeightColumns;
   const int64_t row0 = static_cast<int64_t>(blockIdx.y) * lora_fused::kChunkRows;
   const int64_t rows = p.M - row0 < lora_fused::kChunkRows ? p.M - row0 : lora_fused::kChunkRows;
@@ -636,7 +711,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             [&] { produce_weight<COUNT>(maps, dxa_map, p.g, smem, bar, c0, static_cast<int>(row0), steps); },
             [&] {
               WeightConsumer<T, COUNT> c{smem, bar, p, c0, static_cast<int>(row0)};
-              for (int i = 0; i < steps; ++i) c.step(i);
+              c.run(steps);
               c.store(static_cast<float*>(p.out));
             });
 }
@@ -705,8 +780,8 @@ bool lora_input_grad_sm90a_takes(KType type, int64_t in, const LoraFusedGroup& g
   return lora_down_sm90a_takes(type, in, g) && in % kGradColumns == 0;
 }
 
-void lora_input_grad_sm90a(void* dx, KType dx_type, const void* dxa, KType type, const LoraFusedGroup& g, int64_t M,
-                           int64_t in, cudaStream_t stream) {
+void lora_input_grad_sm90a(void* dx, KType dx_type, bool accumulate, const void* dxa, KType type,
+                           const LoraFusedGroup& g, int64_t M, int64_t in, cudaStream_t stream) {
   if (!lora_input_grad_sm90a_takes(type, in, g) || (dx_type != type && dx_type != KType::F32))
     throw std::logic_error("cuda::lora_input_grad_sm90a: needs dxa and A of one 16-bit type, dx of that type or F32, 1 "
                            "to 3 adapters of rank 64 and in % 128 == 0");
@@ -726,7 +801,8 @@ void lora_input_grad_sm90a(void* dx, KType dx_type, const void* dxa, KType type,
     using T = decltype(tag);
     using DX = decltype(dx_tag);
     constexpr int COUNT = decltype(count)::value;
-    const auto kernel = lora_input_grad_sm90a_kernel<T, DX, COUNT>;
+    const auto kernel =
+        accumulate ? lora_input_grad_sm90a_kernel<T, DX, true, COUNT> : lora_input_grad_sm90a_kernel<T, DX, false, COUNT>;
     const size_t smem = grad_smem_bytes<COUNT>();
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) != cudaSuccess)
       check_launch("lora_input_grad_sm90a (shared memory attribute)");

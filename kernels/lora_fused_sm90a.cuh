@@ -40,9 +40,10 @@ void lora_down_sm90a(void* xa, KType xa_type, const void* x, KType type, const L
 bool lora_input_grad_sm90a_takes(KType type, int64_t in, const LoraFusedGroup& group);
 
 // As lora_fused_input_grad (kernels/lora_fused.cuh): dx += Σ_i keep_i ⊙ (1 / (1 - p)) ⊙
-// (dxa_i · A_i), one rounding of dx (of x's 16-bit type or F32); dxa of x's type.
-void lora_input_grad_sm90a(void* dx, KType dx_type, const void* dxa, KType type, const LoraFusedGroup& group, int64_t M,
-                           int64_t in, cudaStream_t stream);
+// (dxa_i · A_i), or with accumulate false dx = that sum (dx's old values unread), one rounding of
+// dx (of x's 16-bit type or F32); dxa of x's type.
+void lora_input_grad_sm90a(void* dx, KType dx_type, bool accumulate, const void* dxa, KType type,
+                           const LoraFusedGroup& group, int64_t M, int64_t in, cudaStream_t stream);
 
 // Whether the weight-gradient kernel takes the group: as lora_down_sm90a_takes, and in % 128 == 0.
 bool lora_weight_grad_sm90a_takes(KType type, int64_t in, const LoraFusedGroup& group);

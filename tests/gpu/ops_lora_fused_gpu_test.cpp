@@ -211,11 +211,18 @@ TEST_F(GpuOpsLoraFused, HopperKernelsMatchTheCpu) {
     EXPECT_EQ(cuda_ops::lora_weight_grad_sm90a_runs() - weight_grad, hopper ? 1 : 0);
     expect_runs_close(fused, cpu, "fused (Hopper kernels) vs cpu");
   }
-  // dx written rather than added to, through the Hopper input gradient: the old dx must not show.
-  const LoraGroup group({300, 512, {64}, {256}, DType::BF16, DType::F32});
-  set_gpu_lora_kernels(GpuLoraKernels::Fused);
-  expect_runs_close(group.run(Device::CUDA, /*accumulate_dx=*/false), group.run(Device::CPU, /*accumulate_dx=*/false),
-                    "fused (Hopper kernels), dx written");
+  // dx written rather than added to, through the Hopper input gradient (its own instantiation,
+  // which never reads dx): the old dx (random) must not show, in fp32 and in 16 bits.
+  for (const GroupCase& c : {GroupCase{300, 512, {64}, {256}, DType::BF16, DType::F32},
+                             GroupCase{300, 512, {64, 64, 64}, {256, 64, 64}, DType::BF16, DType::BF16}}) {
+    SCOPED_TRACE(c.name());
+    const LoraGroup group(c);
+    set_gpu_lora_kernels(GpuLoraKernels::Fused);
+    const int64_t input_grad = cuda_ops::lora_input_grad_sm90a_runs();
+    expect_runs_close(group.run(Device::CUDA, /*accumulate_dx=*/false), group.run(Device::CPU, /*accumulate_dx=*/false),
+                      "fused (Hopper kernels), dx written");
+    EXPECT_EQ(cuda_ops::lora_input_grad_sm90a_runs() - input_grad, hopper ? 1 : 0);
+  }
 }
 
 // dx written rather than added to (a group of one runs its adapter's part first,

@@ -84,14 +84,15 @@ bool lora_fused_backward_input(TensorView dx, bool accumulate_dx, std::span<cons
     cuda::lora_fused_weight_grad(grads.data(), dxa.data, x.data, type, g, M, in, workspace.data<float>(),
                                  cuda::stream());
   }
-  if (dx.data != nullptr && !accumulate_dx) fill_zero(dx);  // the kernel adds to dx
   if (dx.data != nullptr) {
     const cuda::KType dx_type = ktype("lora_backward", dx);
-    // On Hopper the wgmma kernel takes rank-64 groups of up to 3 (dx of x's type or F32).
+    // On Hopper the wgmma kernel takes rank-64 groups of up to 3 (dx of x's type or F32), and
+    // writes dx without reading it where it is not accumulated into.
     if (hopper && (dx_type == type || dx_type == cuda::KType::F32) && cuda::lora_input_grad_sm90a_takes(type, in, g)) {
-      cuda::lora_input_grad_sm90a(dx.data, dx_type, dxa.data, type, g, M, in, cuda::stream());
+      cuda::lora_input_grad_sm90a(dx.data, dx_type, accumulate_dx, dxa.data, type, g, M, in, cuda::stream());
       ++hopper_input_grad_runs;
     } else {
+      if (!accumulate_dx) fill_zero(dx);  // the mma kernel adds to dx
       cuda::lora_fused_input_grad(dx.data, dx_type, dxa.data, type, g, M, in, cuda::stream());
     }
   }
