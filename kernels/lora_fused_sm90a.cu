@@ -167,6 +167,18 @@ __device__ void produce(const Maps& maps, uint8_t* smem, Barriers& bar, int m0, 
 
 // ---- a consumer warpgroup ----
 
+// Waits until at most `pending` committed groups of products are still running (0 to 2: the
+// unrolled callers make it a constant).
+__device__ __forceinline__ void wgmma_wait_pending(int pending) {
+  if (pending >= 2)
+    wgmma_wait<2>();
+  else if (pending == 1)
+    wgmma_wait<1>();
+  else
+    wgmma_wait<0>();
+}
+
+
 // A register of x's A operand (two consecutive 16-bit elements, lower column in the lower bits)
 // as an adapter's dropout leaves it: `fields` decide the two (kernels/lora_fused_sm90a_layout.h); a kept
 // element times keep_scale and rounded to T, a dropped one 0, as the CPU's dropped copy holds them.
@@ -187,9 +199,17 @@ __device__ __forceinline__ lora_sm90a_layout::PairFields pair_fields(uint64_t mi
   return combine(mine.keep, __shfl_xor_sync(0xffffffffu, mine.give, 1), odd);
 }
 
+// A step's products go out adapter by adapter, each group issued as soon as its adapter's operand
+// is masked, so masking one adapter overlaps the products of the ones before it. Groups of up to
+// 2 adapters also mask step i + 1 into a second register set while step i's products run (3
+// adapters have no registers for a second set: ptxas spills). Every operand register is written
+// only while no product reads it: rewriting one a running group had read (as a wait for just
+// that group would allow) makes ptxas serialise every product of the kernel.
 template <class T, class XA, int COUNT>
 struct Consumer {
+  static constexpr bool kTwoSets = COUNT <= 2;
   using S = Smem<COUNT>;
+  using Set = uint32_t[COUNT][kSlices * 4];  // a step's x rows as each adapter's A operand
   uint8_t* smem;
   Barriers& bar;
   const Params& p;
@@ -200,65 +220,103 @@ struct Consumer {
   // This thread's rows (and + 8) of x, in the block and in x.
   const int row_in_block = 64 * index + 16 * warp + g;
   float acc[COUNT][32] = {};
-  uint32_t masked[COUNT][kSlices * 4];  // the step's x rows as each adapter's A operand
+  uint32_t raw[kSlices * 4];  // the step's x rows as wgmma's A operand, unmasked
+  Set even;                   // as each adapter's dropout leaves them: every step, or the even ones
+  Set odd;                    // the odd steps' (kTwoSets; unused otherwise)
 
-  // Step i's x rows masked per adapter (the stage has landed).
-  __device__ __forceinline__ void mask_step(int i) {
+  // Step i's x rows (the stage has landed) into raw.
+  __device__ __forceinline__ void load_step(int i) {
+    mbarrier_wait(&bar.full[stage_of(i)], parity_of(i));
     const uint8_t* x_rows = smem + S::kX + stage_of(i) * S::kXBytes + index * S::kConsumerRows;
-    const int64_t step_column = static_cast<int64_t>(k_begin) + static_cast<int64_t>(i) * kStepColumns;
-    const bool odd = (t4 & 1) != 0;
 #pragma unroll
     for (int kk = 0; kk < kSlices; ++kk) {
-      uint32_t raw[4];
-      mma_fragments::ldmatrix_x4(raw, x_rows + lora_sm90a_layout::ldmatrix_offset(warp, lane, kk));
-      // raw[2h], raw[2h + 1]: rows g and g + 8 of the same columns.
+      uint32_t r[4];
+      mma_fragments::ldmatrix_x4(r, x_rows + lora_sm90a_layout::ldmatrix_offset(warp, lane, kk));
+#pragma unroll
+      for (int q = 0; q < 4; ++q) raw[4 * kk + q] = r[q];  // [2h], [2h + 1]: rows g and g + 8, same columns
+    }
+  }
+
+  // raw masked with adapter j's dropout (step i's columns) into set[j].
+  __device__ __forceinline__ void mask_adapter(int i, int j, Set& set) {
+    const int64_t step_column = static_cast<int64_t>(k_begin) + static_cast<int64_t>(i) * kStepColumns;
+    const bool odd_lane = (t4 & 1) != 0;
+#pragma unroll
+    for (int kk = 0; kk < kSlices; ++kk)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const lora_sm90a_layout::Pair at = lora_sm90a_layout::fragment_pair(warp, lane, kk, 2 * h);
         const int64_t row = static_cast<int64_t>(m0) + 64 * index + at.row, column = step_column + at.column;
         const int64_t quad_g = (row * p.in + column) >> 2, quad_g8 = ((row + 8) * p.in + column) >> 2;
-#pragma unroll
-        for (int j = 0; j < COUNT; ++j) {
-          const lora_sm90a_layout::PairFields f = pair_fields(p.g.mixed_key[j], quad_g, quad_g8, odd);
-          masked[j][4 * kk + 2 * h] = dropped_pair<T>(raw[2 * h], f.row_g, p.g.threshold, p.g.keep_scale);
-          masked[j][4 * kk + 2 * h + 1] = dropped_pair<T>(raw[2 * h + 1], f.row_g8, p.g.threshold, p.g.keep_scale);
-        }
+        const lora_sm90a_layout::PairFields f = pair_fields(p.g.mixed_key[j], quad_g, quad_g8, odd_lane);
+        set[j][4 * kk + 2 * h] = dropped_pair<T>(raw[4 * kk + 2 * h], f.row_g, p.g.threshold, p.g.keep_scale);
+        set[j][4 * kk + 2 * h + 1] = dropped_pair<T>(raw[4 * kk + 2 * h + 1], f.row_g8, p.g.threshold, p.g.keep_scale);
       }
-    }
   }
 
-  // Step i's products, issued and committed (not waited for).
-  __device__ __forceinline__ void issue_step(int i) {
-    const uint8_t* a_tiles = smem + S::kA + stage_of(i) * COUNT * S::kABytes;
-#pragma unroll
-    for (int j = 0; j < COUNT; ++j) fence_operand(acc[j]);
-#pragma unroll
-    for (int j = 0; j < COUNT; ++j) fence_operand(masked[j]);
+  // Adapter j's products of step i from set[j], issued and committed as one group.
+  __device__ __forceinline__ void issue_adapter(int i, int j, Set& set) {
+    const uint8_t* a_tile = smem + S::kA + (stage_of(i) * COUNT + j) * S::kABytes;
+    fence_operand(acc[j]);
+    fence_operand(set[j]);
     wgmma_fence();
+    const uint64_t a = opaque(descriptor_k_major(a_tile));
 #pragma unroll
-    for (int j = 0; j < COUNT; ++j) {
-      const uint64_t a = opaque(descriptor_k_major(a_tiles + j * S::kABytes));
-#pragma unroll
-      for (int kk = 0; kk < kSlices; ++kk) {
-        const uint32_t slice[4] = {masked[j][4 * kk], masked[j][4 * kk + 1], masked[j][4 * kk + 2],
-                                   masked[j][4 * kk + 3]};
-        wgmma_m64n64k16_rs_k_major<T>(acc[j], slice, advanced(a, kk * 32));
-      }
+    for (int kk = 0; kk < kSlices; ++kk) {
+      const uint32_t slice[4] = {set[j][4 * kk], set[j][4 * kk + 1], set[j][4 * kk + 2], set[j][4 * kk + 3]};
+      wgmma_m64n64k16_rs_k_major<T>(acc[j], slice, advanced(a, kk * 32));
     }
     wgmma_commit();
   }
 
+  // Step i loaded, masked into `set` and issued, adapter by adapter.
+  __device__ __forceinline__ void start_step(int i, Set& set) {
+    load_step(i);
+#pragma unroll
+    for (int j = 0; j < COUNT; ++j) {
+      mask_adapter(i, j, set);
+      issue_adapter(i, j, set);
+    }
+  }
+
+  // Step i's products done (they read `set`), with the `behind` groups issued after them still
+  // running: step i's stage goes back.
+  __device__ __forceinline__ void finish_step(int i, Set& set, int behind = 0) {
+    wgmma_wait_pending(behind);
+#pragma unroll
+    for (int j = 0; j < COUNT; ++j) fence_operand(acc[j]);
+#pragma unroll
+    for (int j = 0; j < COUNT; ++j) fence_operand(set[j]);
+    mbarrier_arrive(&bar.empty[stage_of(i)]);
+  }
+
+  // With two sets, step i + 1 is loaded and masked while step i's products run and issues behind
+  // them (the tensor cores take a warpgroup's groups in order); step i is waited for, with step
+  // i + 1's groups still running, before its set is masked into again. Two steps an iteration
+  // keep each set a fixed array.
   __device__ void run(int steps) {
-    for (int i = 0; i < steps; ++i) {
-      mbarrier_wait(&bar.full[stage_of(i)], parity_of(i));
-      mask_step(i);
-      issue_step(i);
-      wgmma_wait<0>();
-#pragma unroll
-      for (int j = 0; j < COUNT; ++j) fence_operand(acc[j]);
-#pragma unroll
-      for (int j = 0; j < COUNT; ++j) fence_operand(masked[j]);
-      mbarrier_arrive(&bar.empty[stage_of(i)]);
+    if constexpr (!kTwoSets) {
+      for (int i = 0; i < steps; ++i) {
+        start_step(i, even);
+        finish_step(i, even);
+      }
+    } else {
+      if (steps == 0) return;
+      start_step(0, even);
+      int i = 1;
+      for (; i + 1 < steps; i += 2) {
+        start_step(i, odd);
+        finish_step(i - 1, even, COUNT);  // step i's COUNT groups may still run
+        start_step(i + 1, even);
+        finish_step(i, odd, COUNT);
+      }
+      if (i < steps) {
+        start_step(i, odd);
+        finish_step(i - 1, even, COUNT);
+        finish_step(i, odd);
+      } else {
+        finish_step(i - 1, even);
+      }
     }
   }
 
@@ -387,17 +445,6 @@ __device__ __forceinline__ void store_pair(DX* at, float lo, float hi) {
     }
     *reinterpret_cast<uint32_t*>(at) = pack2<DX>(lo, hi);
   }
-}
-
-// Waits until at most `pending` committed groups of products are still running (0 to 2: the
-// unrolled callers make it a constant).
-__device__ __forceinline__ void wgmma_wait_pending(int pending) {
-  if (pending >= 2)
-    wgmma_wait<2>();
-  else if (pending == 1)
-    wgmma_wait<1>();
-  else
-    wgmma_wait<0>();
 }
 
 template <class T, class DX, bool ADD, int COUNT>
