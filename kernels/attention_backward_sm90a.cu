@@ -87,21 +87,25 @@ struct Smem {
   static constexpr int kFixedB = kFixedBytes;
   static constexpr int kRingA = 2 * kFixedBytes;
   static constexpr int kRingB = kRingA + kStages * kStepBytes;
-  // Kernel 2's per-step column statistics (lse · log2 e, drow, segment start) of each consumer,
-  // double-buffered.
+  // Kernel 2's per-step column statistics (lse · log2 e, drow, segment start of the step's 64
+  // queries), one set per ring stage, written by the producer's stats warp.
   static constexpr int kStats = kRingB + kStages * kStepBytes;
-  static constexpr int kStatsBytes = 2 * 3 * kStepRows * static_cast<int>(sizeof(float));  // per consumer
+  static constexpr int kStatsBytes = 3 * kStepRows * static_cast<int>(sizeof(float));  // per stage
   // Kernel 2 with segments: the count of listed query tiles, then the tiles.
-  static constexpr int kTileList = kStats + kConsumers * kStatsBytes;
+  static constexpr int kTileList = kStats + kStages * kStatsBytes;
   static constexpr int kBarriers = kTileList + (1 + kMaxListedTiles + 3) / 4 * 16;  // 16-byte aligned
   static constexpr int kConsumerRows = 64 * kSwizzleRowBytes;  // consumer c's rows of a fixed tile: c times this
 };
 
 struct Barriers {
   uint64_t fixed_full;
-  uint64_t full[kStages];   // both ring tiles of the stage have landed
+  uint64_t full[kStages];   // both ring tiles of the stage have landed (kernel 2: and its statistics)
   uint64_t empty[kStages];  // every consumer thread is done with the stage
 };
+
+// Kernel 2's statistics warp (warp 1 of the producer warpgroup) arrives on each stage's full
+// barrier with every lane, beside the copy thread's one arrival.
+constexpr int kStatsWarpArrivals = 32;
 
 template <int D>
 constexpr size_t smem_bytes() {
@@ -238,8 +242,6 @@ __device__ void consume_dkdv(uint8_t* smem, Barriers& bar, const Params& p, cons
   const int key = t.k0 + 64 * consumer + row;  // this thread's keys: key and key + 8
   const uint8_t* k_rows = smem + S::kFixedA + consumer * S::kConsumerRows;
   const uint8_t* v_rows = smem + S::kFixedB + consumer * S::kConsumerRows;
-  float* const stats = reinterpret_cast<float*>(smem + S::kStats + consumer * S::kStatsBytes);
-  const int thread = static_cast<int>(threadIdx.x) % 128;
   auto q_tile = [&](int stage) { return smem + S::kRingA + stage * S::kStepBytes; };
   auto do_tile = [&](int stage) { return smem + S::kRingB + stage * S::kStepBytes; };
   const float c = p.scale * kLog2e;
@@ -257,22 +259,12 @@ __device__ void consume_dkdv(uint8_t* smem, Barriers& bar, const Params& p, cons
     wgmma_commit();
     issue_scores<T, D>(dpt, v_rows, do_tile(s));
     wgmma_commit();
-    // While they run: the step's 64 query columns' lse (scaled to log2; past T, +inf), drow (past
-    // T, 0) and segment start, staged in shared memory by the warpgroup's first 64 threads
-    // (double-buffered): read from there where used, they take no registers across the products
-    // (kept in registers they made ptxas spill at D 128).
-    float* const lse2 = stats + (i & 1) * 3 * kStepRows;
-    float* const drow = lse2 + kStepRows;
-    int* const start = reinterpret_cast<int*>(drow + kStepRows);
-    if (thread < kStepRows) {
-      const int64_t row_base = (static_cast<int64_t>(t.b) * p.H + head) * p.T;
-      const int query = q0 + thread;
-      lse2[thread] = query < p.T ? __ldg(p.lse + row_base + query) * kLog2e : INFINITY;
-      drow[thread] = query < p.T ? __ldg(p.drow + row_base + query) : 0.0f;
-      if constexpr (kSegmented)
-        start[thread] = query < p.T ? __ldg(p.segment_start + static_cast<int64_t>(t.b) * p.T + query) : 0;
-    }
-    warpgroup_sync(1 + consumer);
+    // The step's 64 query columns' lse (scaled to log2; past T, +inf), drow (past T, 0) and
+    // segment start, which the stats warp put in the stage: read from there where used, they take
+    // no registers across the products (kept in registers they made ptxas spill at D 128).
+    const float* const lse2 = reinterpret_cast<const float*>(smem + S::kStats + s * S::kStatsBytes);
+    const float* const drow = lse2 + kStepRows;
+    const int* const start = reinterpret_cast<const int*>(drow + kStepRows);
     wgmma_wait<1>();  // Sᵀ; dPᵀ may still run
     fence_operand(st);
     const bool diagonal = q0 < t.k0 + kBlockRows;  // some key of the tile lies after some query
@@ -313,6 +305,36 @@ __device__ void consume_dkdv(uint8_t* smem, Barriers& bar, const Params& p, cons
   store_rows<D>(p.grad_b, p.grad_b_type, dv, 1.0f, key, p.T, p.KV, t.kv_head, t.b, t4);
 }
 
+// Kernel 2's statistics warp: for each step, once the stage is free, the step's 64 query columns'
+// lse · log2 e, drow and segment start (rows past T: +inf, 0, 0) into the stage, then every lane
+// arrives on its full barrier. The global loads' latency stays off the consumers' path (they read
+// the stage once its full barrier completes), and one copy serves both consumers.
+template <int D, bool kSegmented>
+__device__ void produce_stats(const Params& p, const KeyTile& t, uint8_t* smem, Barriers& bar) {
+  using S = Smem<D>;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int steps = t.steps();
+  for (int i = 0; i < steps; ++i) {
+    int q0 = 0, head = 0;
+    t.step_at(i, &q0, &head);
+    const int s = stage_of(i);
+    mbarrier_wait(&bar.empty[s], parity_of(i) ^ 1u);
+    float* const lse2 = reinterpret_cast<float*>(smem + S::kStats + s * S::kStatsBytes);
+    float* const drow = lse2 + kStepRows;
+    int* const start = reinterpret_cast<int*>(drow + kStepRows);
+    const int64_t row_base = (static_cast<int64_t>(t.b) * p.H + head) * p.T;
+#pragma unroll
+    for (int r = lane; r < kStepRows; r += 32) {
+      const int query = q0 + r;
+      lse2[r] = query < p.T ? __ldg(p.lse + row_base + query) * kLog2e : INFINITY;
+      drow[r] = query < p.T ? __ldg(p.drow + row_base + query) : 0.0f;
+      if constexpr (kSegmented)
+        start[r] = query < p.T ? __ldg(p.segment_start + static_cast<int64_t>(t.b) * p.T + query) : 0;
+    }
+    mbarrier_arrive(&bar.full[s]);  // release: the lane's stores are seen by whoever waits on the phase
+  }
+}
+
 // What both kernels' blocks do first and how their warpgroups split: the shared memory aligned to
 // 1024 bytes, the barriers set up, then warpgroup 0 produces (one thread: produce_tiles) with few
 // registers and the others consume (consume_tiles) with many.
@@ -320,15 +342,18 @@ __device__ __forceinline__ uint8_t* aligned_smem(uint8_t* smem_raw) {
   return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
 }
 
-// (A kernel may write shared memory before run_block: its barrier publishes that too.)
-template <int D, class Produce, class Consume>
-__device__ __forceinline__ void run_block(uint8_t* smem_raw, Produce&& produce_tiles, Consume&& consume_tiles) {
+// (A kernel may write shared memory before run_block: its barrier publishes that too.) A side
+// producer (kernel 2's statistics) runs on warp 1 of the producer warpgroup, arriving on the full
+// barriers with `side_arrivals` lanes.
+template <int D, class Produce, class Consume, class ProduceSide>
+__device__ __forceinline__ void run_block(uint8_t* smem_raw, Produce&& produce_tiles, Consume&& consume_tiles,
+                                          ProduceSide&& produce_side, int side_arrivals) {
   uint8_t* smem = aligned_smem(smem_raw);
   Barriers& bar = *reinterpret_cast<Barriers*>(smem + Smem<D>::kBarriers);
   if (threadIdx.x == 0) {
     mbarrier_init(&bar.fixed_full, 1);
     for (int s = 0; s < kStages; ++s) {
-      mbarrier_init(&bar.full[s], 1);
+      mbarrier_init(&bar.full[s], 1 + side_arrivals);
       mbarrier_init(&bar.empty[s], 128 * kConsumers);
     }
     mbarrier_init_fence();
@@ -337,6 +362,7 @@ __device__ __forceinline__ void run_block(uint8_t* smem_raw, Produce&& produce_t
   if (threadIdx.x < 128) {
     release_registers<kProducerRegisters>();
     if (threadIdx.x == 0) produce_tiles(smem, bar);
+    if (side_arrivals > 0 && threadIdx.x / 32 == 1) produce_side(smem, bar);
   } else {
     claim_registers<kConsumerRegisters>();
     consume_tiles(smem, bar);
@@ -358,7 +384,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         produce<D>(k_map, v_map, t.k0, t.kv_head, q_map, do_map, t.steps(),
                    [&](int i, int* rows, int* head) { t.step_at(i, rows, head); }, t.b, smem, bar);
       },
-      [&](uint8_t* smem, Barriers& bar) { consume_dkdv<T, D, kSegmented>(smem, bar, p, t); });
+      [&](uint8_t* smem, Barriers& bar) { consume_dkdv<T, D, kSegmented>(smem, bar, p, t); },
+      [&](uint8_t* smem, Barriers& bar) { produce_stats<D, kSegmented>(p, t, smem, bar); }, kStatsWarpArrivals);
 }
 
 // ---- kernel 3: dq ----
@@ -482,7 +509,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         produce<D>(q_map, do_map, t.q0, t.h, k_map, v_map, t.steps(),
                    [&](int i, int* rows, int* head) { t.step_at(i, rows, head); }, t.b, smem, bar);
       },
-      [&](uint8_t* smem, Barriers& bar) { consume_dq<T, D, kSegmented>(smem, bar, p, t); });
+      [&](uint8_t* smem, Barriers& bar) { consume_dq<T, D, kSegmented>(smem, bar, p, t); },
+      [](uint8_t*, Barriers&) {}, 0);
 }
 
 // ---- kernel 1: drow, and dout as a 16-bit tile source ----
