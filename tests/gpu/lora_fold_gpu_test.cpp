@@ -2,7 +2,7 @@
 //  - a quantised weight dequantised into a block of a wider matrix's columns (the kernels' pitched
 //    stores, 16-byte vectors or single values) holds the CPU's dense bits, the columns around it
 //    untouched;
-//  - copy_block (cudaMemcpy2DAsync, or the scaling kernel) gives the CPU's bits;
+//  - copy_block (16 bytes a thread, cudaMemcpy2DAsync, or the scaling kernel) gives the CPU's bits;
 //  - the model with the fold agrees with the separate products to rounding, its checkpointed
 //    recompute gives its own bits, and dequantising on the side stream (while the compute stream
 //    writes the s·B blocks of the same buffers) gives the bits of doing it in line.
@@ -86,6 +86,17 @@ TEST(GpuLoraFold, CopyBlockGivesTheCpusBits) {
       copy_block(MatrixView(gpu.view(), 20, 64), MatrixView(src_gpu.view(), 6, 64), scale);
       EXPECT_EQ(test::values_of(gpu.view()), host_values(cpu));
     }
+  // Rows, strides and pointers 16-byte aligned, one type: the 16-bytes-a-thread kernel.
+  for (DType type : {DType::BF16, DType::F32}) {
+    SCOPED_TRACE(fmt::format("aligned, {}", dtype_name(type)));
+    const Tensor src = test::random_tensor(Shape{300, 72}, type, 43);
+    Tensor cpu = test::random_tensor(Shape{300, 104}, type, 44);
+    Tensor gpu = on_gpu(cpu.view());
+    const Tensor src_gpu = on_gpu(src.view());
+    copy_block(MatrixView(cpu.view(), 24, 64), MatrixView(src.view(), 8, 64));
+    copy_block(MatrixView(gpu.view(), 24, 64), MatrixView(src_gpu.view(), 8, 64));
+    EXPECT_EQ(test::values_of(gpu.view()), host_values(cpu));
+  }
 }
 
 struct Outcome {
