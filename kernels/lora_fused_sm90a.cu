@@ -178,7 +178,6 @@ __device__ __forceinline__ void wgmma_wait_pending(int pending) {
     wgmma_wait<0>();
 }
 
-
 // A register of x's A operand (two consecutive 16-bit elements, lower column in the lower bits)
 // as an adapter's dropout leaves it: `fields` decide the two (kernels/lora_fused_sm90a_layout.h); a kept
 // element times keep_scale and rounded to T, a dropped one 0, as the CPU's dropped copy holds them.
