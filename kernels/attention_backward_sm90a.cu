@@ -25,7 +25,6 @@
 // of its block's smallest, and kernel 2 lists (in shared memory) the query tiles whose smallest
 // start is within its key tile. With every start 0 they give plain causal attention's bits.
 #include <algorithm>
-#include <cstdlib>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -114,29 +113,6 @@ constexpr size_t smem_bytes() {
 }
 
 __device__ __forceinline__ int stage_of(int i) { return i % kStages; }
-
-// Kernel 2's two consumers' turns to issue a step's score products (FSDPQ_ATTENTION_PINGPONG=1): consumer
-// c takes its turn (hardware barrier kTurn + c, both consumers' 256 threads), issues, and passes
-// the turn to the other. Strict alternation keeps the consumers half a step apart, so one's
-// softmax runs while the other's products hold the tensor cores (FlashAttention-3's ping-pong
-// schedule), where two consumers in step would both compute and leave them idle. Consumer 0 goes
-// first: consumer 1 passes once before its first step, and not after its last (every arrival is
-// matched by a turn taken). Off: no barrier at all. (Kernel 3 has none: with them ptxas serialises
-// every product of its loop, which issues dQ of the step before beside the scores.)
-template <bool kOn>
-struct Turns {
-  static constexpr uint32_t kTurn = 3;  // ids 3, 4 (0: __syncthreads; 1, 2: warpgroup_sync)
-  int consumer, steps;
-  __device__ void start() const {
-    if (kOn && consumer == 1) named_barrier_arrive(kTurn, 256);
-  }
-  __device__ void take() const {
-    if (kOn) named_barrier_sync(kTurn + consumer, 256);
-  }
-  __device__ void pass(int i) const {
-    if (kOn && !(consumer == 1 && i == steps - 1)) named_barrier_arrive(kTurn + (1 - consumer), 256);
-  }
-};
 __device__ __forceinline__ uint32_t parity_of(int i) { return static_cast<uint32_t>(i / kStages) & 1u; }
 
 // The producer: the two fixed tiles (rows r0.. of `fixed_head` in both maps), then for each step
@@ -257,7 +233,7 @@ __device__ __forceinline__ KeyTile key_tile_of_block(const Params& p, const int*
 // flight across a loop's back edge, or when too many registers are live to keep an in-flight
 // product's operands apart from the next one's (dK, dV, Sᵀ, dPᵀ, Pᵀ and dSᵀ together were too
 // many at D 128).
-template <class T, int D, bool kSegmented, bool kPingPong>
+template <class T, int D, bool kSegmented>
 __device__ void consume_dkdv(uint8_t* smem, Barriers& bar, const Params& p, const KeyTile& t) {
   using S = Smem<D>;
   const int consumer = static_cast<int>(threadIdx.x) / 128 - 1;
@@ -273,20 +249,16 @@ __device__ void consume_dkdv(uint8_t* smem, Barriers& bar, const Params& p, cons
   uint32_t pt[16] = {}, dst[16] = {};
   mbarrier_wait(&bar.fixed_full, 0);
   const int steps = t.steps();
-  const Turns<kPingPong> turns{consumer, steps};
-  turns.start();
   for (int i = 0; i < steps; ++i) {
     int q0 = 0, head = 0;
     t.step_at(i, &q0, &head);
     const int s = stage_of(i);
     mbarrier_wait(&bar.full[s], parity_of(i));
-    turns.take();
     wgmma_fence();
     issue_scores<T, D>(st, k_rows, q_tile(s));
     wgmma_commit();
     issue_scores<T, D>(dpt, v_rows, do_tile(s));
     wgmma_commit();
-    turns.pass(i);
     // The step's 64 query columns' lse (scaled to log2; past T, +inf), drow (past T, 0) and
     // segment start, which the stats warp put in the stage: read from there where used, they take
     // no registers across the products (kept in registers they made ptxas spill at D 128).
@@ -397,7 +369,7 @@ __device__ __forceinline__ void run_block(uint8_t* smem_raw, Produce&& produce_t
   }
 }
 
-template <class T, int D, bool kSegmented, bool kPingPong>
+template <class T, int D, bool kSegmented>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_dkdv_sm90a_kernel(const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map,
                                 const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap do_map,
@@ -412,7 +384,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         produce<D>(k_map, v_map, t.k0, t.kv_head, q_map, do_map, t.steps(),
                    [&](int i, int* rows, int* head) { t.step_at(i, rows, head); }, t.b, smem, bar);
       },
-      [&](uint8_t* smem, Barriers& bar) { consume_dkdv<T, D, kSegmented, kPingPong>(smem, bar, p, t); },
+      [&](uint8_t* smem, Barriers& bar) { consume_dkdv<T, D, kSegmented>(smem, bar, p, t); },
       [&](uint8_t* smem, Barriers& bar) { produce_stats<D, kSegmented>(p, t, smem, bar); }, kStatsWarpArrivals);
 }
 
@@ -626,19 +598,6 @@ namespace {
 int64_t round_up_256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 }  // namespace
 
-namespace {
-bool& pingpong_choice() {
-  static bool on = [] {
-    const char* v = std::getenv("FSDPQ_ATTENTION_PINGPONG");  // runtime/environment.cpp checks the value
-    return v != nullptr && std::string(v) == "1";
-  }();
-  return on;
-}
-}  // namespace
-
-bool attention_sm90a_backward_pingpong() { return pingpong_choice(); }
-void set_attention_sm90a_backward_pingpong(bool on) { pingpong_choice() = on; }
-
 int64_t attention_sm90a_backward_workspace_bytes(KType type, KType dout_type, int64_t B, int64_t T, int64_t H,
                                                  int64_t D, bool segmented) {
   const int64_t drow = B * H * T * static_cast<int64_t>(sizeof(float));
@@ -708,10 +667,8 @@ void attention_sm90a_backward(void* dq, KType dq_type, void* dk, KType dk_type, 
     kv.grad_a_type = dk_type;
     kv.grad_b = dv;
     kv.grad_b_type = dv_type;
-    const bool pp = attention_sm90a_backward_pingpong();
-    const auto dkdv = segment_start != nullptr
-                          ? (pp ? attention_dkdv_sm90a_kernel<T16, HD, true, true> : attention_dkdv_sm90a_kernel<T16, HD, true, false>)
-                          : (pp ? attention_dkdv_sm90a_kernel<T16, HD, false, true> : attention_dkdv_sm90a_kernel<T16, HD, false, false>);
+    const auto dkdv = segment_start != nullptr ? attention_dkdv_sm90a_kernel<T16, HD, true>
+                                               : attention_dkdv_sm90a_kernel<T16, HD, false>;
     allow_smem(dkdv, smem, "attention_sm90a_backward (dk, dv: shared memory attribute)");
     dkdv<<<dim3(tiles, static_cast<unsigned>(KV), static_cast<unsigned>(B)), kThreads, smem, stream>>>(
         k_map, v_map, q_map, do_map, kv);

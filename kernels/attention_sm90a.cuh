@@ -34,12 +34,6 @@ void attention_sm90a_forward(void* out, float* lse, const void* q, const void* k
                              const int32_t* segment_start, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
                              cudaStream_t stream);
 
-// Whether the backward's dK/dV kernel's two consumer warpgroups take turns issuing their score
-// products (FSDPQ_ATTENTION_PINGPONG=1 at start-up; off by default until measured faster; tests set
-// it). The same bits either way: only the order the products are issued in changes.
-bool attention_sm90a_backward_pingpong();
-void set_attention_sm90a_backward_pingpong(bool on);
-
 // The backward (kernels/attention_backward_sm90a.cu): deterministic, every gradient written once.
 // dq, dk, dv of any KType; dout of any KType, rounded to `type` (what autocast does; drow uses the
 // rounded dout too). The workspace holds drow (B·H·T floats) and, when dout_type != type, dout

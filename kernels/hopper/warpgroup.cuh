@@ -20,13 +20,4 @@ __device__ __forceinline__ void claim_registers() {
 // __syncthreads'), so other warpgroups do not wait.
 __device__ __forceinline__ void warpgroup_sync(uint32_t id) { asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory"); }
 
-// Hardware barrier `id` shared by `threads` threads of several warpgroups: sync waits until that
-// many have arrived (itself included), arrive counts this thread without waiting.
-__device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threads) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
 }  // namespace fsdpq::cuda::hopper

@@ -13,7 +13,6 @@ const std::vector<EnvironmentKnob>& environment_knobs() {
       {"FSDPQ_SHARE_GPUS", {"0", "1"}, "let several ranks share a GPU"},
       {"FSDPQ_COLLECTIVES", {"nccl", "mpi"}, "the transport of the collectives over GPU memory"},
       {"FSDPQ_ATTENTION", {"auto", "mma", "simt", "cudnn", "cudnn-nondeterministic", "wgmma"}, "the GPU attention kernels"},
-      {"FSDPQ_ATTENTION_PINGPONG", {"0", "1"}, "alternate the Hopper attention backward's consumer warpgroups' score products"},
       {"FSDPQ_SECTION_TIMES", {"0", "1"}, "log the compute stream's time per section of the pass"},
       {"FSDPQ_LORA_KERNELS", {"separate", "fused"}, "the GPU kernels of LoRA adapters with dropout"},
       {"FSDPQ_DORA_NORM", {"direct", "expanded"}, "how the GPU computes DoRA's weight norms"},

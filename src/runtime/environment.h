@@ -5,7 +5,6 @@
 //   FSDPQ_COLLECTIVES    nccl | mpi     the GPU-memory collectives' transport (fsdp/device_collectives.h)
 //   FSDPQ_ATTENTION      auto | mma | simt | cudnn | cudnn-nondeterministic | wgmma
 //                                       the GPU attention kernels (ops/attention.h)
-//   FSDPQ_ATTENTION_PINGPONG  0 | 1     the Hopper backward's consumers take turns (kernels/attention_sm90a.cuh)
 //   FSDPQ_SECTION_TIMES  0 | 1          per-section timing of the pass (backend/section_times.h)
 //   FSDPQ_LORA_KERNELS   separate | fused  LoRA with dropout on the GPU (ops/lora.h)
 //   FSDPQ_HQQ_SOLVER     auto | cpu | gpu  where HQQ's solver runs (quant/hqq_solve.h)

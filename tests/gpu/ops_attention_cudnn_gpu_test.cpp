@@ -219,28 +219,6 @@ TEST(GpuOpsAttentionWgmma, BackwardRepeatsBitForBit) {
   }
 }
 
-// The dK/dV kernel's consumers taking turns (FSDPQ_ATTENTION_PINGPONG) changes only when products
-// are issued: the same bits as without, at both head dims (GQA 32/8 and 32/32).
-TEST(GpuOpsAttentionWgmma, PingPongGivesTheSameBits) {
-  test::use_gpu();
-  if (const std::string& why = cuda::attention_sm90a_unavailable(); !why.empty()) GTEST_SKIP() << why;
-  const bool was = cuda::attention_sm90a_backward_pingpong();
-  for (const AttentionCase& c : {kModelCase, AttentionCase{2, 1000, 32, 8, 64, DType::F16, DType::F16, DType::F16}}) {
-    const test::AttentionInputs in(c, 9);
-    test::GpuAttention g(c, in);
-    forward_with(GpuAttentionKernels::Wgmma, g);
-    std::vector<std::vector<double>> runs;
-    for (bool on : {false, true}) {
-      cuda::set_attention_sm90a_backward_pingpong(on);
-      const cuda_ops::WgmmaAttentionCounts before = cuda_ops::wgmma_attention_counts();
-      runs.push_back(backward_with(GpuAttentionKernels::Wgmma, g));
-      EXPECT_EQ(cuda_ops::wgmma_attention_counts().backward_ran - before.backward_ran, 1) << c.name();
-    }
-    EXPECT_EQ(differing(runs[0], runs[1]), 0) << c.name();
-  }
-  cuda::set_attention_sm90a_backward_pingpong(was);
-}
-
 // Where cuDNN declines, the op runs exactly what it runs without cuDNN (the wgmma route: the Hopper
 // kernels where they fit, else the mma ones), and says why once: operand types cuDNN does not take (F16 q, k, v with an F32 out), and a shape it refuses
 // (the backward of T = 1).
