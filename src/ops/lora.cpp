@@ -1,5 +1,6 @@
 #include "ops/lora.h"
 
+#include "backend/cuda_backend.h"
 #include "backend/section_times.h"
 
 #include "ops/checks.h"
@@ -16,6 +17,7 @@
 #include <array>
 #include <cmath>
 #include <cstdlib>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -38,14 +40,26 @@ void for_each_quad(int64_t n, Body&& body) {
 
 bool dropout_active(const LoraParams& params) { return params.training && params.dropout > 0.0f; }
 
-GpuLoraKernels& gpu_lora_choice() {
-  static GpuLoraKernels choice = [] {
-    const char* env = std::getenv("FSDPQ_LORA_KERNELS");
-    // unset or "separate" (runtime/environment.cpp refuses other values): the fused kernels are
-    // not yet faster (docs/ops.md)
-    return env != nullptr && std::string_view(env) == "fused" ? GpuLoraKernels::Fused : GpuLoraKernels::Separate;
+// The process's choice: set (FSDPQ_LORA_KERNELS fused or separate, or a test), or auto (nullopt).
+std::optional<GpuLoraKernels>& gpu_lora_choice() {
+  static std::optional<GpuLoraKernels> choice = []() -> std::optional<GpuLoraKernels> {
+    const char* env = std::getenv("FSDPQ_LORA_KERNELS");  // runtime/environment.cpp checks the value
+    if (env != nullptr && std::string_view(env) == "fused") return GpuLoraKernels::Fused;
+    if (env != nullptr && std::string_view(env) == "separate") return GpuLoraKernels::Separate;
+    return std::nullopt;  // unset or "auto"
   }();
   return choice;
+}
+
+// Auto: the fused kernels where the Hopper ones run (asked once CUDA is up), else separate.
+GpuLoraKernels automatic_gpu_lora_kernels() {
+  if constexpr (kWithCuda) {
+    if (!cuda_initialized()) return GpuLoraKernels::Separate;
+    static const GpuLoraKernels resolved =
+        cuda_ops::hopper_lora_kernels_run() ? GpuLoraKernels::Fused : GpuLoraKernels::Separate;
+    return resolved;
+  }
+  return GpuLoraKernels::Separate;
 }
 
 // A group's dropout masks: one mixed key per adapter, the probability's threshold and 1 / (1 - p).
@@ -258,7 +272,7 @@ void down_products(TensorView xa, const TensorView& x, std::span<const LoraSite>
 
 float lora_scaling(const LoraParams& params, int64_t rank) { return params.alpha / static_cast<float>(rank); }
 
-GpuLoraKernels gpu_lora_kernels() { return gpu_lora_choice(); }
+GpuLoraKernels gpu_lora_kernels() { return gpu_lora_choice().value_or(automatic_gpu_lora_kernels()); }
 void set_gpu_lora_kernels(GpuLoraKernels kernels) { gpu_lora_choice() = kernels; }
 
 bool lora_dropout_keeps(uint64_t key, uint64_t index, float probability) {

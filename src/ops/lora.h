@@ -63,12 +63,15 @@ struct LoraSiteGrads {
   TensorView dA, dB;  // F32, accumulated
 };
 
-// How the GPU runs a group whose dropout is active: Separate (the default), a dropped copy of x per
+// How the GPU runs a group whose dropout is active: Separate, a dropped copy of x per
 // adapter and cuBLAS products; Fused, kernels that apply each adapter's mask inside its products and
 // never write a dropped copy of x (kernels/lora_fused.cuh), where they take the group (16-bit x and
 // A, ranks multiples of 16 summing to at most 256, an input width that is a multiple of 128). Fused
-// is not the default until it is faster (measured: docs/ops.md).
-// The environment's FSDPQ_LORA_KERNELS (fused, separate) sets it at start-up; tests set it here.
+// is the default where the Hopper kernels run (an H100 or H200: 3.4% faster on the 7B step, docs/ops.md),
+// Separate elsewhere (the mma fused kernels were not faster there). The environment's
+// FSDPQ_LORA_KERNELS (auto, fused, separate) sets it at start-up; tests set it here. Auto resolves
+// once CUDA is initialised (before that gpu_lora_kernels() answers Separate: `fsdpq plan` without
+// a GPU counts the separate path's temporaries, the larger).
 enum class GpuLoraKernels { Fused, Separate };
 GpuLoraKernels gpu_lora_kernels();
 void set_gpu_lora_kernels(GpuLoraKernels kernels);

@@ -6,7 +6,7 @@
 //   FSDPQ_ATTENTION      auto | mma | simt | cudnn | cudnn-nondeterministic | wgmma
 //                                       the GPU attention kernels (ops/attention.h)
 //   FSDPQ_SECTION_TIMES  0 | 1          per-section timing of the pass (backend/section_times.h)
-//   FSDPQ_LORA_KERNELS   separate | fused  LoRA with dropout on the GPU (ops/lora.h)
+//   FSDPQ_LORA_KERNELS   auto | separate | fused  LoRA with dropout on the GPU (ops/lora.h)
 //   FSDPQ_HQQ_SOLVER     auto | cpu | gpu  where HQQ's solver runs (quant/hqq_solve.h)
 //   FSDPQ_DORA_NORM      direct | expanded  DoRA's weight norms on the GPU (ops/dora.h)
 //   FSDPQ_DEQUANTIZE_STREAM  side | compute  where the GPU dequantises a layer's base weights

@@ -101,6 +101,7 @@ bool lora_fused_backward_input(TensorView dx, bool accumulate_dx, std::span<cons
 }
 
 int64_t lora_fused_runs() { return runs.load(); }
+bool hopper_lora_kernels_run() { return cuda::lora_fused_sm90a_unavailable().empty(); }
 int64_t lora_down_sm90a_runs() { return hopper_down_runs.load(); }
 int64_t lora_input_grad_sm90a_runs() { return hopper_input_grad_runs.load(); }
 int64_t lora_weight_grad_sm90a_runs() { return hopper_weight_grad_runs.load(); }
