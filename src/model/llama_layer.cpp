@@ -205,7 +205,7 @@ std::array<int64_t, kLinearModules> folded_columns(const std::array<FoldCandidat
   std::array<int64_t, kLinearModules> extra{};
   for (int group = 0; group < kLinearGroups; ++group) {
     const std::span<const int> members = group_modules(group);
-    bool folds = members.size() > 1;
+    bool folds = true;
     for (int m : members)
       folds = folds && modules[m].plain_lora_on_quantized_base && modules[m].rank > 0 && modules[m].in % 64 == 0;
     int64_t columns = 0;

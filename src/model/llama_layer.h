@@ -96,8 +96,8 @@ struct LayerCompute {
 
 // Which modules a layer folds when lora_fold() (model/llama_model.h) is on: the one rule the model
 // and the planner (src/plan/) both apply. Per module, the columns its folded weight adds after its
-// base's (K_j above), 0 where its group is not folded: a group of several modules folds when every
-// module is plain LoRA (rank > 0, not DoRA) on a quantised, frozen base whose rows are whole
+// base's (K_j above), 0 where its group is not folded: a group (q/k/v, o, gate/up, down) folds when
+// every module is plain LoRA (rank > 0, not DoRA) on a quantised, frozen base whose rows are whole
 // 64-value blocks (NF4's blocks, HQQ's groups: what the CPU's dequantisation writes a row at a
 // time; every Llama width).
 struct FoldCandidate {

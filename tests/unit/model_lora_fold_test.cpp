@@ -1,4 +1,4 @@
-// FSDPQ_LORA_FOLD (LayerCompute, model/llama_layer.h): q/k/v's and gate/up's LoRA B products folded
+// FSDPQ_LORA_FOLD (LayerCompute, model/llama_layer.h): every group's LoRA B products (q/k/v, o, gate/up, down) folded
 // into their base GEMMs. The fold computes the same sums in another grouping (one GEMM over
 // [x | xa] instead of the B product rounded into y, then the base product added), so against the
 // separate products it agrees to rounding; against itself it is exact: a checkpointed recompute
