@@ -16,7 +16,7 @@ const std::vector<EnvironmentKnob>& environment_knobs() {
       {"FSDPQ_SECTION_TIMES", {"0", "1"}, "log the compute stream's time per section of the pass"},
       {"FSDPQ_LORA_KERNELS", {"auto", "separate", "fused"}, "the GPU kernels of LoRA adapters with dropout"},
       {"FSDPQ_DORA_NORM", {"direct", "expanded"}, "how the GPU computes DoRA's weight norms"},
-      {"FSDPQ_LORA_FOLD", {"0", "1"}, "fold q/k/v's and gate/up's LoRA B products into their base GEMMs (quantised bases)"},
+      {"FSDPQ_LORA_FOLD", {"0", "1"}, "fold the LoRA B products into their base GEMMs (quantised bases): one rounding"},
       {"FSDPQ_DEQUANTIZE_STREAM", {"side", "compute"}, "the GPU stream that makes a layer's quantised weights dense"},
       {"FSDPQ_HQQ_SOLVER", {"auto", "cpu", "gpu"}, "where HQQ's quantisation solver runs (the same bytes either way)"},
   };
