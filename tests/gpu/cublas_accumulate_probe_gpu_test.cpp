@@ -181,5 +181,25 @@ TEST(GpuCublasAccumulateProbe, WhichConfigurationsKeepASubUlpAddend) {
         }
 }
 
+// Speed of the in-place accumulate with each compute type at the 7B layer's shapes (q/k/v/o: 4096
+// out; gate/up: 11008; down: K 11008), 8192 tokens: whether COMPUTE_32F_PEDANTIC's one rounding
+// (FSDPQ_GEMM_ACCUMULATE=pedantic) costs anything.
+TEST(GpuCublasAccumulateProbe, Speed) {
+  test::use_gpu();
+  if (!test::perf_mode()) GTEST_SKIP() << "FSDPQ_GPU_PERF=1 prints the timings";
+  const int64_t M = 8192;
+  for (const auto& [N, K] : {std::pair<int64_t, int64_t>{4096, 4096}, {11008, 4096}, {4096, 11008}}) {
+    const Tensor x = test::on_gpu(test::random_tensor(Shape{M, K}, DType::BF16, 81).view());
+    const Tensor W = test::on_gpu(test::random_tensor(Shape{N, K}, DType::BF16, 82).view());
+    Tensor y = test::on_gpu(test::random_tensor(Shape{M, N}, DType::BF16, 83).view());
+    for (const auto& [compute, name] : {std::pair{CUBLAS_COMPUTE_32F, "COMPUTE_32F"},
+                                        std::pair{CUBLAS_COMPUTE_32F_PEDANTIC, "COMPUTE_32F_PEDANTIC"}}) {
+      const Accumulate run = gemm_ex(compute);
+      test::report_perf(fmt::format("accumulating GemmEx {} {}x{}x{}", name, M, N, K), 0, 2.0 * M * N * K,
+                        [&] { run(y.view().data, x.view().data, W.view().data, M, N, K, true); });
+    }
+  }
+}
+
 }  // namespace
 }  // namespace fsdpq

@@ -5,7 +5,9 @@
 // matmul.h view has it).
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <stdexcept>
+#include <string_view>
 
 #include "backend/cuda_backend.h"
 #include "ops/cuda_ops.h"
@@ -40,6 +42,19 @@ ColumnMajor column_major(const MatrixOperand& m, const char* name) {
                                      m.rows, m.cols, m.row_stride, m.col_stride));
 }
 
+// The compute type of a GEMM into c. Accumulating into a 16-bit C in place, cuBLAS's COMPUTE_32F
+// kernels round the product to C's type before adding C (a C below half its spacing is lost:
+// bench/RESULTS.md, stop 37); COMPUTE_32F_PEDANTIC rounds the sum once, as the CPU does.
+// FSDPQ_GEMM_ACCUMULATE=pedantic takes it for those GEMMs (until its speed is measured, the
+// default keeps cuBLAS's fast path).
+cublasComputeType_t compute_type(bool accumulate, DType c_type) {
+  static const bool pedantic = [] {
+    const char* v = std::getenv("FSDPQ_GEMM_ACCUMULATE");  // runtime/environment.cpp checks the value
+    return v != nullptr && std::string_view(v) == "pedantic";
+  }();
+  return pedantic && accumulate && c_type != DType::F32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
+}
+
 }  // namespace
 
 void gemm(const MatrixOutput& c, const MatrixOperand& a, const MatrixOperand& b, bool accumulate, float scale) {
@@ -68,7 +83,8 @@ void gemm(const MatrixOutput& c, const MatrixOperand& a, const MatrixOperand& b,
   cuda::check_cublas(cuda::cublas_api().gemm_ex(cuda::cublas(), bt.op, at.op, static_cast<int>(N), static_cast<int>(M),
                                   static_cast<int>(K), &alpha, b.data, cuda_type(b.dtype), static_cast<int>(bt.ld),
                                   a.data, cuda_type(a.dtype), static_cast<int>(at.ld), &beta, c.data,
-                                  cuda_type(c.dtype), static_cast<int>(c.stride()), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                                  cuda_type(c.dtype), static_cast<int>(c.stride()), compute_type(accumulate, c.dtype),
+                                  CUBLAS_GEMM_DEFAULT),
                      "GemmEx");
 }
 
