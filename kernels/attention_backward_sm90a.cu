@@ -10,7 +10,8 @@
 // Kernels 2 and 3 both recompute the scores and dP (7 tile products per tile pair instead of 5),
 // the price of writing every gradient exactly once in a fixed order. Both are warp specialised as
 // the forward is: warpgroup 0 produces (one thread issues the bulk tensor copies into a three-stage
-// ring), warpgroups 1 and 2 consume, 64 rows each (keys in kernel 2, queries in kernel 3).
+// ring; in kernel 2 its warp 1 also puts each step's query statistics into the stage), warpgroups 1
+// and 2 consume, 64 rows each (keys in kernel 2, queries in kernel 3).
 // The products, with m64 rows per consumer:
 //   kernel 2: Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (shared-memory operands, K-major, n64), then
 //             dV += Pᵀ dO and dK += dSᵀ Q (Pᵀ, dSᵀ from registers; dO, Q read MN-major, nD);
