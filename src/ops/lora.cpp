@@ -274,6 +274,7 @@ float lora_scaling(const LoraParams& params, int64_t rank) { return params.alpha
 
 GpuLoraKernels gpu_lora_kernels() { return gpu_lora_choice().value_or(automatic_gpu_lora_kernels()); }
 void set_gpu_lora_kernels(GpuLoraKernels kernels) { gpu_lora_choice() = kernels; }
+void use_automatic_gpu_lora_kernels() { gpu_lora_choice().reset(); }
 
 bool lora_dropout_keeps(uint64_t key, uint64_t index, float probability) {
   return keeps_lane(keep_word(mix64(key), static_cast<int64_t>(index / 4)), static_cast<int>(index % 4),

@@ -75,6 +75,7 @@ struct LoraSiteGrads {
 enum class GpuLoraKernels { Fused, Separate };
 GpuLoraKernels gpu_lora_kernels();
 void set_gpu_lora_kernels(GpuLoraKernels kernels);
+void use_automatic_gpu_lora_kernels();  // back to auto, whatever the environment said
 
 // ys[i] += adapter i's output; with accumulate_ys false ys[i] = adapter i's output, its old values
 // unread (a caller that adds the base weight's product after it, through the GEMM's beta, saves

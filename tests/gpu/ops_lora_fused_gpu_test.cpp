@@ -239,6 +239,15 @@ TEST_F(GpuOpsLoraFused, WrittenInputGradientMatchesTheCpu) {
   }
 }
 
+// FSDPQ_LORA_KERNELS=auto, the default: the fused kernels where the Hopper ones run (an H100 or
+// H200), the separate path elsewhere.
+TEST_F(GpuOpsLoraFused, AutoTakesTheHopperKernelsOnHopper) {
+  use_automatic_gpu_lora_kernels();
+  const bool hopper = cuda::lora_fused_sm90a_unavailable().empty();
+  EXPECT_EQ(gpu_lora_kernels(), hopper ? GpuLoraKernels::Fused : GpuLoraKernels::Separate)
+      << cuda::lora_fused_sm90a_unavailable();
+}
+
 // The same inputs twice: the same bits (fixed split and reduction orders).
 TEST_F(GpuOpsLoraFused, RepeatsBitForBit) {
   set_gpu_lora_kernels(GpuLoraKernels::Fused);

@@ -1,4 +1,6 @@
 #include "ops/lora.h"
+
+#include "backend/cuda_backend.h"
 #include "ops/matmul.h"
 #include "ops_test_support.h"
 #include "util/error.h"
@@ -52,6 +54,19 @@ struct LoraSetup {
     return y;
   }
 };
+
+// FSDPQ_LORA_KERNELS=auto before CUDA is up (here: the CPU tests never start it) answers the
+// separate path: what `fsdpq plan` counts without a GPU. (GpuOpsLoraFused.AutoTakesTheHopperKernelsOnHopper
+// checks the GPU's answer.)
+TEST(OpsLora, AutomaticGpuKernelsAreSeparateBeforeCudaIsUp) {
+  if (cuda_initialized()) GTEST_SKIP() << "CUDA is up in this process: the GPU test checks auto's answer there";
+  const GpuLoraKernels saved = gpu_lora_kernels();
+  use_automatic_gpu_lora_kernels();
+  EXPECT_EQ(gpu_lora_kernels(), GpuLoraKernels::Separate);
+  set_gpu_lora_kernels(GpuLoraKernels::Fused);
+  EXPECT_EQ(gpu_lora_kernels(), GpuLoraKernels::Fused);
+  set_gpu_lora_kernels(saved);
+}
 
 TEST(OpsLora, ForwardMatchesNaiveWithAndWithoutDropout) {
   LoraSetup s(DType::F32, 81);
