@@ -88,12 +88,12 @@ bool lora_fused_backward_input(TensorView dx, bool accumulate_dx, std::span<cons
 // down products, input and weight gradients the Hopper kernels took (kernels/lora_fused_sm90a.cuh;
 // the tests check them).
 int64_t lora_fused_runs();
-// Whether this GPU runs the Hopper fused LoRA kernels (kernels/lora_fused_sm90a.cuh): an H100 or
-// H200 whose driver loads their sm_90a image. Needs cuda_init().
-bool hopper_lora_kernels_run();
 int64_t lora_down_sm90a_runs();
 int64_t lora_input_grad_sm90a_runs();
 int64_t lora_weight_grad_sm90a_runs();
+// Whether this GPU runs the Hopper fused LoRA kernels (kernels/lora_fused_sm90a.cuh): an H100 or
+// H200 whose driver loads their sm_90a image. Needs cuda_init().
+bool hopper_lora_kernels_run();
 
 // dora.h's elementwise pieces (kernels/dora.cuh).
 void dora_row_norms(TensorView norm, const TensorView& P);
