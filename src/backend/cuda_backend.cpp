@@ -45,6 +45,8 @@ CublasApi load_cublas() {
   symbol(api.set_stream, "cublasSetStream_v2");
   symbol(api.gemm_ex, "cublasGemmEx");
   symbol(api.status_string, "cublasGetStatusString");
+  symbol(api.set_math_mode, "cublasSetMathMode");
+  symbol(api.get_math_mode, "cublasGetMathMode");
   return api;
 }
 

@@ -90,6 +90,8 @@ struct CublasApi {
                                     void*, cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
   GemmEx gemm_ex = nullptr;
   decltype(&cublasGetStatusString) status_string = nullptr;
+  decltype(&cublasSetMathMode) set_math_mode = nullptr;
+  decltype(&cublasGetMathMode) get_math_mode = nullptr;
 };
 const CublasApi& cublas_api();
 int device();

@@ -88,6 +88,21 @@ Accumulate gemm_ex(cublasComputeType_t compute) {
   };
 }
 
+// gemm_ex(COMPUTE_32F) with CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION on the handle for the
+// call (FSDPQ_GEMM_ACCUMULATE=accumulator-type), the handle's mode restored after.
+Accumulate gemm_ex_accumulator_type_reduction() {
+  return [](void* out, const void* x, const void* W, int64_t M, int64_t N, int64_t K, bool accumulate) {
+    const cuda::CublasApi& api = cuda::cublas_api();
+    cublasMath_t saved;
+    cuda::check_cublas(api.get_math_mode(cuda::cublas(), &saved), "probe GetMathMode");
+    cuda::check_cublas(api.set_math_mode(cuda::cublas(), static_cast<cublasMath_t>(
+                                                              CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
+                       "probe SetMathMode");
+    gemm_ex(CUBLAS_COMPUTE_32F)(out, x, W, M, N, K, accumulate);
+    cuda::check_cublas(api.set_math_mode(cuda::cublas(), saved), "probe SetMathMode back");
+  };
+}
+
 // cublasLtMatmul with the heuristic's choice number `pick` under a reduction-scheme mask; D written
 // in place (C = D) or into a separate buffer copied back (out of place). `what` gets the algorithm's
 // split-K count and reduction scheme.
@@ -160,6 +175,7 @@ TEST(GpuCublasAccumulateProbe, WhichConfigurationsKeepASubUlpAddend) {
   for (const ProbeShape& s : shapes) {
     report("GemmEx COMPUTE_32F (fsdpq's)", s, gemm_ex(CUBLAS_COMPUTE_32F), nullptr);
     report("GemmEx COMPUTE_32F_PEDANTIC", s, gemm_ex(CUBLAS_COMPUTE_32F_PEDANTIC), nullptr);
+    report("GemmEx COMPUTE_32F, DISALLOW_REDUCED_PRECISION_REDUCTION", s, gemm_ex_accumulator_type_reduction(), nullptr);
   }
   LtApi lt;
   if (!lt.load()) {
@@ -181,9 +197,9 @@ TEST(GpuCublasAccumulateProbe, WhichConfigurationsKeepASubUlpAddend) {
         }
 }
 
-// Speed of the in-place accumulate with each compute type at the 7B layer's shapes (q/k/v/o: 4096
-// out; gate/up: 11008; down: K 11008), 8192 tokens: whether COMPUTE_32F_PEDANTIC's one rounding
-// (FSDPQ_GEMM_ACCUMULATE=pedantic) costs anything.
+// Speed of the in-place accumulate each way at the 7B layer's shapes (q/k/v/o: 4096 out; gate/up:
+// 11008; down: K 11008), 8192 tokens: whether the one-rounding settings
+// (FSDPQ_GEMM_ACCUMULATE=accumulator-type, pedantic) cost anything.
 TEST(GpuCublasAccumulateProbe, Speed) {
   test::use_gpu();
   if (!test::perf_mode()) GTEST_SKIP() << "FSDPQ_GPU_PERF=1 prints the timings";
@@ -192,12 +208,11 @@ TEST(GpuCublasAccumulateProbe, Speed) {
     const Tensor x = test::on_gpu(test::random_tensor(Shape{M, K}, DType::BF16, 81).view());
     const Tensor W = test::on_gpu(test::random_tensor(Shape{N, K}, DType::BF16, 82).view());
     Tensor y = test::on_gpu(test::random_tensor(Shape{M, N}, DType::BF16, 83).view());
-    for (const auto& [compute, name] : {std::pair{CUBLAS_COMPUTE_32F, "COMPUTE_32F"},
-                                        std::pair{CUBLAS_COMPUTE_32F_PEDANTIC, "COMPUTE_32F_PEDANTIC"}}) {
-      const Accumulate run = gemm_ex(compute);
+    for (const auto& [run, name] : {std::pair{gemm_ex(CUBLAS_COMPUTE_32F), "COMPUTE_32F"},
+                                    std::pair{gemm_ex_accumulator_type_reduction(), "COMPUTE_32F, accumulator-type reduction"},
+                                    std::pair{gemm_ex(CUBLAS_COMPUTE_32F_PEDANTIC), "COMPUTE_32F_PEDANTIC"}})
       test::report_perf(fmt::format("accumulating GemmEx {} {}x{}x{}", name, M, N, K), 0, 2.0 * M * N * K,
                         [&] { run(y.view().data, x.view().data, W.view().data, M, N, K, true); });
-    }
   }
 }
 
