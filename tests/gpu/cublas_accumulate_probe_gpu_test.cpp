@@ -56,23 +56,14 @@ struct LtApi {
 using Accumulate = std::function<void(void* out, const void* x, const void* W, int64_t M, int64_t N, int64_t K,
                                       bool accumulate)>;
 
-// The kept share of a sub-ulp addend: x, W in [0.5, 1), so every sum lies in [K / 4, K) where
-// bf16's spacing is a few values; C holds `addend`, an eighth to a quarter of it. One rounding of
-// the exact sum keeps the addend on average (mean(out − x·Wᵀ alone) ≈ addend), the product rounded
-// first loses it (≈ 0).
-double kept_share(const Accumulate& run, int64_t M, int64_t N, int64_t K, float addend) {
-  const Tensor x = test::on_gpu(test::random_tensor(Shape{M, K}, DType::BF16, 71, 0.5f, 1.0f).view());
-  const Tensor W = test::on_gpu(test::random_tensor(Shape{N, K}, DType::BF16, 72, 0.5f, 1.0f).view());
-  Tensor filled = Tensor::empty(Shape{M, N}, DType::BF16);
-  TensorView c = filled.view();
-  for (int64_t i = 0; i < c.numel(); ++i) store_f32(c, i, addend);
-  Tensor alone = test::on_gpu(filled.view()), summed = test::on_gpu(filled.view());
-  run(alone.view().data, x.view().data, W.view().data, M, N, K, false);
-  run(summed.view().data, x.view().data, W.view().data, M, N, K, true);
-  const std::vector<double> a = test::values_of(alone.view()), s = test::values_of(summed.view());
-  double moved = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) moved += s[i] - a[i];
-  return moved / static_cast<double>(a.size()) / addend;
+// The kept share of a sub-ulp addend (tests/unit/ops_test_support.h) with `run` as the product.
+double kept_share(const Accumulate& run, const test::SubUlpCase& c) {
+  return test::kept_fraction_of_a_sub_ulp_addend(
+      [](const TensorView& v) { return test::on_gpu(v); }, [](const TensorView& v) { return test::values_of(v); },
+      [&](TensorView out, const TensorView& x, const TensorView& W, bool accumulate) {
+        run(out.data, x.data, W.data, c.M, c.N, c.K, accumulate);
+      },
+      c);
 }
 
 // cublasGemmEx as cublas_gemm.cpp calls it (row-major C = x·Wᵀ is column-major Cᵀ = W·xᵀ), with a
@@ -158,14 +149,14 @@ TEST(GpuCublasAccumulateProbe, WhichConfigurationsKeepASubUlpAddend) {
   if (!test::perf_mode()) GTEST_SKIP() << "FSDPQ_GPU_PERF=1 prints the probe";
   struct ProbeShape {
     const char* name;
-    int64_t M, N, K;
-    float addend;  // a quarter to an eighth of the sums' bf16 spacing
+    test::SubUlpCase c;  // addend a quarter to an eighth of the sums' bf16 spacing
   };
-  const ProbeShape shapes[] = {{"96x160x512", 96, 160, 512, 0.25f}, {"8192x4096x4096", 8192, 4096, 4096, 2.0f},
-                               {"512x4096x4096", 512, 4096, 4096, 2.0f}};
+  const ProbeShape shapes[] = {{"96x160x512", {96, 160, 512, 0.25f}},
+                               {"8192x4096x4096", {8192, 4096, 4096, 2.0f}},
+                               {"512x4096x4096", {512, 4096, 4096, 2.0f}}};
   auto report = [](const std::string& variant, const ProbeShape& s, const Accumulate& run, const std::string* what) {
     try {
-      const double kept = kept_share(run, s.M, s.N, s.K, s.addend);
+      const double kept = kept_share(run, s.c);
       std::printf("PROBE %-50s %-16s kept %.3f%s\n", variant.c_str(), s.name, kept,
                   what != nullptr ? (" (" + *what + ")").c_str() : "");
     } catch (const std::exception& e) {

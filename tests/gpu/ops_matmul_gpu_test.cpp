@@ -79,9 +79,9 @@ TEST(GpuOpsMatmul, ForwardAndBothBackwardsMatchTheCpu) {
 
 // cuBLAS's accumulate (beta 1) into a bf16 output keeps a sub-ulp addend as the CPU does: the LoRA
 // adapters' products reach the layer's output through it (model/llama_layer.cpp), and their first
-// updates are that small. On the 7B step (bench/RESULTS.md, stop 36) the separate path's loss fell
-// ~0.0002 a step where the folded path's (one GEMM, one rounding) fell ~0.07: this says whether
-// the GEMM's epilogue is why.
+// updates are that small. Measured at stop 37 (bench/RESULTS.md): with FSDPQ_GEMM_ACCUMULATE's
+// default, output-type, cuBLAS rounds the product before adding C in place and this fails (GPU
+// 0.000, CPU 1.033); GpuCublasAccumulateProbe found the settings that round once.
 TEST(GpuOpsMatmul, AccumulatingIntoBf16KeepsASubUlpAddendAsTheCpuDoes) {
   test::use_gpu();
   const double gpu = test::kept_fraction_of_a_sub_ulp_addend([](const TensorView& v) { return on_gpu(v); },

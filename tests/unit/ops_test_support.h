@@ -92,32 +92,43 @@ inline bool within_bf16_ulps(double a, double b, double ulps = 1.0) {
   return std::abs(a - b) <= ulps * std::ldexp(std::max(std::abs(a), std::abs(b)), -7) + 1e-30;
 }
 
-// How much of a tiny addend an accumulating bf16 linear keeps, on average: out = C + x·Wᵀ with C
-// filled with `addend`, a quarter or an eighth of the output's bf16 spacing (x, W in [0.5, 1),
-// K 512: every sum lies in [128, 512), where bf16's spacing is 1, then 2). Rounding the exact sum
-// once keeps the addend on average (an element moves up one step with probability addend /
-// spacing), so the mean of out − x·Wᵀ (the product alone, rounded) is ≈ the addend: returns that
-// mean over the addend, ≈ 1. Rounding the product to bf16 before adding C (PyTorch's `y + lora(x)`
-// in bf16) loses it: 0. LoRA's early updates are such addends (B ~ lr after the first step): the
-// layer adds the adapter's product to the base GEMM's through C (model/llama_layer.cpp), so this
-// decides whether they count. `place` moves a host tensor to the device under test; `host` reads
-// one back.
-template <class Place, class Host>
-double kept_fraction_of_a_sub_ulp_addend(Place place, Host host) {
-  const int64_t M = 96, N = 160, K = 512;
-  const float addend = 0.25f;
-  const Tensor x = place(random_tensor(Shape{M, K}, DType::BF16, 71, 0.5f, 1.0f).view());
-  const Tensor W = place(random_tensor(Shape{N, K}, DType::BF16, 72, 0.5f, 1.0f).view());
-  Tensor filled = Tensor::empty(Shape{M, N}, DType::BF16);
-  TensorView c = filled.view();
-  for (int64_t i = 0; i < c.numel(); ++i) store_f32(c, i, addend);
+// The product kept_fraction_of_a_sub_ulp_addend measures: out (+)= x·Wᵀ, the accumulating linear op.
+struct LinearMultiply {
+  void operator()(TensorView out, const TensorView& x, const TensorView& W, bool accumulate) const {
+    linear_forward(out, x, W, accumulate);
+  }
+};
+
+// Its shape: x, W in [0.5, 1), so every sum lies in [K / 4, K); `addend` a quarter to an eighth
+// of bf16's spacing there (K 512: sums in [128, 512), spacing 1, then 2).
+struct SubUlpCase {
+  int64_t M = 96, N = 160, K = 512;
+  float addend = 0.25f;
+};
+
+// How much of a tiny addend an accumulating bf16 product keeps, on average: out = C + x·Wᵀ with C
+// filled with the case's addend. Rounding the exact sum once keeps the addend on average (an
+// element moves up one step with probability addend / spacing), so the mean of out − x·Wᵀ (the
+// product alone, rounded) is ≈ the addend: returns that mean over the addend, ≈ 1. Rounding the
+// product to bf16 before adding C (PyTorch's `y + lora(x)` in bf16) loses it: 0. LoRA's early
+// updates are such addends (B ~ lr after the first step): the layer adds the adapter's product to
+// the base GEMM's through C (model/llama_layer.cpp), so this decides whether they count. `place`
+// moves a host tensor to the device under test, `host` reads one back, `multiply(out, x, W,
+// accumulate)` is the product under test.
+template <class Place, class Host, class Multiply = LinearMultiply>
+double kept_fraction_of_a_sub_ulp_addend(Place place, Host host, Multiply multiply = {}, const SubUlpCase& c = {}) {
+  const Tensor x = place(random_tensor(Shape{c.M, c.K}, DType::BF16, 71, 0.5f, 1.0f).view());
+  const Tensor W = place(random_tensor(Shape{c.N, c.K}, DType::BF16, 72, 0.5f, 1.0f).view());
+  Tensor filled = Tensor::empty(Shape{c.M, c.N}, DType::BF16);
+  TensorView filled_view = filled.view();
+  for (int64_t i = 0; i < filled_view.numel(); ++i) store_f32(filled_view, i, c.addend);
   Tensor summed = place(filled.view()), alone = place(filled.view());
-  linear_forward(alone.view(), x.view(), W.view());
-  linear_forward(summed.view(), x.view(), W.view(), /*accumulate=*/true);
+  multiply(alone.view(), x.view(), W.view(), false);
+  multiply(summed.view(), x.view(), W.view(), true);
   const std::vector<double> a = host(alone.view()), s = host(summed.view());
   double moved = 0.0;
   for (size_t i = 0; i < a.size(); ++i) moved += s[i] - a[i];
-  return moved / static_cast<double>(a.size()) / addend;
+  return moved / static_cast<double>(a.size()) / c.addend;
 }
 
 }  // namespace fsdpq::test
