@@ -384,6 +384,41 @@ TEST(GpuOpsSwiglu, BackwardMatchesCpuWithDgateAliasingGate) {
       }
 }
 
+// The 16-bit kernels (16-byte accesses where every array is 16-byte aligned) give the element
+// kernels' bits: the same inputs one element into their buffers (2 bytes: not aligned) take the
+// element kernels. n not a multiple of 8: the last chunk's elements one by one.
+TEST(GpuOpsSwiglu, SixteenByteKernelsGiveTheElementKernelsBits) {
+  use_gpu();
+  const int64_t n = 3 * 11008 + 5;
+  auto shifted = [](Tensor& t, int64_t count) {  // elements 1 .. count of t: 2 bytes in
+    TensorView v = t.view();
+    v.data = static_cast<char*>(v.data) + 2;
+    v.shape = Shape{count};
+    return v;
+  };
+  for (DType t : {DType::BF16, DType::F16}) {
+    SCOPED_TRACE(name_of(t));
+    const Tensor gate = random_tensor(Shape{n + 1}, t, 37, -4.0f, 4.0f), up = random_tensor(Shape{n + 1}, t, 38);
+    const Tensor dh = random_tensor(Shape{n + 1}, t, 39);
+    Tensor g = on_gpu(gate), u = on_gpu(up), d = on_gpu(dh);
+    // Aligned: elements 0 .. n - 1 of fresh copies of elements 1 .. n.
+    Tensor ga = on_gpu(Tensor::empty(Shape{n}, t)), ua = on_gpu(Tensor::empty(Shape{n}, t)), da = on_gpu(Tensor::empty(Shape{n}, t));
+    copy_block(MatrixView(ga.view().reshaped(Shape{1, n})), MatrixView(shifted(g, n).reshaped(Shape{1, n})));
+    copy_block(MatrixView(ua.view().reshaped(Shape{1, n})), MatrixView(shifted(u, n).reshaped(Shape{1, n})));
+    copy_block(MatrixView(da.view().reshaped(Shape{1, n})), MatrixView(shifted(d, n).reshaped(Shape{1, n})));
+    Tensor h_vec = Tensor::empty(Shape{n}, t, Device::CUDA), h_elem = Tensor::empty(Shape{n + 1}, t, Device::CUDA);
+    swiglu_forward(h_vec, ga, ua);
+    swiglu_forward(shifted(h_elem, n), shifted(g, n), shifted(u, n));
+    EXPECT_EQ(test::values_of(h_vec.view()), test::values_of(shifted(h_elem, n)));
+    Tensor dg_vec = Tensor::empty(Shape{n}, t, Device::CUDA), du_vec = Tensor::empty(Shape{n}, t, Device::CUDA);
+    Tensor dg_elem = Tensor::empty(Shape{n + 1}, t, Device::CUDA), du_elem = Tensor::empty(Shape{n + 1}, t, Device::CUDA);
+    swiglu_backward(dg_vec, du_vec, da, ga, ua);
+    swiglu_backward(shifted(dg_elem, n), shifted(du_elem, n), shifted(d, n), shifted(g, n), shifted(u, n));
+    EXPECT_EQ(test::values_of(dg_vec.view()), test::values_of(shifted(dg_elem, n)));
+    EXPECT_EQ(test::values_of(du_vec.view()), test::values_of(shifted(du_elem, n)));
+  }
+}
+
 TEST(GpuOpsSwiglu, Perf) {
   use_gpu();
   const int64_t n = int64_t{4096} * 11008;
