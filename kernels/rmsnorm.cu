@@ -1,5 +1,7 @@
 #include "kernels/rmsnorm.cuh"
 
+#include "kernels/vector8.cuh"
+
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -102,34 +104,6 @@ __global__ void rmsnorm_dx_kernel(DX* dx, const DY* dy, const X* x, const W* wei
 
 constexpr int kRowThreads = 512;
 constexpr int kMaxChunks = 4;  // C <= 512 x 8 x 4 = 16384
-
-// 8 elements of T from 16-byte aligned p, as floats (one 16-byte load for 16-bit T, two for fp32).
-template <class T>
-__device__ __forceinline__ void load8(float (&v)[8], const T* p) {
-  if constexpr (sizeof(T) == 4) {
-    const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-  } else {
-    const uint4 raw = *reinterpret_cast<const uint4*>(p);
-    const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) v[k] = to_float(e[k]);
-  }
-}
-
-template <class T>
-__device__ __forceinline__ void store8(T* p, const float (&v)[8]) {
-  if constexpr (sizeof(T) == 4) {
-    reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
-    reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
-  } else {
-    uint4 raw;
-    T* e = reinterpret_cast<T*>(&raw);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) e[k] = from_float<T>(v[k]);
-    *reinterpret_cast<uint4*>(p) = raw;
-  }
-}
 
 // Chunk k of this thread: elements [8 (threadIdx.x + k blockDim.x), + 8) of the row.
 __device__ __forceinline__ int64_t chunk_at(int k) { return 8 * (static_cast<int64_t>(threadIdx.x) + k * kRowThreads); }

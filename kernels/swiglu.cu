@@ -1,5 +1,7 @@
 #include "kernels/swiglu.cuh"
 
+#include "kernels/vector8.cuh"
+
 #include <cstdint>
 #include <initializer_list>
 
@@ -76,23 +78,6 @@ __global__ void swiglu_backward_kernel(D* dgate, D* dup, const D* dh, const A* g
 // 16-byte aligned; the last chunk of a size not a multiple of 8 element by element). The same
 // arithmetic as the kernels above, element for element, so the same bits; a thread loads all its
 // inputs before it stores, which keeps element-for-element aliasing safe.
-
-template <class T>
-__device__ __forceinline__ void load8(float (&v)[8], const T* p) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(p);
-  const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-  for (int k = 0; k < 8; ++k) v[k] = to_float(e[k]);
-}
-
-template <class T>
-__device__ __forceinline__ void store8(T* p, const float (&v)[8]) {
-  uint4 raw;
-  T* e = reinterpret_cast<T*>(&raw);
-#pragma unroll
-  for (int k = 0; k < 8; ++k) e[k] = from_float<T>(v[k]);
-  *reinterpret_cast<uint4*>(p) = raw;
-}
 
 template <class T>
 __global__ void swiglu_forward8_kernel(T* h, const T* gate, const T* up, int64_t n) {
