@@ -129,7 +129,7 @@ GpuDequantizeStream& gpu_dequantize_choice() {
 bool& lora_fold_choice() {
   static bool choice = [] {
     const char* env = std::getenv("FSDPQ_LORA_FOLD");  // runtime/environment.cpp checks the value
-    return env != nullptr && std::string_view(env) == "1";
+    return env == nullptr || std::string_view(env) != "0";
   }();
   return choice;
 }

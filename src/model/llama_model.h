@@ -82,10 +82,12 @@ struct ParamUnit;  // model/llama_weights.h: the tensors of one FSDP unit
 enum class GpuDequantizeStream { Side, Compute };
 GpuDequantizeStream gpu_dequantize_stream();
 void set_gpu_dequantize_stream(GpuDequantizeStream stream);
-// Whether q/k/v and gate/up fold their LoRA adapters' B products into the base GEMMs where every
-// module of the group is plain LoRA on a quantised base (LayerCompute, model/llama_layer.h; the
-// same values up to rounding, on every device). The environment's FSDPQ_LORA_FOLD (0, 1) sets it
-// at start-up (default 0 until measured faster); tests set it here.
+// Whether each group (q/k/v, o, gate/up, down) folds its LoRA adapters' B products into the base
+// GEMMs where every module of the group is plain LoRA on a quantised base (LayerCompute,
+// model/llama_layer.h; the same values up to rounding, on every device). On by default: on the GPU
+// it is the one way base + adapter round once at full speed (cuBLAS's in-place accumulate rounds
+// the product first, cuda_ops.h's GemmAccumulate), for -0.5% on the 7B step (stop 38). The
+// environment's FSDPQ_LORA_FOLD (0, 1) sets it at start-up; tests set it here.
 bool lora_fold();
 void set_lora_fold(bool fold);
 

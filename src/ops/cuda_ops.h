@@ -103,6 +103,14 @@ void dora_magnitude_scale(TensorView g, const TensorView& magnitude, const Tenso
 void dora_scale_columns(TensorView out, const TensorView& in, const TensorView& g, float offset, bool accumulate);
 void dora_magnitude_backward(TensorView dm, const TensorView& dy, const TensorView& z, const TensorView& norm);
 
+// How an accumulating product (beta 1) into a 16-bit output adds: OutputType, cuBLAS's fast path,
+// rounds the product before adding C (an addend below half C's spacing is lost, as in PEFT);
+// Pedantic (COMPUTE_32F_PEDANTIC) rounds the sum once, as the CPU does, ~24x slower. The
+// environment's FSDPQ_GEMM_ACCUMULATE (output-type, pedantic) sets it; tests set it directly.
+enum class GemmAccumulate { OutputType, Pedantic };
+GemmAccumulate gemm_accumulate();
+void set_gemm_accumulate(GemmAccumulate accumulate);
+
 // matmul.h's product on cuBLAS (src/ops/cuda/cublas_gemm.cpp has the operand rules).
 void gemm(const MatrixOutput& c, const MatrixOperand& a, const MatrixOperand& b, bool accumulate, float scale);
 

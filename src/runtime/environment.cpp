@@ -17,7 +17,7 @@ const std::vector<EnvironmentKnob>& environment_knobs() {
       {"FSDPQ_LORA_KERNELS", {"auto", "separate", "fused"}, "the GPU kernels of LoRA adapters with dropout"},
       {"FSDPQ_DORA_NORM", {"direct", "expanded"}, "how the GPU computes DoRA's weight norms"},
       {"FSDPQ_LORA_FOLD", {"0", "1"}, "fold the LoRA B products into their base GEMMs (quantised bases): one rounding"},
-      {"FSDPQ_GEMM_ACCUMULATE", {"output-type", "accumulator-type", "pedantic"}, "how cuBLAS adds a product into a 16-bit output: in the output type (fast; the product rounded before C is added), or in fp32 (one rounding)"},
+      {"FSDPQ_GEMM_ACCUMULATE", {"output-type", "pedantic"}, "how cuBLAS adds a product into a 16-bit output: the product rounded before C is added (fast), or one rounding of the sum (COMPUTE_32F_PEDANTIC, ~24x slower)"},
       {"FSDPQ_DEQUANTIZE_STREAM", {"side", "compute"}, "the GPU stream that makes a layer's quantised weights dense"},
       {"FSDPQ_HQQ_SOLVER", {"auto", "cpu", "gpu"}, "where HQQ's quantisation solver runs (the same bytes either way)"},
   };

@@ -42,41 +42,28 @@ ColumnMajor column_major(const MatrixOperand& m, const char* name) {
                                      m.rows, m.cols, m.row_stride, m.col_stride));
 }
 
-// How cuBLAS adds a product into a 16-bit C (FSDPQ_GEMM_ACCUMULATE). Its default COMPUTE_32F
-// kernels reduce into C in the output type: the product is rounded to C's type before C is added,
-// so a C below half its spacing is lost (bench/RESULTS.md, stop 37). `accumulator-type` sets
-// CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION on the handle (reductions in the compute type),
-// `pedantic` takes COMPUTE_32F_PEDANTIC for those GEMMs: either rounds the sum once, as the CPU
-// does. The default keeps cuBLAS's fast path until their speed is measured.
-enum class Accumulate { OutputType, AccumulatorType, Pedantic };
-
-Accumulate accumulate_choice() {
-  static const Accumulate choice = [] {
+// How cuBLAS adds a product into a 16-bit C (FSDPQ_GEMM_ACCUMULATE, cuda_ops.h's GemmAccumulate).
+// Its COMPUTE_32F kernels written in place round the product to C's type before C is added, so a
+// product below half C's spacing is lost; COMPUTE_32F_PEDANTIC rounds the sum once, as the CPU
+// does, but at ~32 TFLOP/s instead of ~780 (bench/RESULTS.md, stops 37 and 38).
+// CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION on the handle changes neither (measured).
+GemmAccumulate& accumulate_choice() {
+  static GemmAccumulate choice = [] {
     const char* v = std::getenv("FSDPQ_GEMM_ACCUMULATE");  // runtime/environment.cpp checks the value
-    const std::string_view value = v != nullptr ? v : "";
-    if (value == "accumulator-type") return Accumulate::AccumulatorType;
-    if (value == "pedantic") return Accumulate::Pedantic;
-    return Accumulate::OutputType;
+    return v != nullptr && std::string_view(v) == "pedantic" ? GemmAccumulate::Pedantic : GemmAccumulate::OutputType;
   }();
   return choice;
 }
 
-// The compute type of a GEMM into c, and (once, on the process's one handle) the math mode.
 cublasComputeType_t compute_type(bool accumulate, DType c_type) {
-  static const bool math_mode_set = [] {
-    if (accumulate_choice() == Accumulate::AccumulatorType)
-      cuda::check_cublas(cuda::cublas_api().set_math_mode(
-                             cuda::cublas(), static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
-                                                                       CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
-                         "SetMathMode");
-    return true;
-  }();
-  (void)math_mode_set;
-  return accumulate_choice() == Accumulate::Pedantic && accumulate && c_type != DType::F32 ? CUBLAS_COMPUTE_32F_PEDANTIC
-                                                                                          : CUBLAS_COMPUTE_32F;
+  return accumulate_choice() == GemmAccumulate::Pedantic && accumulate && c_type != DType::F32 ? CUBLAS_COMPUTE_32F_PEDANTIC
+                                                                                              : CUBLAS_COMPUTE_32F;
 }
 
 }  // namespace
+
+GemmAccumulate gemm_accumulate() { return accumulate_choice(); }
+void set_gemm_accumulate(GemmAccumulate accumulate) { accumulate_choice() = accumulate; }
 
 void gemm(const MatrixOutput& c, const MatrixOperand& a, const MatrixOperand& b, bool accumulate, float scale) {
   const int64_t M = a.rows, K = a.cols, N = b.cols;
