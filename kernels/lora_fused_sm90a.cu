@@ -376,51 +376,80 @@ __global__ void __launch_bounds__(kThreads, 1)
 // while the next unit's products run: dx = sum (overwrite) or dx + sum, rounded once, as the mma
 // kernel (the separate path rounds each adapter's product, then dx after each). Units of 64
 // columns keep a consumer's registers (3 adapters' dxa and acc, and the sum) within its 240.
+// dx of the operands' 16-bit type, 16-byte aligned (the common case: "staged") moves through the
+// ring too: with ADD the producer brings the step's dx tile (a 64 x 64 box per consumer and unit)
+// beside A's, the consumer adds its sum into the box in shared memory, and one thread of the
+// consumer stores the box with the copy engine; so dx is read ahead of use and written in whole
+// 128-byte rows, where per-thread 4-byte loads and stores left the kernel waiting on memory at
+// ~1 TB/s (ncu, stop 38). A stage is let go of once its boxes' stores have read them. fp32 or
+// unaligned dx keeps the per-thread accesses.
 constexpr int kGradColumns = 128;  // dx columns per step: two column blocks of A_i's tile
 constexpr int kHalfColumns = 64;   // one wgmma n64, one column block: a unit
-constexpr int kGradStages = 3;
 constexpr int kGradTargetBlocks = 132;  // an H100's or H200's SMs: the column split fills them about once
 
-template <int COUNT>
+template <int COUNT, bool STAGED>
 struct GradSmem {
+  // Two stages when dx's boxes share the ring: three do not fit beside 3 adapters' dxa and A tiles.
+  static constexpr int kStages = STAGED ? 2 : 3;
   static constexpr int kDxaBytes = kBlockRows * kSwizzleRowBytes;  // one adapter's columns of the block's rows
   static constexpr int kABlockBytes = kRank * kSwizzleRowBytes;     // 64 columns of A_i's 64 rows
   static constexpr int kABytes = 2 * kABlockBytes;                  // a step's 128 columns of A_i
+  static constexpr int kDxBoxBytes = 64 * kSwizzleRowBytes;         // a consumer's 64 rows of a unit's 64 columns
+  static constexpr int kDxStageBytes = STAGED ? 2 * kConsumers * kDxBoxBytes : 0;  // [unit][consumer] boxes
   static constexpr int kDxa = 0;
   static constexpr int kA = kDxa + COUNT * kDxaBytes;
-  static constexpr int kBarriers = kA + kGradStages * COUNT * kABytes;
-  static constexpr int kStepBytes = COUNT * kABytes;
+  static constexpr int kDx = kA + kStages * COUNT * kABytes;
+  static constexpr int kBarriers = kDx + kStages * kDxStageBytes;
+  static constexpr int kABytesPerStep = COUNT * kABytes;
   static constexpr int kConsumerRows = 64 * kSwizzleRowBytes;
+  __device__ static constexpr int dx_box(int stage, int half, int consumer) {
+    return kDx + stage * kDxStageBytes + (half * kConsumers + consumer) * kDxBoxBytes;
+  }
 };
 
 struct GradBarriers {
   uint64_t dxa_full;
-  uint64_t full[kGradStages], empty[kGradStages];
+  uint64_t full[3], empty[3];  // the first GradSmem::kStages of each
 };
 
-template <int COUNT>
+template <int COUNT, bool STAGED>
 constexpr size_t grad_smem_bytes() {
-  return GradSmem<COUNT>::kBarriers + sizeof(GradBarriers) + 1024;
+  return GradSmem<COUNT, STAGED>::kBarriers + sizeof(GradBarriers) + 1024;
 }
 
-template <int COUNT>
-__device__ void produce_grad(const Maps& maps, const LoraFusedGroup& g, uint8_t* smem, GradBarriers& bar, int m0,
+// The input gradient's tensor maps: dxa's rows, each adapter's A, and (staged) dx.
+struct GradMaps {
+  Maps rows_and_a;
+  CUtensorMap dx;
+};
+
+template <int COUNT, bool STAGED, bool ADD>
+__device__ void produce_grad(const GradMaps& maps, const LoraFusedGroup& g, uint8_t* smem, GradBarriers& bar, int m0,
                              int c_begin, int steps) {
-  using S = GradSmem<COUNT>;
+  using S = GradSmem<COUNT, STAGED>;
+  constexpr bool kLoadsDx = STAGED && ADD;
   mbarrier_arrive_expect_tx(&bar.dxa_full, COUNT * S::kDxaBytes);
 #pragma unroll
   for (int j = 0; j < COUNT; ++j)
-    tma_load_4d(smem + S::kDxa + j * S::kDxaBytes, maps.rows, &bar.dxa_full, g.first[j], m0, 0, 0);
+    tma_load_4d(smem + S::kDxa + j * S::kDxaBytes, maps.rows_and_a.rows, &bar.dxa_full, g.first[j], m0, 0, 0);
   for (int i = 0; i < steps; ++i) {
-    const int s = stage_of<kGradStages>(i), c = c_begin + i * kGradColumns;
-    mbarrier_wait(&bar.empty[s], parity_of<kGradStages>(i) ^ 1u);
-    mbarrier_arrive_expect_tx(&bar.full[s], S::kStepBytes);
+    const int s = stage_of<S::kStages>(i), c = c_begin + i * kGradColumns;
+    mbarrier_wait(&bar.empty[s], parity_of<S::kStages>(i) ^ 1u);
+    mbarrier_arrive_expect_tx(&bar.full[s], S::kABytesPerStep + (kLoadsDx ? S::kDxStageBytes : 0));
 #pragma unroll
     for (int j = 0; j < COUNT; ++j)
 #pragma unroll
       for (int cb = 0; cb < 2; ++cb)
-        tma_load_4d(smem + S::kA + (s * COUNT + j) * S::kABytes + cb * S::kABlockBytes, maps.a[j], &bar.full[s],
-                    c + kBoxColumns * cb, 0, 0, 0);
+        tma_load_4d(smem + S::kA + (s * COUNT + j) * S::kABytes + cb * S::kABlockBytes, maps.rows_and_a.a[j],
+                    &bar.full[s], c + kBoxColumns * cb, 0, 0, 0);
+    if constexpr (kLoadsDx) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+#pragma unroll
+        for (int consumer = 0; consumer < kConsumers; ++consumer)
+          tma_load_4d(smem + S::dx_box(s, half, consumer), maps.dx, &bar.full[s], c + kHalfColumns * half,
+                      m0 + 64 * consumer, 0, 0);
+    }
   }
 }
 
@@ -446,16 +475,19 @@ __device__ __forceinline__ void store_pair(DX* at, float lo, float hi) {
   }
 }
 
-template <class T, class DX, bool ADD, int COUNT>
+template <class T, class DX, bool ADD, int COUNT, bool STAGED>
 struct GradConsumer {
   static_assert(COUNT <= 3, "wgmma_wait_pending waits for at most 2 groups behind the one it needs");
-  using S = GradSmem<COUNT>;
+  static_assert(!STAGED || sizeof(DX) == 2, "staged dx is of the operands' 16-bit type");
+  using S = GradSmem<COUNT, STAGED>;
   uint8_t* smem;
   GradBarriers& bar;
   const Params& p;
+  const CUtensorMap& dx_map;
   const int m0, c_begin;
   const int index = static_cast<int>(threadIdx.x) / 128 - 1;  // 0 or 1
   const int warp = (static_cast<int>(threadIdx.x) % 128) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const bool storer = threadIdx.x % 128 == 0;  // staged: the consumer's thread that issues its boxes' stores
   uint32_t dxa[COUNT][kSlices * 4];  // this warp's 16 rows of each adapter's dxa: wgmma's A operand
   float acc[COUNT][32], sum[32];      // one unit (64 columns)
 
@@ -479,7 +511,7 @@ struct GradConsumer {
 
   // Unit u's products (its step's stage has landed): one committed group per adapter.
   __device__ __forceinline__ void issue_unit(int u) {
-    const int s = stage_of<kGradStages>(u / 2), half = u % 2;
+    const int s = stage_of<S::kStages>(u / 2), half = u % 2;
 #pragma unroll
     for (int j = 0; j < COUNT; ++j) {
 #pragma unroll
@@ -534,52 +566,105 @@ struct GradConsumer {
     for (int j = 0; j < COUNT; ++j) fence_operand(dxa[j]);
   }
 
-  // Unit u's sum into dx.
+  // Unit u's sum into dx: straight to global memory, or (staged) into its box, stored whole by the
+  // copy engine.
   __device__ __forceinline__ void store_unit(int u) {
     const int64_t column0 = column_of_unit(u);
+    if constexpr (STAGED) {
+      uint8_t* box = smem + S::dx_box(stage_of<S::kStages>(u / 2), u % 2, index);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t row = static_cast<int64_t>(m0) + 64 * index + 16 * warp + lane / 4 + 8 * h;
-      if (row >= p.M) continue;
-      DX* dx_row = static_cast<DX*>(p.out) + row * p.in + column0 + 2 * (lane % 4);
+      for (int h = 0; h < 2; ++h) {
+        const int r = 16 * warp + lane / 4 + 8 * h;  // the box's row (r % 8 == lane / 4: its swizzle)
 #pragma unroll
-      for (int c = 0; c < kHalfColumns / 8; ++c)
-        store_pair<DX, ADD>(dx_row + 8 * c, sum[4 * c + 2 * h], sum[4 * c + 2 * h + 1]);
+        for (int c = 0; c < kHalfColumns / 8; ++c) {
+          uint32_t* at = reinterpret_cast<uint32_t*>(box + r * kSwizzleRowBytes + ((c ^ (r % 8)) << 4) + 4 * (lane % 4));
+          float lo = sum[4 * c + 2 * h], hi = sum[4 * c + 2 * h + 1];
+          if constexpr (ADD) {
+            const uint32_t old = *at;
+            const DX* v = reinterpret_cast<const DX*>(&old);
+            lo += to_float(v[0]);
+            hi += to_float(v[1]);
+          }
+          *at = pack2<DX>(lo, hi);
+        }
+      }
+      fence_proxy_async_shared();
+      warpgroup_sync(1 + index);
+      if (storer) {
+        tma_store_4d(dx_map, box, static_cast<int>(column0), m0 + 64 * index, 0, 0);
+        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+      }
+    } else {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t row = static_cast<int64_t>(m0) + 64 * index + 16 * warp + lane / 4 + 8 * h;
+        if (row >= p.M) continue;
+        DX* dx_row = static_cast<DX*>(p.out) + row * p.in + column0 + 2 * (lane % 4);
+#pragma unroll
+        for (int c = 0; c < kHalfColumns / 8; ++c)
+          store_pair<DX, ADD>(dx_row + 8 * c, sum[4 * c + 2 * h], sum[4 * c + 2 * h + 1]);
+      }
     }
+  }
+
+  // Staged: step i's stage goes back once its boxes' stores have read them (the storer waits for
+  // all but the `in_flight` newest store groups) and every thread of the consumer is done with
+  // its A tiles (they synced in store_unit after their last products of the step).
+  __device__ __forceinline__ void release_staged(int i, int in_flight) {
+    if (!storer) return;
+    if (in_flight == 1)
+      asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
+    else
+      asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+    mbarrier_arrive(&bar.empty[stage_of<S::kStages>(i)]);
   }
 
   // Two units a step. Unit u + 1's products are issued before unit u's sum is stored, so the
-  // stores (and with ADD the loads of dx) run beside the tensor cores; a stage is let go of once
-  // both its units' products are done.
+  // stores (and with ADD the loads of dx) run beside the tensor cores. Per-thread dx: a stage is
+  // let go of once both its units' products are done. Staged: once its second unit's box store
+  // (issued in the next unit) and the one before it have read the boxes.
   __device__ void run(int steps) {
     const int units = 2 * steps;
     for (int u = 0; u < units; ++u) {
-      if (u % 2 == 0) mbarrier_wait(&bar.full[stage_of<kGradStages>(u / 2)], parity_of<kGradStages>(u / 2));
+      if (u % 2 == 0) mbarrier_wait(&bar.full[stage_of<S::kStages>(u / 2)], parity_of<S::kStages>(u / 2));
       issue_unit(u);
       if (u > 0) store_unit(u - 1);
+      // Staged, unit u - 1 the second of its step: both its step's boxes are now being stored.
+      if constexpr (STAGED)
+        if (u > 0 && (u - 1) % 2 == 1) release_staged((u - 1) / 2, 0);
       sum_unit(u);
-      if (u % 2 == 1) mbarrier_arrive(&bar.empty[stage_of<kGradStages>(u / 2)]);
+      if constexpr (!STAGED) {
+        if (u % 2 == 1) mbarrier_arrive(&bar.empty[stage_of<S::kStages>(u / 2)]);
+      }
     }
-    if (units > 0) store_unit(units - 1);
+    if (units > 0) {
+      store_unit(units - 1);
+      if constexpr (STAGED) release_staged(steps - 1, 0);  // also: no store still reads shared memory at exit
+    }
   }
 };
 
-template <class T, class DX, bool ADD, int COUNT>
+template <class T, class DX, bool ADD, int COUNT, bool STAGED>
 __global__ void __launch_bounds__(kThreads, 1)
-    lora_input_grad_sm90a_kernel(const __grid_constant__ Maps maps, const __grid_constant__ Params p) {
+    lora_input_grad_sm90a_kernel(const __grid_constant__ GradMaps maps, const __grid_constant__ Params p) {
   extern __shared__ uint8_t smem_raw[];
+  using S = GradSmem<COUNT, STAGED>;
   uint8_t* smem = aligned_1024(smem_raw);
-  GradBarriers& bar = *reinterpret_cast<GradBarriers*>(smem + GradSmem<COUNT>::kBarriers);
+  GradBarriers& bar = *reinterpret_cast<GradBarriers*>(smem + S::kBarriers);
   const int m0 = static_cast<int>(blockIdx.x) * kBlockRows;
   const Split split = block_split(p, kGradColumns);
   run_roles(
       [&] {
         mbarrier_init(&bar.dxa_full, 1);
-        init_ring(bar.full, bar.empty);
+        for (int s = 0; s < S::kStages; ++s) {
+          mbarrier_init(&bar.full[s], 1);
+          // Staged: each consumer's storer lets the stage go (release_staged); else every consumer thread.
+          mbarrier_init(&bar.empty[s], STAGED ? kConsumers : 128 * kConsumers);
+        }
       },
-      [&] { produce_grad<COUNT>(maps, p.g, smem, bar, m0, split.begin, split.steps); },
+      [&] { produce_grad<COUNT, STAGED, ADD>(maps, p.g, smem, bar, m0, split.begin, split.steps); },
       [&] {
-        GradConsumer<T, DX, ADD, COUNT> c{smem, bar, p, m0, split.begin};
+        GradConsumer<T, DX, ADD, COUNT, STAGED> c{smem, bar, p, maps.dx, m0, split.begin};
         c.load_dxa();
         c.run(split.steps);
       });
@@ -837,19 +922,23 @@ void lora_input_grad_sm90a(void* dx, KType dx_type, bool accumulate, const void*
   const int64_t want = kGradTargetBlocks / row_tiles;  // whole waves: 8192 rows give 64 x 2 blocks
   const int64_t splits_wanted = want < 1 ? 1 : (want > steps ? steps : want);
   const int64_t per = (steps + splits_wanted - 1) / splits_wanted * kGradColumns, splits = (in + per - 1) / per;
-  Maps maps{};
-  maps.rows = head_tensor_map(dxa, 1, M, 1, g.total_rank, kBlockRows);
+  // dx of the operands' type and 16-byte aligned goes through the copy engine (the staged path).
+  const bool staged = dx_type == type && reinterpret_cast<uintptr_t>(dx) % 16 == 0;
+  GradMaps maps{};
+  maps.rows_and_a.rows = head_tensor_map(dxa, 1, M, 1, g.total_rank, kBlockRows);
   for (int j = 0; j < lora_fused::kMaxAdapters; ++j)
-    maps.a[j] = head_tensor_map(g.A[j < g.count ? j : 0], 1, kRank, 1, in, kRank);
+    maps.rows_and_a.a[j] = head_tensor_map(g.A[j < g.count ? j : 0], 1, kRank, 1, in, kRank);
+  if (staged) maps.dx = head_tensor_map(dx, 1, M, 1, in, 64);
   const Params p{dx, M, in, per, g};
   const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(splits));
-  auto launch = [&](auto tag, auto dx_tag, auto count) {
+  auto launch = [&](auto tag, auto dx_tag, auto count, auto staged_tag) {
     using T = decltype(tag);
     using DX = decltype(dx_tag);
     constexpr int COUNT = decltype(count)::value;
-    const auto kernel =
-        accumulate ? lora_input_grad_sm90a_kernel<T, DX, true, COUNT> : lora_input_grad_sm90a_kernel<T, DX, false, COUNT>;
-    const size_t smem = grad_smem_bytes<COUNT>();
+    constexpr bool STAGED = decltype(staged_tag)::value;
+    const auto kernel = accumulate ? lora_input_grad_sm90a_kernel<T, DX, true, COUNT, STAGED>
+                                   : lora_input_grad_sm90a_kernel<T, DX, false, COUNT, STAGED>;
+    const size_t smem = grad_smem_bytes<COUNT, STAGED>();
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) != cudaSuccess)
       check_launch("lora_input_grad_sm90a (shared memory attribute)");
     kernel<<<grid, kThreads, smem, stream>>>(maps, p);
@@ -858,9 +947,11 @@ void lora_input_grad_sm90a(void* dx, KType dx_type, bool accumulate, const void*
     auto with_dx = [&](auto tag) {
       using T = decltype(tag);
       if (dx_type == KType::F32)
-        launch(tag, float{}, count);
+        launch(tag, float{}, count, std::false_type{});
+      else if (staged)
+        launch(tag, T{}, count, std::true_type{});
       else
-        launch(tag, T{}, count);
+        launch(tag, T{}, count, std::false_type{});
     };
     if (type == KType::BF16)
       with_dx(__nv_bfloat16{});

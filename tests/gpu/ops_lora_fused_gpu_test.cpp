@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda_backend.h"
 #include "gpu/op_parity.h"
 #include "kernels/lora_fused_sm90a.cuh"
 #include "ops/cuda_ops.h"
@@ -221,6 +222,51 @@ TEST_F(GpuOpsLoraFused, HopperKernelsMatchTheCpu) {
                       "fused (Hopper kernels), dx written");
     EXPECT_EQ(cuda_ops::lora_input_grad_sm90a_runs() - input_grad, hopper ? 1 : 0);
   }
+}
+
+// The Hopper input gradient's two ways to dx (kernels/lora_fused_sm90a.cu): dx of the operands'
+// type and 16-byte aligned goes through shared memory and the copy engine ("staged"), other dx
+// through each thread's own loads and stores. The same sums, rounded once with dx's old value
+// added in the same order, so the same bits: dx at a 16-byte aligned address against the same
+// values 4 bytes past one, added to and written, rows past the last 128-row tile, 1 to 3 adapters.
+TEST_F(GpuOpsLoraFused, HopperInputGradientStagedGivesThePerThreadBits) {
+  if (!cuda::lora_fused_sm90a_unavailable().empty()) GTEST_SKIP() << cuda::lora_fused_sm90a_unavailable();
+  const int64_t M = 300, in = 512;
+  for (int count = 1; count <= 3; ++count)
+    for (bool accumulate : {true, false}) {
+      SCOPED_TRACE(fmt::format("{} adapters, dx {}", count, accumulate ? "added to" : "written"));
+      const Tensor dxa = on_gpu(random_tensor(Shape{M, 64 * count}, DType::BF16, 50).view());
+      std::vector<Tensor> A;
+      cuda::LoraFusedGroup g;
+      for (int j = 0; j < count; ++j) {
+        A.push_back(on_gpu(random_tensor(Shape{64, in}, DType::BF16, 51 + j, -0.2f, 0.2f).view()));
+        g.A[j] = A.back().view().data;
+        g.rank[j] = 64;
+        g.first[j] = 64 * j;
+        g.mixed_key[j] = 0x9e3779b97f4a7c15ull * (j + 3);
+      }
+      g.count = count;
+      g.total_rank = 64 * count;
+      g.threshold = 6554;  // p = 0.1
+      g.keep_scale = 1.0f / 0.9f;
+      const Tensor dx0 = on_gpu(random_tensor(Shape{M, in}, DType::BF16, 60).view());
+      const size_t bytes = static_cast<size_t>(M * in) * 2;
+      auto run_at = [&](size_t offset) {  // dx at `offset` bytes into a 16-byte aligned buffer
+        Tensor buffer = Tensor::empty(Shape{M * in + 8}, DType::BF16, Device::CUDA);
+        uint8_t* dx = static_cast<uint8_t*>(buffer.view().data) + offset;
+        cuda::check(cudaMemcpyAsync(dx, dx0.view().data, bytes, cudaMemcpyDeviceToDevice, cuda::stream()), "copy dx");
+        cuda::lora_input_grad_sm90a(dx, cuda::KType::BF16, accumulate, dxa.view().data, cuda::KType::BF16, g, M, in,
+                                    cuda::stream());
+        std::vector<uint16_t> out(static_cast<size_t>(M * in));
+        cuda::check(cudaMemcpyAsync(out.data(), dx, bytes, cudaMemcpyDeviceToHost, cuda::stream()), "copy back");
+        cuda::check(cudaStreamSynchronize(cuda::stream()), "sync");
+        return out;
+      };
+      const std::vector<uint16_t> staged = run_at(0), per_thread = run_at(4);
+      int64_t differ = 0;
+      for (size_t i = 0; i < staged.size(); ++i) differ += staged[i] != per_thread[i];
+      EXPECT_EQ(differ, 0) << "of " << staged.size() << " dx values";
+    }
 }
 
 // dx written rather than added to (a group of one runs its adapter's part first,
