@@ -84,6 +84,7 @@ constexpr size_t smem_bytes() {
 struct Maps {
   CUtensorMap rows;
   CUtensorMap a[lora_fused::kMaxAdapters];
+  CUtensorMap copy;  // the down kernel's copy of x (Params::copy_x), else unused
 };
 
 struct Params {
@@ -92,6 +93,7 @@ struct Params {
   int64_t M, in;
   int64_t per_split;  // columns of `in` a block's split covers
   LoraFusedGroup g;
+  bool copy_x = false;  // down: also store x's tiles through maps.copy
 };
 
 // The ring stage and phase parity of a block's i-th step.
@@ -151,17 +153,39 @@ __device__ __forceinline__ void run_roles(Init&& init, Produce&& produce, Consum
 
 // ---- the producer ----
 
+// The down kernel's copy of x (`copy`: the folded GEMM's [x | xa], model/llama_layer.cpp): step j's
+// x tile, once it has landed, stored from its stage by the copy engine, so x is read once for both.
 template <int COUNT>
-__device__ void produce(const Maps& maps, uint8_t* smem, Barriers& bar, int m0, int k_begin, int steps) {
+__device__ __forceinline__ void store_x_tile(const CUtensorMap& copy, uint8_t* smem, Barriers& bar, int m0,
+                                             int k_begin, int j) {
   using S = Smem<COUNT>;
+  mbarrier_wait(&bar.full[stage_of(j)], parity_of(j));
+  tma_store_4d(copy, smem + S::kX + stage_of(j) * S::kXBytes, k_begin + j * kStepColumns, m0, 0, 0);
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+
+// Step i's tiles into stage i % kStages once every consumer is done with it. With copy_x, step i - 2's
+// x tile is stored after step i's copies are issued (two steps behind: its tiles have long landed),
+// and a stage is refilled only once the store of its last x tile has read it: before step i's
+// copies, stores of steps up to i - 3 have been issued and at most one (step i - 3) may still read.
+template <int COUNT>
+__device__ void produce(const Maps& maps, uint8_t* smem, Barriers& bar, int m0, int k_begin, int steps, bool copy_x) {
+  using S = Smem<COUNT>;
+  static_assert(kStages >= 3, "the stored x tiles trail the copies by two steps");
   for (int i = 0; i < steps; ++i) {
     const int s = stage_of(i), k = k_begin + i * kStepColumns;
     mbarrier_wait(&bar.empty[s], parity_of(i) ^ 1u);  // the phase in which the stage was last emptied
+    if (copy_x && i >= kStages) asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(kStages - 3) : "memory");
     mbarrier_arrive_expect_tx(&bar.full[s], S::kStepBytes);
     tma_load_4d(smem + S::kX + s * S::kXBytes, maps.rows, &bar.full[s], k, m0, 0, 0);
 #pragma unroll
     for (int j = 0; j < COUNT; ++j)
       tma_load_4d(smem + S::kA + (s * COUNT + j) * S::kABytes, maps.a[j], &bar.full[s], k, 0, 0, 0);
+    if (copy_x && i >= 2) store_x_tile<COUNT>(maps.copy, smem, bar, m0, k_begin, i - 2);
+  }
+  if (copy_x) {
+    for (int j = steps < 2 ? 0 : steps - 2; j < steps; ++j) store_x_tile<COUNT>(maps.copy, smem, bar, m0, k_begin, j);
+    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // the block's shared memory outlives the stores
   }
 }
 
@@ -355,7 +379,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int m0 = static_cast<int>(blockIdx.x) * kBlockRows;
   const Split split = block_split(p, kStepColumns);
   run_roles([&] { init_ring(bar.full, bar.empty); },
-            [&] { produce<COUNT>(maps, smem, bar, m0, split.begin, split.steps); },
+            [&] { produce<COUNT>(maps, smem, bar, m0, split.begin, split.steps, p.copy_x); },
             [&] {
               Consumer<T, XA, COUNT> c{smem, bar, p, m0, split.begin};
               c.run(split.steps);
@@ -868,6 +892,10 @@ bool lora_down_sm90a_takes(KType type, int64_t in, const LoraFusedGroup& g) {
   return in <= (int64_t{1} << 30);
 }
 
+bool lora_down_sm90a_copies_to(const void* x_copy, int64_t stride, int64_t in) {
+  return reinterpret_cast<uintptr_t>(x_copy) % 16 == 0 && stride >= in && stride % 8 == 0;
+}
+
 const std::string& lora_fused_sm90a_unavailable() {
   static const std::string why =
       sm90a_unavailable(reinterpret_cast<const void*>(lora_down_sm90a_kernel<__nv_bfloat16, __nv_bfloat16, 3>));
@@ -875,7 +903,7 @@ const std::string& lora_fused_sm90a_unavailable() {
 }
 
 void lora_down_sm90a(void* xa, KType xa_type, const void* x, KType type, const LoraFusedGroup& g, int64_t M,
-                     int64_t in, float* workspace, cudaStream_t stream) {
+                     int64_t in, float* workspace, cudaStream_t stream, void* x_copy, int64_t x_copy_stride) {
   if (!lora_down_sm90a_takes(type, in, g) || xa_type != type)
     throw std::logic_error("cuda::lora_down_sm90a: needs x, A and xa of one 16-bit type, 1 to 3 adapters of rank 64 "
                            "and in % 64 == 0");
@@ -886,7 +914,14 @@ void lora_down_sm90a(void* xa, KType xa_type, const void* x, KType type, const L
   Maps maps{};
   maps.rows = head_tensor_map(x, 1, M, 1, in, kBlockRows);
   for (int j = 0; j < lora_fused::kMaxAdapters; ++j) maps.a[j] = head_tensor_map(g.A[j < g.count ? j : 0], 1, kRank, 1, in, kRank);
-  const Params p{splits > 1 ? static_cast<void*>(workspace) : xa, M, in, per, g};
+  if (x_copy != nullptr) {
+    if (!lora_down_sm90a_copies_to(x_copy, x_copy_stride, in))
+      throw std::logic_error("cuda::lora_down_sm90a: x's copy needs a 16-byte aligned block with a row stride of at "
+                             "least `in`, a multiple of 8");
+    maps.copy = matrix_tensor_map(x_copy, M, in, x_copy_stride, kBlockRows);
+  }
+  Params p{splits > 1 ? static_cast<void*>(workspace) : xa, M, in, per, g};
+  p.copy_x = x_copy != nullptr;
   const dim3 grid(static_cast<unsigned>((M + kBlockRows - 1) / kBlockRows), static_cast<unsigned>(splits));
   auto launch = [&](auto tag, auto count) {
     using T = decltype(tag);

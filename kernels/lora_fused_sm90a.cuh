@@ -32,9 +32,16 @@ bool lora_down_sm90a_takes(KType type, int64_t in, const LoraFusedGroup& group);
 const std::string& lora_fused_sm90a_unavailable();
 
 // As lora_fused_down (kernels/lora_fused.cuh), xa of x's type: workspace holds
-// lora_fused::down_workspace_floats floats (none with one split).
+// lora_fused::down_workspace_floats floats (none with one split). With x_copy, x is also copied
+// there ([M, in] at row stride x_copy_stride, as lora_down_sm90a_copies_to says): each tile the
+// kernel loads is stored back from shared memory, so x is read once for both.
 void lora_down_sm90a(void* xa, KType xa_type, const void* x, KType type, const LoraFusedGroup& group, int64_t M,
-                     int64_t in, float* workspace, cudaStream_t stream);
+                     int64_t in, float* workspace, cudaStream_t stream, void* x_copy = nullptr,
+                     int64_t x_copy_stride = 0);
+
+// Whether the down kernel can copy x to x_copy: 16-byte aligned, a row stride of at least `in`
+// elements and a multiple of 8 (the copy engine's 16-byte strides).
+bool lora_down_sm90a_copies_to(const void* x_copy, int64_t stride, int64_t in);
 
 // Whether the input-gradient kernel takes the group: as lora_down_sm90a_takes, and in % 128 == 0.
 bool lora_input_grad_sm90a_takes(KType type, int64_t in, const LoraFusedGroup& group);

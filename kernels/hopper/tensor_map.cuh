@@ -18,4 +18,9 @@ constexpr int kBoxColumns = 64;
 // stored. Throws std::runtime_error when the driver refuses the map.
 CUtensorMap head_tensor_map(const void* base, int64_t B, int64_t T, int64_t heads, int64_t D, int rows);
 
+// The same for the [rows, cols] block of a row-major matrix of 16-bit elements whose rows are
+// row_stride elements apart (a block of a wider matrix's columns: base 16-byte aligned, row_stride
+// a multiple of 8), in boxes of kBoxColumns columns by box_rows rows (coordinates {column, row, 0, 0}).
+CUtensorMap matrix_tensor_map(const void* base, int64_t rows, int64_t cols, int64_t row_stride, int box_rows);
+
 }  // namespace fsdpq::cuda::hopper

@@ -70,16 +70,15 @@ void folded_group_forward(std::span<const TensorView> ys, const TensorView& x, i
   if (g.sites.size() != modules.size())
     throw std::logic_error("folded_group_forward: a folded group's modules must all have plain LoRA adapters");
   const TensorView xa = a.xa[group];
-  {
-    ScopedSection section("lora");
-    lora_down_group(xa, x, g.sites);
-  }
   const int64_t C = x.shape.last(), R = xa.shape.last();
   Tensor wide = Tensor::empty(Shape{x.shape.rows(), C + R}, x.dtype, x.device);
+  {
+    ScopedSection section("lora");
+    lora_down_group(xa, x, g.sites, MatrixView(wide.view(), 0, C));  // x into [x | xa] too
+  }
   std::vector<int64_t> width;  // C + K_j
   {
     ScopedSection section("lora: fold");
-    copy_block(MatrixView(wide.view(), 0, C), x);
     copy_block(MatrixView(wide.view(), C, R), xa);
     int64_t first = C;
     for (size_t j = 0; j < modules.size(); ++j) {

@@ -252,19 +252,29 @@ void accumulate_dropped(TensorView dx, std::span<const TensorView> gs, const Gro
 
 // xa = dropout(x) · Aᵀ: one GEMM over the stacked A, the fused kernels (the masks applied inside the
 // products), or one GEMM per adapter on its dropped copy of x.
-void down_products(TensorView xa, const TensorView& x, std::span<const LoraSite> sites, const GroupDims& g) {
-  std::optional<ScopedSection> timed(std::in_place, "lora: x·Aᵀ");
-  if (const StackedA stacked = stack_a(sites, g); stacked.view.data != nullptr) {
-    linear_forward(xa, x, stacked.view);
-  } else if (fused_on_gpu(x, [&](const GroupMask& mask) {
-               if constexpr (kWithCuda) return cuda_ops::lora_fused_forward(xa, x, sites, mask.for_gpu());
-               return false;
-             }, sites)) {
-  } else {
-    timed.reset();  // the dropout copies are timed on their own
-    const AdapterInputs inputs = adapter_inputs(x, sites);
-    timed.emplace("lora: x·Aᵀ");
-    for (size_t i = 0; i < sites.size(); ++i) linear_forward(columns_of(xa, g, i), inputs.views[i], sites[i].A);
+// With x_copy, x is copied there too: by the Hopper down kernel from the tiles it loads where it
+// runs, else by copy_block afterwards (the same values either way).
+void down_products(TensorView xa, const TensorView& x, std::span<const LoraSite> sites, const GroupDims& g,
+                   const MatrixView* x_copy = nullptr) {
+  bool copied = false;
+  {
+    std::optional<ScopedSection> timed(std::in_place, "lora: x·Aᵀ");
+    if (const StackedA stacked = stack_a(sites, g); stacked.view.data != nullptr) {
+      linear_forward(xa, x, stacked.view);
+    } else if (fused_on_gpu(x, [&](const GroupMask& mask) {
+                 if constexpr (kWithCuda) return cuda_ops::lora_fused_forward(xa, x, sites, mask.for_gpu(), x_copy, &copied);
+                 return false;
+               }, sites)) {
+    } else {
+      timed.reset();  // the dropout copies are timed on their own
+      const AdapterInputs inputs = adapter_inputs(x, sites);
+      timed.emplace("lora: x·Aᵀ");
+      for (size_t i = 0; i < sites.size(); ++i) linear_forward(columns_of(xa, g, i), inputs.views[i], sites[i].A);
+    }
+  }
+  if (x_copy != nullptr && !copied) {
+    const ScopedSection timed("lora: fold");
+    copy_block(*x_copy, x);
   }
 }
 
@@ -322,6 +332,16 @@ void lora_forward_group(std::span<const TensorView> ys, TensorView xa, const Ten
 
 void lora_down_group(TensorView xa, const TensorView& x, std::span<const LoraSite> sites) {
   down_products(xa, x, sites, check_group("lora_forward", x, xa, sites));
+}
+
+void lora_down_group(TensorView xa, const TensorView& x, std::span<const LoraSite> sites, const MatrixView& x_copy) {
+  constexpr const char* op = "lora_forward";
+  const GroupDims g = check_group(op, x, xa, sites);
+  check_that(x_copy.dtype() == x.dtype && x_copy.device() == x.device && x_copy.rows() == x.shape.rows() &&
+                 x_copy.cols() == x.shape.last(),
+             "{}: x's copy (columns [{}, {}) of {}) must be x's shape and dtype ({})", op, x_copy.first_column,
+             x_copy.first_column + x_copy.cols(), x_copy.tensor.describe(), x.describe());
+  down_products(xa, x, sites, g, &x_copy);
 }
 
 void lora_backward_output(TensorView dxa, size_t i, TensorView dB, const TensorView& dy, const TensorView& x,

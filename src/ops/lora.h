@@ -4,6 +4,7 @@
 // 64-bit key and the element index, so every device draws the same mask and the backward can
 // regenerate it instead of storing it.
 #pragma once
+#include "backend/matrix_view.h"
 #include "backend/tensor.h"
 
 #include <cstdint>
@@ -85,6 +86,10 @@ void lora_forward_group(std::span<const TensorView> ys, TensorView xa, const Ten
 // The first half of lora_forward_group: xa = [dropout_i(x) · A_iᵀ]_i only, for a caller that applies
 // the B products its own way (folded into the base GEMM, model/llama_layer.cpp).
 void lora_down_group(TensorView xa, const TensorView& x, std::span<const LoraSite> sites);
+// The same, with x also copied into x_copy (a block of a wider matrix's columns, x's shape and
+// dtype): the folded GEMM's [x | xa]. Where the Hopper down kernel runs it stores the x tiles it
+// loads (x read once for both); elsewhere copy_block copies it after.
+void lora_down_group(TensorView xa, const TensorView& x, std::span<const LoraSite> sites, const MatrixView& x_copy);
 // dys[i]: the gradient at ys[i]. dx (+)= every adapter's part (skipped when dx.data is null).
 void lora_backward_group(TensorView dx, std::span<const LoraSiteGrads> grads, std::span<const TensorView> dys,
                          const TensorView& x, const TensorView& xa, std::span<const LoraSite> sites);

@@ -20,8 +20,6 @@ MatrixOperand matrix(const MatrixView& view, bool transposed = false) {
   return MatrixOperand{view.data(), view.tensor.dtype, rows, cols, stride, 1};
 }
 
-MatrixOperand matrix(const TensorView& view, bool transposed = false) { return matrix(MatrixView(view), transposed); }
-
 MatrixOutput output(const MatrixView& view) {
   return MatrixOutput{view.data(), view.tensor.dtype, view.rows(), view.cols(), view.row_stride()};
 }

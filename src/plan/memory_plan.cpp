@@ -173,7 +173,7 @@ struct OpTemporaries {
 // (GPU, 16-bit, dropout: ops/lora.h) writes no dropped copy: only their fp32 partial sums
 // (kernels/lora_fused_shape.h), the forward's split-K ones and the backward's per-chunk dA. A group
 // of one module keeps its dy copy through its adapter's part, which runs first. A folded group's
-// forward then holds [x | xa] [N, in + Σr], once its dropped copies are gone.
+// forward holds [x | xa] [N, in + Σr] beside those: the down product copies x into it.
 OpTemporaries lora_temporaries(const PlanInput& p, const std::vector<Linear>& lin, int64_t N) {
   const bool gpu = p.on_gpu, dropout = p.lora_dropout > 0;
   const int64_t a = static_cast<int64_t>(dtype_size(p.activation));
@@ -199,10 +199,12 @@ OpTemporaries lora_temporaries(const PlanInput& p, const std::vector<Linear>& li
     const bool fused = fused_kernels && lora_fused::takes(in, ranks.data(), ranks.size());
     const int64_t stacked = adapters > 1 ? R(rank * in * a) : 0;
     const int64_t dropped_copies = adapters * R(N * in * a);
-    t.forward = std::max(t.forward, fused     ? R(lora_fused::down_workspace_floats(N, in, rank) * kF32)
-                                    : dropout ? dropped_copies
-                                              : stacked);
-    if (folded[static_cast<size_t>(group[0])] > 0) t.forward = std::max(t.forward, R(N * (in + rank) * a));
+    const int64_t down = fused     ? R(lora_fused::down_workspace_floats(N, in, rank) * kF32)
+                         : dropout ? dropped_copies
+                                   : stacked;
+    // A folded group's [x | xa] is allocated before its down product, which copies x into it.
+    const int64_t wide = folded[static_cast<size_t>(group[0])] > 0 ? R(N * (in + rank) * a) : 0;
+    t.forward = std::max(t.forward, wide + down);
     const int64_t dxa = R(N * rank * kF32), dxa_cast = cast ? R(N * rank * a) : 0;
     const int64_t input_phase = fused     ? R(lora_fused::weight_grad_workspace_floats(N, in, rank) * kF32)
                                 : dropout ? dropped_copies

@@ -224,6 +224,42 @@ TEST_F(GpuOpsLoraFused, HopperKernelsMatchTheCpu) {
   }
 }
 
+// lora_down_group with a copy of x (the folded GEMM's [x | xa], model/llama_layer.cpp): on Hopper
+// the down kernel stores the x tiles it loads into the block, elsewhere copy_block does. Either
+// way: the block holds x bit for bit, the columns around it are untouched, and xa is what the
+// plain call gives; rows past the last 128-row tile, 1 to 3 adapters, one split and several.
+TEST_F(GpuOpsLoraFused, DownProductCopiesXIntoABlock) {
+  set_gpu_lora_kernels(GpuLoraKernels::Fused);
+  for (const GroupCase& c : {GroupCase{300, 512, {64, 64, 64}, {64, 64, 64}, DType::BF16, DType::BF16},
+                             GroupCase{8192, 1024, {64, 64}, {64, 64}, DType::BF16, DType::BF16},
+                             GroupCase{1, 128, {64}, {64}, DType::F16, DType::F16}}) {
+    SCOPED_TRACE(c.name());
+    const LoraGroup group(c);
+    LoraGroup::Placed p = group.place(Device::CUDA);
+    const int64_t R = p.xa.shape().last(), wide_cols = c.in + R + 8;  // 8 spare columns after the block
+    const Tensor before = on_gpu(random_tensor(Shape{c.M, wide_cols}, c.dtype, 70).view());
+    Tensor wide = on_gpu(before.view());
+    const int64_t down = cuda_ops::lora_down_sm90a_runs();
+    lora_down_group(p.xa, p.x, p.sites, MatrixView(wide.view(), R, c.in));  // x after R leading columns
+    const bool hopper = cuda_ops::lora_down_sm90a_runs() > down;
+    Tensor xa_plain = Tensor::empty(p.xa.shape(), c.dtype, Device::CUDA);
+    lora_down_group(xa_plain, p.x, p.sites);
+    const std::vector<double> got = test::values_of(wide), old = test::values_of(before), x = test::values_of(p.x);
+    int64_t wrong = 0, touched = 0;
+    for (int64_t r = 0; r < c.M; ++r)
+      for (int64_t col = 0; col < wide_cols; ++col) {
+        const size_t at = static_cast<size_t>(r * wide_cols + col);
+        if (col >= R && col < R + c.in)
+          wrong += got[at] != x[static_cast<size_t>(r * c.in + col - R)];
+        else
+          touched += got[at] != old[at];
+      }
+    EXPECT_EQ(wrong, 0) << "x values not copied" << (hopper ? " (by the Hopper down kernel)" : "");
+    EXPECT_EQ(touched, 0) << "values outside the block changed";
+    EXPECT_EQ(test::values_of(p.xa), test::values_of(xa_plain)) << "xa differs from the call without the copy";
+  }
+}
+
 // The Hopper input gradient's two ways to dx (kernels/lora_fused_sm90a.cu): dx of the operands'
 // type and 16-byte aligned goes through shared memory and the copy engine ("staged"), other dx
 // through each thread's own loads and stores. The same sums, rounded once with dx's old value

@@ -320,3 +320,40 @@ TEST(OpsLora, DropoutOfOneIsRejected) {
 
 }  // namespace
 }  // namespace fsdpq
+
+namespace fsdpq {
+namespace {
+
+// lora_down_group with a copy of x (the folded GEMM's [x | xa]): xa as the plain call gives it,
+// x bit for bit in the block, the columns around it untouched; a block of another shape or dtype
+// is refused, naming both.
+TEST(OpsLora, DownGroupCopiesXIntoABlock) {
+  const int64_t M = 5, in = 16, R = 8;
+  const Tensor x = random_tensor(Shape{M, in}, DType::BF16, 120);
+  const Tensor A0 = random_tensor(Shape{4, in}, DType::BF16, 121), A1 = random_tensor(Shape{4, in}, DType::BF16, 122);
+  const Tensor B0 = random_tensor(Shape{6, 4}, DType::BF16, 123), B1 = random_tensor(Shape{6, 4}, DType::BF16, 124);
+  const LoraSite sites[] = {{A0.view(), B0.view(), LoraParams{8.0f, 0.25f, true, 7}},
+                            {A1.view(), B1.view(), LoraParams{8.0f, 0.25f, true, 8}}};
+  Tensor xa = Tensor::empty(Shape{M, R}, DType::BF16), xa_plain = Tensor::empty(Shape{M, R}, DType::BF16);
+  const Tensor before = random_tensor(Shape{M, R + in + 3}, DType::BF16, 125);
+  Tensor wide = copy_to(before.view(), Device::CPU);
+  lora_down_group(xa.view(), x.view(), sites, MatrixView(wide.view(), R, in));
+  lora_down_group(xa_plain.view(), x.view(), sites);
+  for (int64_t i = 0; i < M * R; ++i) EXPECT_EQ(load_f32(xa.view(), i), load_f32(xa_plain.view(), i)) << i;
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t c = 0; c < R + in + 3; ++c) {
+      const int64_t at = r * (R + in + 3) + c;
+      const float want = c >= R && c < R + in ? load_f32(x.view(), r * in + c - R) : load_f32(before.view(), at);
+      EXPECT_EQ(load_f32(wide.view(), at), want) << "row " << r << " column " << c;
+    }
+  Tensor narrow = Tensor::empty(Shape{M, in - 1}, DType::BF16);
+  try {
+    lora_down_group(xa.view(), x.view(), sites, MatrixView(narrow.view()));
+    FAIL() << "a block of another shape was taken";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("x's copy"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace fsdpq
