@@ -86,8 +86,9 @@ void set_gpu_dequantize_stream(GpuDequantizeStream stream);
 // GEMMs where every module of the group is plain LoRA on a quantised base (LayerCompute,
 // model/llama_layer.h; the same values up to rounding, on every device). On by default: on the GPU
 // it is the one way base + adapter round once at full speed (cuBLAS's in-place accumulate rounds
-// the product first, cuda_ops.h's GemmAccumulate), for -0.5% on the 7B step (stop 38). The
-// environment's FSDPQ_LORA_FOLD (0, 1) sets it at start-up; tests set it here.
+// the product first, cuda_ops.h's GemmAccumulate); its speed against the separate products is in
+// bench/RESULTS.md (stop 38). The environment's FSDPQ_LORA_FOLD (0, 1) sets it at start-up; tests
+// set it here.
 bool lora_fold();
 void set_lora_fold(bool fold);
 

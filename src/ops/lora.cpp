@@ -273,7 +273,7 @@ void down_products(TensorView xa, const TensorView& x, std::span<const LoraSite>
     }
   }
   if (x_copy != nullptr && !copied) {
-    const ScopedSection timed("lora: fold");
+    const ScopedSection timed("lora: copy of x");
     copy_block(*x_copy, x);
   }
 }
