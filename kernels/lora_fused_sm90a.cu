@@ -632,14 +632,11 @@ struct GradConsumer {
   }
 
   // Staged: step i's stage goes back once its boxes' stores have read them (the storer waits for
-  // all but the `in_flight` newest store groups) and every thread of the consumer is done with
-  // its A tiles (they synced in store_unit after their last products of the step).
-  __device__ __forceinline__ void release_staged(int i, int in_flight) {
+  // every store group it issued; the newest is the step's second box) and every thread of the
+  // consumer is done with its A tiles (they synced in store_unit after their last products of the step).
+  __device__ __forceinline__ void release_staged(int i) {
     if (!storer) return;
-    if (in_flight == 1)
-      asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
-    else
-      asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
     mbarrier_arrive(&bar.empty[stage_of<S::kStages>(i)]);
   }
 
@@ -655,7 +652,7 @@ struct GradConsumer {
       if (u > 0) store_unit(u - 1);
       // Staged, unit u - 1 the second of its step: both its step's boxes are now being stored.
       if constexpr (STAGED)
-        if (u > 0 && (u - 1) % 2 == 1) release_staged((u - 1) / 2, 0);
+        if (u > 0 && (u - 1) % 2 == 1) release_staged((u - 1) / 2);
       sum_unit(u);
       if constexpr (!STAGED) {
         if (u % 2 == 1) mbarrier_arrive(&bar.empty[stage_of<S::kStages>(u / 2)]);
@@ -663,7 +660,7 @@ struct GradConsumer {
     }
     if (units > 0) {
       store_unit(units - 1);
-      if constexpr (STAGED) release_staged(steps - 1, 0);  // also: no store still reads shared memory at exit
+      if constexpr (STAGED) release_staged(steps - 1);  // also: no store still reads shared memory at exit
     }
   }
 };
