@@ -79,12 +79,14 @@ constexpr size_t smem_bytes() {
   return Smem<COUNT>::kBarriers + sizeof(Barriers) + 1024;  // + room to align the base to 1024
 }
 
-// Either kernel's tensor maps: the rows it reads once a block (x for the down product, dxa for the
-// input gradient) and each adapter's A (unused entries repeat adapter 0's).
+// Every kernel's tensor maps: the rows it reads once a block (x for the down product, dxa for the
+// input gradient), each adapter's A (unused entries repeat adapter 0's), and what the copy engine
+// also writes: the down kernel's copy of x (Params::copy_x), the input gradient's dx where it is
+// staged; unused otherwise.
 struct Maps {
   CUtensorMap rows;
   CUtensorMap a[lora_fused::kMaxAdapters];
-  CUtensorMap copy;  // the down kernel's copy of x (Params::copy_x), else unused
+  CUtensorMap out;
 };
 
 struct Params {
@@ -93,7 +95,7 @@ struct Params {
   int64_t M, in;
   int64_t per_split;  // columns of `in` a block's split covers
   LoraFusedGroup g;
-  bool copy_x = false;  // down: also store x's tiles through maps.copy
+  bool copy_x = false;  // down: also store x's tiles through maps.out
 };
 
 // The ring stage and phase parity of a block's i-th step.
@@ -181,10 +183,10 @@ __device__ void produce(const Maps& maps, uint8_t* smem, Barriers& bar, int m0, 
 #pragma unroll
     for (int j = 0; j < COUNT; ++j)
       tma_load_4d(smem + S::kA + (s * COUNT + j) * S::kABytes, maps.a[j], &bar.full[s], k, 0, 0, 0);
-    if (copy_x && i >= 2) store_x_tile<COUNT>(maps.copy, smem, bar, m0, k_begin, i - 2);
+    if (copy_x && i >= 2) store_x_tile<COUNT>(maps.out, smem, bar, m0, k_begin, i - 2);
   }
   if (copy_x) {
-    for (int j = steps < 2 ? 0 : steps - 2; j < steps; ++j) store_x_tile<COUNT>(maps.copy, smem, bar, m0, k_begin, j);
+    for (int j = steps < 2 ? 0 : steps - 2; j < steps; ++j) store_x_tile<COUNT>(maps.out, smem, bar, m0, k_begin, j);
     asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // the block's shared memory outlives the stores
   }
 }
@@ -441,21 +443,15 @@ constexpr size_t grad_smem_bytes() {
   return GradSmem<COUNT, STAGED>::kBarriers + sizeof(GradBarriers) + 1024;
 }
 
-// The input gradient's tensor maps: dxa's rows, each adapter's A, and (staged) dx.
-struct GradMaps {
-  Maps rows_and_a;
-  CUtensorMap dx;
-};
-
 template <int COUNT, bool STAGED, bool ADD>
-__device__ void produce_grad(const GradMaps& maps, const LoraFusedGroup& g, uint8_t* smem, GradBarriers& bar, int m0,
+__device__ void produce_grad(const Maps& maps, const LoraFusedGroup& g, uint8_t* smem, GradBarriers& bar, int m0,
                              int c_begin, int steps) {
   using S = GradSmem<COUNT, STAGED>;
   constexpr bool kLoadsDx = STAGED && ADD;
   mbarrier_arrive_expect_tx(&bar.dxa_full, COUNT * S::kDxaBytes);
 #pragma unroll
   for (int j = 0; j < COUNT; ++j)
-    tma_load_4d(smem + S::kDxa + j * S::kDxaBytes, maps.rows_and_a.rows, &bar.dxa_full, g.first[j], m0, 0, 0);
+    tma_load_4d(smem + S::kDxa + j * S::kDxaBytes, maps.rows, &bar.dxa_full, g.first[j], m0, 0, 0);
   for (int i = 0; i < steps; ++i) {
     const int s = stage_of<S::kStages>(i), c = c_begin + i * kGradColumns;
     mbarrier_wait(&bar.empty[s], parity_of<S::kStages>(i) ^ 1u);
@@ -464,14 +460,14 @@ __device__ void produce_grad(const GradMaps& maps, const LoraFusedGroup& g, uint
     for (int j = 0; j < COUNT; ++j)
 #pragma unroll
       for (int cb = 0; cb < 2; ++cb)
-        tma_load_4d(smem + S::kA + (s * COUNT + j) * S::kABytes + cb * S::kABlockBytes, maps.rows_and_a.a[j],
+        tma_load_4d(smem + S::kA + (s * COUNT + j) * S::kABytes + cb * S::kABlockBytes, maps.a[j],
                     &bar.full[s], c + kBoxColumns * cb, 0, 0, 0);
     if constexpr (kLoadsDx) {
 #pragma unroll
       for (int half = 0; half < 2; ++half)
 #pragma unroll
         for (int consumer = 0; consumer < kConsumers; ++consumer)
-          tma_load_4d(smem + S::dx_box(s, half, consumer), maps.dx, &bar.full[s], c + kHalfColumns * half,
+          tma_load_4d(smem + S::dx_box(s, half, consumer), maps.out, &bar.full[s], c + kHalfColumns * half,
                       m0 + 64 * consumer, 0, 0);
     }
   }
@@ -601,15 +597,8 @@ struct GradConsumer {
         const int r = 16 * warp + lane / 4 + 8 * h;  // the box's row (r % 8 == lane / 4: its swizzle)
 #pragma unroll
         for (int c = 0; c < kHalfColumns / 8; ++c) {
-          uint32_t* at = reinterpret_cast<uint32_t*>(box + r * kSwizzleRowBytes + ((c ^ (r % 8)) << 4) + 4 * (lane % 4));
-          float lo = sum[4 * c + 2 * h], hi = sum[4 * c + 2 * h + 1];
-          if constexpr (ADD) {
-            const uint32_t old = *at;
-            const DX* v = reinterpret_cast<const DX*>(&old);
-            lo += to_float(v[0]);
-            hi += to_float(v[1]);
-          }
-          *at = pack2<DX>(lo, hi);
+          DX* at = reinterpret_cast<DX*>(box + r * kSwizzleRowBytes + ((c ^ (r % 8)) << 4) + 4 * (lane % 4));
+          store_pair<DX, ADD>(at, sum[4 * c + 2 * h], sum[4 * c + 2 * h + 1]);
         }
       }
       fence_proxy_async_shared();
@@ -667,7 +656,7 @@ struct GradConsumer {
 
 template <class T, class DX, bool ADD, int COUNT, bool STAGED>
 __global__ void __launch_bounds__(kThreads, 1)
-    lora_input_grad_sm90a_kernel(const __grid_constant__ GradMaps maps, const __grid_constant__ Params p) {
+    lora_input_grad_sm90a_kernel(const __grid_constant__ Maps maps, const __grid_constant__ Params p) {
   extern __shared__ uint8_t smem_raw[];
   using S = GradSmem<COUNT, STAGED>;
   uint8_t* smem = aligned_1024(smem_raw);
@@ -685,7 +674,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       },
       [&] { produce_grad<COUNT, STAGED, ADD>(maps, p.g, smem, bar, m0, split.begin, split.steps); },
       [&] {
-        GradConsumer<T, DX, ADD, COUNT, STAGED> c{smem, bar, p, maps.dx, m0, split.begin};
+        GradConsumer<T, DX, ADD, COUNT, STAGED> c{smem, bar, p, maps.out, m0, split.begin};
         c.load_dxa();
         c.run(split.steps);
       });
@@ -915,7 +904,7 @@ void lora_down_sm90a(void* xa, KType xa_type, const void* x, KType type, const L
     if (!lora_down_sm90a_copies_to(x_copy, x_copy_stride, in))
       throw std::logic_error("cuda::lora_down_sm90a: x's copy needs a 16-byte aligned block with a row stride of at "
                              "least `in`, a multiple of 8");
-    maps.copy = matrix_tensor_map(x_copy, M, in, x_copy_stride, kBlockRows);
+    maps.out = matrix_tensor_map(x_copy, M, in, x_copy_stride, kBlockRows);
   }
   Params p{splits > 1 ? static_cast<void*>(workspace) : xa, M, in, per, g};
   p.copy_x = x_copy != nullptr;
@@ -956,11 +945,11 @@ void lora_input_grad_sm90a(void* dx, KType dx_type, bool accumulate, const void*
   const int64_t per = (steps + splits_wanted - 1) / splits_wanted * kGradColumns, splits = (in + per - 1) / per;
   // dx of the operands' type and 16-byte aligned goes through the copy engine (the staged path).
   const bool staged = dx_type == type && reinterpret_cast<uintptr_t>(dx) % 16 == 0;
-  GradMaps maps{};
-  maps.rows_and_a.rows = head_tensor_map(dxa, 1, M, 1, g.total_rank, kBlockRows);
+  Maps maps{};
+  maps.rows = head_tensor_map(dxa, 1, M, 1, g.total_rank, kBlockRows);
   for (int j = 0; j < lora_fused::kMaxAdapters; ++j)
-    maps.rows_and_a.a[j] = head_tensor_map(g.A[j < g.count ? j : 0], 1, kRank, 1, in, kRank);
-  if (staged) maps.dx = head_tensor_map(dx, 1, M, 1, in, 64);
+    maps.a[j] = head_tensor_map(g.A[j < g.count ? j : 0], 1, kRank, 1, in, kRank);
+  if (staged) maps.out = head_tensor_map(dx, 1, M, 1, in, 64);
   const Params p{dx, M, in, per, g};
   const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(splits));
   auto launch = [&](auto tag, auto dx_tag, auto count, auto staged_tag) {

@@ -80,8 +80,9 @@ struct LoraGroupMask {
   uint32_t threshold = 0;
   float keep_scale = 1.0f;
 };
-// x_copy (may be null): where the caller wants x copied too; *copied says whether the kernel did it
-// (the Hopper down kernel stores the x tiles it loads) or left it to the caller.
+// x_copy (may be null; then copied may be too): where the caller wants x copied, x's shape and
+// dtype; *copied says whether the kernel did it (the Hopper down kernel stores the x tiles it
+// loads) or left it to the caller.
 bool lora_fused_forward(TensorView xa, const TensorView& x, std::span<const LoraSite> sites, const LoraGroupMask& mask,
                         const MatrixView* x_copy = nullptr, bool* copied = nullptr);
 bool lora_fused_backward_input(TensorView dx, bool accumulate_dx, std::span<const TensorView> dAs,

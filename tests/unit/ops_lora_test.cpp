@@ -318,12 +318,6 @@ TEST(OpsLora, DropoutOfOneIsRejected) {
   EXPECT_THROW(s.run(p), UserError);
 }
 
-}  // namespace
-}  // namespace fsdpq
-
-namespace fsdpq {
-namespace {
-
 // lora_down_group with a copy of x (the folded GEMM's [x | xa]): xa as the plain call gives it,
 // x bit for bit in the block, the columns around it untouched; a block of another shape or dtype
 // is refused, naming both.

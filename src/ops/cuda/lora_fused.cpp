@@ -58,10 +58,9 @@ bool lora_fused_forward(TensorView xa, const TensorView& x, std::span<const Lora
   float* scratch = floats > 0 ? workspace.data<float>() : nullptr;
   // On Hopper the wgmma kernel takes rank-64 groups of up to 3 (the same split and scratch).
   if (xa_type == type && cuda::lora_down_sm90a_takes(type, in, g) && cuda::lora_fused_sm90a_unavailable().empty()) {
-    // It also copies x where asked and the block suits the copy engine: x is read once for both.
-    const bool copy = x_copy != nullptr && copied != nullptr && x_copy->dtype() == x.dtype &&
-                      x_copy->device() == Device::CUDA && x_copy->rows() == M && x_copy->cols() == in &&
-                      cuda::lora_down_sm90a_copies_to(x_copy->data(), x_copy->row_stride(), in);
+    // It also copies x where asked (lora.h has checked the block's shape) and the block suits the
+    // copy engine: x is read once for both.
+    const bool copy = x_copy != nullptr && cuda::lora_down_sm90a_copies_to(x_copy->data(), x_copy->row_stride(), in);
     cuda::lora_down_sm90a(xa.data, xa_type, x.data, type, g, M, in, scratch, cuda::stream(),
                           copy ? x_copy->data() : nullptr, copy ? x_copy->row_stride() : 0);
     if (copy) *copied = true;
