@@ -36,20 +36,26 @@ CrossEntropyResult lm_head_loss(const TensorView& normed, const TensorView& head
   }
 
   chunk_rows = std::clamp<int64_t>(chunk_rows, 1, std::max<int64_t>(N, 1));
-  // One spare row: the chunk is handed to the cross entropy as a single sequence of n + 1 rows whose
-  // labels are already shifted (label t + 1 is row t's target); its last row never counts.
-  Tensor logits = Tensor::empty(Shape{chunk_rows + 1, V}, logits_dtype, normed.device);
-  std::vector<int32_t> chunk_labels(static_cast<size_t>(chunk_rows + 1));
-  CrossEntropyResult total;
-  for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
-    const int64_t n = std::min(chunk_rows, N - r0);
-    chunk_labels[0] = kIgnoreIndex;
-    bool any_counted = false;
-    for (int64_t t = 0; t < n; ++t) {
-      chunk_labels[static_cast<size_t>(t + 1)] = target_of(r0 + t);
-      any_counted |= chunk_labels[static_cast<size_t>(t + 1)] != kIgnoreIndex;
+  // One spare row: each chunk is handed to the cross entropy as a single sequence of n + 1 rows whose
+  // labels are already shifted (label t + 1 is row t's target); its last row never counts. Every
+  // chunk's labels go to the device at once and every row's loss comes back at once, after the
+  // last chunk: one host wait a step instead of three a chunk.
+  const int64_t chunks = (N + chunk_rows - 1) / chunk_rows, span = chunk_rows + 1;
+  std::vector<int32_t> all_labels(static_cast<size_t>(chunks * span), kIgnoreIndex);
+  std::vector<bool> scored(static_cast<size_t>(chunks), false);  // chunks with a counted row
+  for (int64_t c = 0; c < chunks; ++c)
+    for (int64_t t = 0; t < std::min(chunk_rows, N - c * chunk_rows); ++t) {
+      const int32_t target = target_of(c * chunk_rows + t);
+      all_labels[static_cast<size_t>(c * span + t + 1)] = target;
+      if (target != kIgnoreIndex) scored[static_cast<size_t>(c)] = true;
     }
-    if (!any_counted) {  // nothing to score: no loss, zero gradient, no matmul
+  const TensorView host_labels{all_labels.data(), DType::I32, Shape{chunks * span}, Device::CPU};
+  const Tensor labels_there = copy_to(host_labels, normed.device);
+  Tensor row_loss = Tensor::empty(Shape{chunks * span}, DType::F32, normed.device);
+  Tensor logits = Tensor::empty(Shape{span, V}, logits_dtype, normed.device);
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t r0 = c * chunk_rows, n = std::min(chunk_rows, N - r0);
+    if (!scored[static_cast<size_t>(c)]) {  // nothing to score: no loss, zero gradient, no matmul
       if (d_normed.data) fill_zero(d_normed.slice_rows(r0, n));
       continue;
     }
@@ -58,14 +64,26 @@ CrossEntropyResult lm_head_loss(const TensorView& normed, const TensorView& head
     const TensorView x = normed.slice_rows(r0, n);
     linear_forward(rows, x, head);
     fill_zero(chunk.slice_rows(n, 1));
-    const TensorView host_labels{chunk_labels.data(), DType::I32, Shape{n + 1}, Device::CPU};
-    const Tensor labels_on_device = copy_to(host_labels, normed.device);
-    const CrossEntropyResult part =
-        cross_entropy_forward_backward(chunk, labels_on_device, 1, n + 1, chunk, grad_scale);
-    total.loss_sum += part.loss_sum;
-    total.count += part.count;
+    cross_entropy_rows_forward_backward(chunk, host_labels.slice_rows(c * span, n + 1),
+                                        labels_there.view().slice_rows(c * span, n + 1), 1, n + 1, chunk, grad_scale,
+                                        row_loss.view().slice_rows(c * span, n + 1));
     if (d_normed.data) linear_backward_input(d_normed.slice_rows(r0, n), rows, head);
     if (d_head.data) linear_backward_weight(d_head, rows, x, /*accumulate=*/true);
+  }
+  // Each chunk's counted losses summed in row order in double, then the chunks in order: the sums
+  // the per-chunk op gave.
+  const Tensor losses = copy_to(row_loss.view(), Device::CPU);
+  const float* loss = losses.data<float>();
+  CrossEntropyResult total;
+  for (int64_t c = 0; c < chunks; ++c) {
+    if (!scored[static_cast<size_t>(c)]) continue;
+    double part = 0.0;
+    for (int64_t t = 0; t < std::min(chunk_rows, N - c * chunk_rows); ++t) {
+      if (all_labels[static_cast<size_t>(c * span + t + 1)] == kIgnoreIndex) continue;
+      part += static_cast<double>(loss[c * span + t]);
+      ++total.count;
+    }
+    total.loss_sum += part;
   }
   return total;
 }

@@ -27,4 +27,13 @@ int64_t cross_entropy_count_targets(const TensorView& labels, int64_t B, int64_t
 CrossEntropyResult cross_entropy_forward_backward(const TensorView& logits, const TensorView& labels, int64_t B,
                                                   int64_t T, TensorView dlogits, float grad_scale);
 
+// The same rows without a host round trip, for a caller that queues many chunks and reads their
+// losses once: the labels are range-checked on the host (`host_labels`, CPU) and read by the
+// kernel from `labels` (the same values on the logits' device; on the CPU it may be host_labels);
+// each row's loss (fp32, 0 for a row that does not count) goes to row_loss (F32 [B*T], the logits'
+// device). Summing the counted rows' losses in row order in double gives the op above's loss_sum.
+void cross_entropy_rows_forward_backward(const TensorView& logits, const TensorView& host_labels,
+                                         const TensorView& labels, int64_t B, int64_t T, TensorView dlogits,
+                                         float grad_scale, TensorView row_loss);
+
 }  // namespace fsdpq

@@ -60,6 +60,9 @@ void swiglu_backward(TensorView dgate, TensorView dup, const TensorView& dh, con
 // cross_entropy.h
 CrossEntropyResult cross_entropy_forward_backward(const TensorView& logits, const TensorView& labels, int64_t B,
                                                   int64_t T, TensorView dlogits, float grad_scale);
+// cross_entropy.h's row op: the kernel alone (the labels checked on the host by the caller).
+void cross_entropy_rows_forward_backward(const TensorView& logits, const TensorView& labels, int64_t B, int64_t T,
+                                         TensorView dlogits, float grad_scale, TensorView row_loss);
 
 // lora.h's dropout (the mask of kernels/lora_dropout_mask.h): outs[i] = x · keep_i / (1 - p) for
 // the mixed key mixed_keys[i], in x's dtype; and dx += keep_j / (1 - p) ⊙ g_j for each j in turn

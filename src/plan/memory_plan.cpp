@@ -351,10 +351,11 @@ ActivationBytes activation_bytes(const PlanInput& p) {
   }
   x.rope = 2 * R(T * D * kF32);
 
-  // The head: normed + rstd, d_normed, one chunk of logits (+1 spare row) and its labels.
-  const int64_t chunk = lm_head_chunk_rows(V, N);
+  // The head: normed + rstd, d_normed, one chunk of logits (+1 spare row), and every chunk's labels
+  // and row losses (model/llama_lm_head.cpp).
+  const int64_t chunk = lm_head_chunk_rows(V, N), chunks = (N + chunk - 1) / std::max<int64_t>(chunk, 1);
   const int64_t normed = R(N * C * a), final_rstd = R(N * kF32), d_normed = R(N * C * g);
-  const int64_t logits = R((chunk + 1) * V * a) + R((chunk + 1) * 4);
+  const int64_t logits = R((chunk + 1) * V * a) + 2 * R(chunks * (chunk + 1) * 4);
   const int64_t d_resid = R(N * C * g);
   x.lm_head = normed + final_rstd + d_normed + logits;
 

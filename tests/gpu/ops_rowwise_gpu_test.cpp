@@ -621,6 +621,18 @@ TEST(GpuOpsCrossEntropy, LossAndGradientsMatchCpu) {
         EXPECT_LE(std::abs(gpu.loss_sum - cpu.loss_sum), 1e-5 * std::abs(cpu.loss_sum) + 1e-6) << what << ": gpu "
                                                                                               << gpu.loss_sum << " cpu " << cpu.loss_sum;
         expect_close(gdlogits, dlogits, tol_for(g_t, 1e-5), what + " dlogits");
+        {  // The row op (no host round trip): the same kernel, so the same bits, its losses summed here.
+          Tensor rows_dlogits = Tensor::empty(logits.shape(), g_t, Device::CUDA);
+          Tensor row_loss = Tensor::empty(Shape{rows}, DType::F32, Device::CUDA);
+          cross_entropy_rows_forward_backward(glogits, labels, glabels, c.B, c.T, rows_dlogits, scale, row_loss);
+          const std::vector<double> loss = values_of(row_loss);
+          const int32_t* label = labels.data<int32_t>();
+          double sum = 0.0;
+          for (int64_t row = 0; row < rows; ++row)
+            if (row % c.T + 1 < c.T && label[row + 1] != kIgnoreIndex) sum += loss[static_cast<size_t>(row)];
+          EXPECT_EQ(sum, gpu.loss_sum) << what << " row op";
+          expect_exact(rows_dlogits, gdlogits, what + " row op's dlogits");
+        }
         if (g_t == t) {  // dlogits into the logits buffer (the model's case): the same bits
           const CrossEntropyResult again = cross_entropy_forward_backward(glogits, glabels, c.B, c.T, glogits, scale);
           EXPECT_EQ(again.loss_sum, gpu.loss_sum) << what << " aliased";

@@ -115,5 +115,34 @@ TEST(OpsCrossEntropy, LabelOutsideTheVocabularyIsAUserError) {
   EXPECT_THROW(cross_entropy_forward_backward(logits, labels, kB, kT, dlogits, 1.0f), UserError);
 }
 
+// The row op (no host round trip): each row's loss, 0 where a row does not count, whose counted
+// sum in row order is the summing op's loss_sum bit for bit, and the same gradients; a label
+// outside the vocabulary in the host labels is the same UserError, before anything is written.
+TEST(OpsCrossEntropy, RowLossesSumToTheOpsLoss) {
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    const Tensor logits = random_tensor(Shape{kB * kT, kV}, dtype, 96);
+    const Tensor labels = make_labels(kLabels);
+    Tensor dlogits = Tensor::empty(logits.shape(), dtype), dlogits_rows = Tensor::empty(logits.shape(), dtype);
+    const CrossEntropyResult want = cross_entropy_forward_backward(logits, labels, kB, kT, dlogits, 0.25f);
+    Tensor row_loss = Tensor::empty(Shape{kB * kT}, DType::F32);
+    cross_entropy_rows_forward_backward(logits, labels, labels, kB, kT, dlogits_rows, 0.25f, row_loss);
+    double sum = 0.0;
+    for (int64_t row = 0; row < kB * kT; ++row) {
+      const bool counted = row % kT + 1 < kT && kLabels[static_cast<size_t>(row + 1)] != kIgnoreIndex;
+      if (counted)
+        sum += static_cast<double>(row_loss.data<float>()[row]);
+      else
+        EXPECT_EQ(row_loss.data<float>()[row], 0.0f) << "row " << row;
+    }
+    EXPECT_EQ(sum, want.loss_sum);
+    EXPECT_EQ(to_doubles(dlogits_rows), to_doubles(dlogits));
+  }
+  std::vector<int32_t> bad = kLabels;
+  bad[3] = kV;
+  const Tensor logits = random_tensor(Shape{kB * kT, kV}, DType::F32, 97), labels = make_labels(bad);
+  Tensor dlogits = Tensor::empty(logits.shape(), DType::F32), row_loss = Tensor::empty(Shape{kB * kT}, DType::F32);
+  EXPECT_THROW(cross_entropy_rows_forward_backward(logits, labels, labels, kB, kT, dlogits, 1.0f, row_loss), UserError);
+}
+
 }  // namespace
 }  // namespace fsdpq

@@ -31,4 +31,12 @@ CrossEntropyResult cross_entropy_forward_backward(const TensorView& logits, cons
   return result;
 }
 
+void cross_entropy_rows_forward_backward(const TensorView& logits, const TensorView& labels, int64_t B, int64_t T,
+                                         TensorView dlogits, float grad_scale, TensorView row_loss) {
+  constexpr const char* op = "cross_entropy_rows_forward_backward";
+  cuda::cross_entropy_forward_backward(logits.data, ktype(op, logits), labels.as<const int32_t>(), B * T, T,
+                                       logits.shape.last(), dlogits.data, ktype(op, dlogits), grad_scale,
+                                       row_loss.as<float>(), cuda::stream());
+}
+
 }  // namespace fsdpq::cuda_ops
