@@ -215,12 +215,13 @@ __device__ __forceinline__ uint32_t dropped_pair(uint32_t raw, uint32_t fields, 
   return pack2<T>(lo, hi);
 }
 
-// The fields of this thread's pairs in rows g and g + 8 (quads quad_g, quad_g8): one hash per lane,
-// the halves exchanged with the neighbouring lane (kernels/lora_fused_sm90a_layout.h).
-__device__ __forceinline__ lora_sm90a_layout::PairFields pair_fields(uint64_t mixed_key, int64_t quad_g, int64_t quad_g8,
-                                                                    bool odd) {
+// The fields of this thread's pairs in rows g and g + 8 from the one word this lane hashed (row g's
+// or, odd lanes, row g + 8's), the halves exchanged with the neighbouring lane
+// (kernels/lora_fused_sm90a_layout.h). The words come from keep_word_at: one 64-bit product per
+// step and adapter instead of one per word, where the masks are most of these kernels' work.
+__device__ __forceinline__ lora_sm90a_layout::PairFields pair_fields(uint64_t word, bool odd) {
   using namespace lora_sm90a_layout;
-  const Halves mine = split(keep_word(mixed_key, hashed_quad(quad_g, quad_g8, odd)), odd);
+  const Halves mine = split(word, odd);
   return combine(mine.keep, __shfl_xor_sync(0xffffffffu, mine.give, 1), odd);
 }
 
@@ -264,16 +265,16 @@ struct Consumer {
 
   // raw masked with adapter j's dropout (step i's columns) into set[j].
   __device__ __forceinline__ void mask_adapter(int i, int j, Set& set) {
+    using namespace lora_sm90a_layout;
     const int64_t step_column = static_cast<int64_t>(k_begin) + static_cast<int64_t>(i) * kStepColumns;
     const bool odd_lane = (t4 & 1) != 0;
+    const uint64_t keyed =
+        keyed_at(p.g.mixed_key[j], lane_base_quad(warp, lane, static_cast<int64_t>(m0) + 64 * index, step_column, p.in));
 #pragma unroll
     for (int kk = 0; kk < kSlices; ++kk)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const lora_sm90a_layout::Pair at = lora_sm90a_layout::fragment_pair(warp, lane, kk, 2 * h);
-        const int64_t row = static_cast<int64_t>(m0) + 64 * index + at.row, column = step_column + at.column;
-        const int64_t quad_g = (row * p.in + column) >> 2, quad_g8 = ((row + 8) * p.in + column) >> 2;
-        const lora_sm90a_layout::PairFields f = pair_fields(p.g.mixed_key[j], quad_g, quad_g8, odd_lane);
+        const PairFields f = pair_fields(keep_word_at(keyed, down_quad_offset(kk, h)), odd_lane);
         set[j][4 * kk + 2 * h] = dropped_pair<T>(raw[4 * kk + 2 * h], f.row_g, p.g.threshold, p.g.keep_scale);
         set[j][4 * kk + 2 * h + 1] = dropped_pair<T>(raw[4 * kk + 2 * h + 1], f.row_g8, p.g.threshold, p.g.keep_scale);
       }
@@ -565,16 +566,18 @@ struct GradConsumer {
     const uint32_t threshold = p.g.threshold;
 #pragma unroll
     for (int e = 0; e < 32; ++e) sum[e] = 0.0f;
+    // keyed_at(key_j, the lane's base quad) = key_j + golden: one 64-bit product a unit, not a word.
+    const uint64_t golden =
+        lora_sm90a_layout::keyed_at(0, lora_sm90a_layout::lane_base_quad(warp, lane, static_cast<int64_t>(m0) + 64 * index,
+                                                                         column0, p.in));
 #pragma unroll
     for (int j = 0; j < COUNT; ++j) {
       wgmma_wait_pending(COUNT - 1 - j);
       fence_operand(acc[j]);
 #pragma unroll
       for (int c = 0; c < kHalfColumns / 8; ++c) {
-        const lora_sm90a_layout::Pair at = lora_sm90a_layout::accumulator_pair(warp, lane, c, 0);
-        const int64_t row = static_cast<int64_t>(m0) + 64 * index + at.row, column = column0 + at.column;
-        const int64_t quad_g = (row * p.in + column) >> 2, quad_g8 = ((row + 8) * p.in + column) >> 2;
-        const lora_sm90a_layout::PairFields f = pair_fields(p.g.mixed_key[j], quad_g, quad_g8, odd);
+        const lora_sm90a_layout::PairFields f = pair_fields(
+            lora_sm90a_layout::keep_word_at(p.g.mixed_key[j] + golden, lora_sm90a_layout::input_grad_quad_offset(c)), odd);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {  // (row g, lower), (row g, upper), (row g + 8, lower), (row g + 8, upper)
           const bool keep = lora_sm90a_layout::field_keeps(e < 2 ? f.row_g : f.row_g8, e & 1, threshold);
@@ -761,9 +764,11 @@ struct WeightConsumer {
       const uint4 raw = *reinterpret_cast<const uint4*>(x_block + offset);
       const int64_t e = (static_cast<int64_t>(row0) + 64 * i + row) * p.in + c0 + 64 * index + 8 * chunk;
       const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+      const uint64_t golden = lora_sm90a_layout::keyed_at(0, e >> 2);  // one product for every adapter's two words
 #pragma unroll
       for (int j = 0; j < COUNT; ++j) {
-        const uint64_t w0 = keep_word(p.g.mixed_key[j], e >> 2), w1 = keep_word(p.g.mixed_key[j], (e >> 2) + 1);
+        const uint64_t w0 = lora_sm90a_layout::keep_word_at(p.g.mixed_key[j] + golden, 0),
+                       w1 = lora_sm90a_layout::keep_word_at(p.g.mixed_key[j] + golden, 1);
         uint32_t out[4];
 #pragma unroll
         for (int q = 0; q < 4; ++q)

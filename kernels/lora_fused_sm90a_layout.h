@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "kernels/host_device.h"
+#include "kernels/splitmix64.h"
 
 namespace fsdpq::lora_sm90a_layout {
 
@@ -65,6 +66,29 @@ FSDPQ_HOST_DEVICE_INLINE PairFields combine(uint32_t keep, uint32_t got, bool od
 FSDPQ_HOST_DEVICE_INLINE uint32_t chunk_pair_fields(uint64_t w0, uint64_t w1, int q) {
   return static_cast<uint32_t>((q < 2 ? w0 : w1) >> (32 * (q & 1)));
 }
+
+// Hashing without a 64-bit product per word. keep_word(key, quad) = mix64(key + (quad + 1)·φ)
+// (φ = kGolden64, arithmetic mod 2^64), and the quads a thread hashes in a step are a base quad Q
+// plus offsets known at compile time: key + (Q + 1)·φ is one product per step (keyed_at), each
+// offset's d·φ a constant (keep_word_at). keep_word(key, Q + d) == keep_word_at(keyed_at(key, Q), d).
+FSDPQ_HOST_DEVICE_INLINE uint64_t keyed_at(uint64_t mixed_key, int64_t quad) {
+  return mixed_key + static_cast<uint64_t>(quad + 1) * kGolden64;
+}
+FSDPQ_HOST_DEVICE_INLINE uint64_t keep_word_at(uint64_t keyed, int64_t delta) {
+  return mix64(keyed + static_cast<uint64_t>(delta) * kGolden64);
+}
+
+// The base quad of a lane's hashed words in the down and input-gradient kernels: the lane hashes
+// its row g's word (even lanes) or row g + 8's (odd), in columns from column0 (a multiple of 4) of
+// a matrix `in` wide (a multiple of 4), the consumer's rows from row0. The down kernel's slice kk,
+// registers 2h and 2h + 1 then take quad base + 4·kk + 2·h; the input gradient's 8-column chunk c
+// takes base + 2·c (hashed_quad of the quads of fragment_pair and accumulator_pair).
+FSDPQ_HOST_DEVICE_INLINE int64_t lane_base_quad(int warp, int lane, int64_t row0, int64_t column0, int64_t in) {
+  const int64_t row = row0 + 16 * warp + lane / 4 + ((lane & 1) != 0 ? 8 : 0);
+  return (row * in + column0) / 4 + (lane % 4) / 2;
+}
+FSDPQ_HOST_DEVICE_INLINE constexpr int down_quad_offset(int kk, int h) { return 4 * kk + 2 * h; }
+FSDPQ_HOST_DEVICE_INLINE constexpr int input_grad_quad_offset(int c) { return 2 * c; }
 
 // Whether the field of element `high` (0: the pair's lower, 1: its upper) keeps the element.
 FSDPQ_HOST_DEVICE_INLINE bool field_keeps(uint32_t fields, int high, uint32_t threshold) {

@@ -129,5 +129,39 @@ TEST(LoraSm90aLayout, WeightGradChunksFieldsDecideTheirElements) {
   }
 }
 
+// The kernels' incremental hashing: keyed_at once per step, keep_word_at per offset, gives
+// keep_word of the quad the lane hashes (hashed_quad of its pair's quads), for every slice and half
+// of the down kernel and every chunk of the input gradient; and keep_word_at across any offset.
+TEST(LoraSm90aLayout, IncrementalHashesAreTheLanesWords) {
+  std::mt19937_64 rng(14);
+  for (const int64_t in : {int64_t{64}, int64_t{4096}, int64_t{11008}})
+    for (int trial = 0; trial < 20; ++trial) {
+      const uint64_t mixed = mix64(rng());
+      const int64_t row0 = 128 * static_cast<int64_t>(rng() % 5000) + 64 * static_cast<int64_t>(rng() % 2);
+      const int64_t column0 = 64 * static_cast<int64_t>(rng() % (in / 64));
+      for (int warp = 0; warp < 4; ++warp)
+        for (int lane = 0; lane < 32; ++lane) {
+          const bool odd = (lane & 1) != 0;
+          const uint64_t keyed = keyed_at(mixed, lane_base_quad(warp, lane, row0, column0, in));
+          auto word = [&](const Pair& at) {
+            const int64_t row = row0 + at.row, column = column0 + at.column;
+            return keep_word(mixed, hashed_quad((row * in + column) >> 2, ((row + 8) * in + column) >> 2, odd));
+          };
+          for (int kk = 0; kk < 4; ++kk)
+            for (int h = 0; h < 2; ++h)
+              ASSERT_EQ(keep_word_at(keyed, down_quad_offset(kk, h)), word(fragment_pair(warp, lane, kk, 2 * h)))
+                  << "in " << in << " warp " << warp << " lane " << lane << " slice " << kk << " half " << h;
+          for (int c = 0; c < 8; ++c)
+            ASSERT_EQ(keep_word_at(keyed, input_grad_quad_offset(c)), word(accumulator_pair(warp, lane, c, 0)))
+                << "in " << in << " warp " << warp << " lane " << lane << " chunk " << c;
+        }
+    }
+  for (int trial = 0; trial < 1000; ++trial) {
+    const uint64_t mixed = rng();
+    const int64_t quad = static_cast<int64_t>(rng() % (int64_t{1} << 40)), delta = static_cast<int64_t>(rng() % 100000);
+    ASSERT_EQ(keep_word_at(keyed_at(mixed, quad), delta), keep_word(mixed, quad + delta));
+  }
+}
+
 }  // namespace
 }  // namespace fsdpq
