@@ -32,12 +32,14 @@
 #include <type_traits>
 
 #include "kernels/attention_sm90a.cuh"
+#include "kernels/hopper/a_operand_layout.h"
 #include "kernels/hopper/mbarrier.cuh"
 #include "kernels/hopper/tensor_map.cuh"
 #include "kernels/hopper/tma.cuh"
 #include "kernels/hopper/type_and_dim.cuh"
 #include "kernels/hopper/warpgroup.cuh"
 #include "kernels/hopper/wgmma.cuh"
+#include "kernels/mma_fragments.cuh"
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "attention_backward_sm90a.cu needs sm_90a (wgmma, setmaxnreg): CMakeLists.txt builds *_sm90a.cu for it alone"
@@ -157,6 +159,38 @@ __device__ __forceinline__ void issue_scores(float (&acc)[32], const uint8_t* a_
   for (int kk = 1; kk < D / 16; ++kk)
     wgmma_m64n64k16_ss<T, true>(acc, advanced(a, kk / 4 * S::kFixedColumnBlock + kk % 4 * 32),
                                 advanced(b, kk / 4 * S::kStepColumnBlock + kk % 4 * 32));
+}
+
+// This consumer's 64 rows of a fixed tile (D / 64 column blocks) as wgmma's register A operand:
+// 4 registers per 16-column slice, ldmatrix from the swizzled tile (kernels/hopper/a_operand_layout.h).
+template <int D>
+__device__ __forceinline__ void load_a_operand(const uint8_t* rows, uint32_t (&a)[D / 16 * 4]) {
+  using S = Smem<D>;
+  const int warp = (static_cast<int>(threadIdx.x) % 128) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t r[4];
+    mma_fragments::ldmatrix_x4(r, rows + kk / 4 * S::kFixedColumnBlock +
+                                      hopper_layout::a_operand_ldmatrix_offset(warp, lane, kk % 4));
+#pragma unroll
+    for (int q = 0; q < 4; ++q) a[4 * kk + q] = r[q];
+  }
+}
+
+// acc = A Bᵀ over D, n64, as issue_scores with A in registers (load_a_operand): the product reads
+// only B's tile from shared memory (issued, not waited for).
+template <class T, int D>
+__device__ __forceinline__ void issue_scores_rs(float (&acc)[32], const uint32_t (&a)[D / 16 * 4], const uint8_t* b_tile) {
+  using S = Smem<D>;
+  const uint64_t b = opaque(descriptor_k_major(b_tile));
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const uint32_t slice[4] = {a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3]};
+    if (kk == 0)
+      wgmma_m64n64k16_rs_k_major<T, false>(acc, slice, b);
+    else
+      wgmma_m64n64k16_rs_k_major<T, true>(acc, slice, advanced(b, kk / 4 * S::kStepColumnBlock + kk % 4 * 32));
+  }
 }
 
 // acc += A B, nD: A (64 x 64) in registers, B a 64-row ring tile read MN-major (its 64 rows are
@@ -450,7 +484,12 @@ __device__ void consume_dq(uint8_t* smem, Barriers& bar, const Params& p, const 
   }
   float dq[D / 2] = {}, sc[32], dp[32];
   uint32_t ds[16] = {};
+  // Q's and dO's rows never change in the block: as register operands, S and dP read only K's and
+  // V's tiles from shared memory (both operands there needed all of its bandwidth at n64).
+  uint32_t q_regs[D / 16 * 4], do_regs[D / 16 * 4];
   mbarrier_wait(&bar.fixed_full, 0);
+  load_a_operand<D>(q_rows, q_regs);
+  load_a_operand<D>(do_rows, do_regs);
   const int steps = t.steps();
   for (int i = 0; i < steps; ++i) {
     const int s = stage_of(i), k0 = t.key0(i);
@@ -460,9 +499,9 @@ __device__ void consume_dq(uint8_t* smem, Barriers& bar, const Params& p, const 
       issue_gradient<T, D>(dq, ds, k_tile(stage_of(i - 1)));
       wgmma_commit();
     }
-    issue_scores<T, D>(sc, q_rows, k_tile(s));
+    issue_scores_rs<T, D>(sc, q_regs, k_tile(s));
     wgmma_commit();
-    issue_scores<T, D>(dp, do_rows, v_tile(s));
+    issue_scores_rs<T, D>(dp, do_regs, v_tile(s));
     wgmma_commit();
     wgmma_wait<1>();  // dQ_{i-1} and S_i; dP_i may still run
     fence_operand(sc);

@@ -257,7 +257,7 @@ struct Consumer {
 #pragma unroll
     for (int kk = 0; kk < kSlices; ++kk) {
       uint32_t r[4];
-      mma_fragments::ldmatrix_x4(r, x_rows + lora_sm90a_layout::ldmatrix_offset(warp, lane, kk));
+      mma_fragments::ldmatrix_x4(r, x_rows + hopper_layout::a_operand_ldmatrix_offset(warp, lane, kk));
 #pragma unroll
       for (int q = 0; q < 4; ++q) raw[4 * kk + q] = r[q];  // [2h], [2h + 1]: rows g and g + 8, same columns
     }
@@ -520,7 +520,7 @@ struct GradConsumer {
       for (int kk = 0; kk < kSlices; ++kk) {
         uint32_t r[4];
         mma_fragments::ldmatrix_x4(r, smem + S::kDxa + j * S::kDxaBytes + index * S::kConsumerRows +
-                                          lora_sm90a_layout::ldmatrix_offset(warp, lane, kk));
+                                          hopper_layout::a_operand_ldmatrix_offset(warp, lane, kk));
 #pragma unroll
         for (int q = 0; q < 4; ++q) dxa[j][4 * kk + q] = r[q];
       }

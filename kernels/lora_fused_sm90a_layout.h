@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "kernels/host_device.h"
+#include "kernels/hopper/a_operand_layout.h"
 #include "kernels/splitmix64.h"
 
 namespace fsdpq::lora_sm90a_layout {
@@ -31,14 +32,8 @@ FSDPQ_HOST_DEVICE_INLINE Pair accumulator_pair(int warp, int lane, int c, int h)
   return Pair{16 * warp + lane / 4 + 8 * h, 8 * c + 2 * (lane % 4)};
 }
 
-// The byte offset, in the consumer's swizzled 64-row tile, of the 16-byte row segment lane `lane`
-// hands ldmatrix.x4 for slice kk: lanes 0-7, 8-15, 16-23, 24-31 address matrices 0-3 (rows 0-7
-// and 8-15 of the warp's 16, columns 0-7 then 8-15 of the slice), whose fragments are registers
-// 0-3 in fragment_pair's order.
-FSDPQ_HOST_DEVICE_INLINE int ldmatrix_offset(int warp, int lane, int kk) {
-  const int row = 16 * warp + lane % 16, chunk = 2 * kk + lane / 16;
-  return row * 128 + (chunk ^ (row % 8)) * 16;
-}
+// ldmatrix.x4's addresses for the consumer's swizzled 64-row tile (registers 0-3 in fragment_pair's
+// order) are kernels/hopper/a_operand_layout.h's a_operand_ldmatrix_offset.
 
 // The dropout fields (two 16-bit fields, the lower element's in the lower half) of a thread's
 // pairs in rows g and g + 8 of a slice, the same columns. Lanes 2q and 2q + 1 hold the two halves

@@ -208,18 +208,30 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss_mn_major(float (&d)[32], uint
 // d += A B, m64n64k16: A in registers (the layout above), B K-major in shared memory
 // (descriptor_k_major): a tile whose 64 rows are B's columns, K along each row (the LoRA down
 // product's A_j, kernels/lora_fused_sm90a.cu).
-template <class T>
+// kAccumulate false: d = A B (d's old values unread), as the first k-step of a product.
+template <class T, bool kAccumulate = true>
 __device__ __forceinline__ void wgmma_m64n64k16_rs_k_major(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
   static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>);
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  if constexpr (kAccumulate && kBf16)
     asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FSDPQ_WGMMA_D32
                  ", {%32, %33, %34, %35}, %36, 1, 1, 1, 0;\n"
                  : FSDPQ_WGMMA_ACC32("+f", d)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
-  else
+  else if constexpr (kAccumulate)
     asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " FSDPQ_WGMMA_D32
                  ", {%32, %33, %34, %35}, %36, 1, 1, 1, 0;\n"
                  : FSDPQ_WGMMA_ACC32("+f", d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+  else if constexpr (kBf16)
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FSDPQ_WGMMA_D32
+                 ", {%32, %33, %34, %35}, %36, 0, 1, 1, 0;\n"
+                 : FSDPQ_WGMMA_ACC32("=f", d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+  else
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " FSDPQ_WGMMA_D32
+                 ", {%32, %33, %34, %35}, %36, 0, 1, 1, 0;\n"
+                 : FSDPQ_WGMMA_ACC32("=f", d)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 

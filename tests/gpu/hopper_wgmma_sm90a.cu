@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(128) tile_rs_swizzled_kernel(float* c, const _
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   uint32_t frag[4][4];
   for (int kk = 0; kk < 4; ++kk)
-    cuda::mma_fragments::ldmatrix_x4(frag[kk], a + lora_sm90a_layout::ldmatrix_offset(warp, lane, kk));
+    cuda::mma_fragments::ldmatrix_x4(frag[kk], a + hopper_layout::a_operand_ldmatrix_offset(warp, lane, kk));
   float d[32] = {};
   const uint64_t b_desc = descriptor_k_major(b);
   fence_operand(d);

@@ -34,7 +34,7 @@ TEST(LoraSm90aLayout, LdmatrixHandsEachLaneItsFragmentPair) {
       for (int lane = 0; lane < 32; ++lane)
         for (int r = 0; r < 4; ++r) {
           const int source = 8 * r + lane / 4;
-          const int offset = ldmatrix_offset(warp, source, kk) + 2 * 2 * (lane % 4);
+          const int offset = hopper_layout::a_operand_ldmatrix_offset(warp, source, kk) + 2 * 2 * (lane % 4);
           const Pair lo = unswizzled(offset), hi = unswizzled(offset + 2);
           const Pair want = fragment_pair(warp, lane, kk, r);
           ASSERT_EQ(lo.row, want.row) << "warp " << warp << " slice " << kk << " lane " << lane << " register " << r;
