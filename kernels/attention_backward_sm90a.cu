@@ -74,6 +74,7 @@ struct Params {
   KType grad_a_type;
   void* grad_b;  // dv (kernel 2)
   KType grad_b_type;
+  AttentionRopeBackward rope;  // applied to grad_a (dk, dq) as it is stored; cos null: none
 };
 
 // Shared memory of either kernel, from a 1024-byte aligned base: two fixed tiles of kBlockRows
@@ -223,6 +224,46 @@ __device__ void store_rows(void* grad, KType type, const float (&acc)[D / 2], fl
   }
 }
 
+// store_rows with RoPE's backward applied first (AttentionRopeBackward): column c < D/2 pairs with
+// c + D/2, which the thread holds too (chunk j + D/16): dx_c = dy_c cos + dy_{c+D/2} sin,
+// dx_{c+D/2} = dy_{c+D/2} cos - dy_c sin, dy = acc · scale, in fp32, each rounded once (the
+// separate rope_backward reads dy rounded to its storage type first).
+template <int D>
+__device__ void store_rows_rotated(void* grad, KType type, const float (&acc)[D / 2], float scale, int position0,
+                                   int T, int heads, int head, int b, int t4, const AttentionRopeBackward& rope) {
+  constexpr int kHalfChunks = D / 16;  // 8-column chunks in each half of a row
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int position = position0 + 8 * i;
+    if (position >= T) continue;
+    const int64_t token = static_cast<int64_t>(b) * T + position;
+    const int64_t angle_row =
+        (rope.offset + (rope.positions != nullptr ? static_cast<int64_t>(rope.positions[token]) : position)) * D;
+    const int64_t base = (token * heads + head) * D;
+#pragma unroll
+    for (int j = 0; j < kHalfChunks; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int column = 8 * j + 2 * t4 + e;
+        const float c = __ldg(rope.cos + angle_row + column), s = __ldg(rope.sin + angle_row + column);
+        const float lo = acc[4 * j + 2 * i + e] * scale, hi = acc[4 * (j + kHalfChunks) + 2 * i + e] * scale;
+        // rope_kernel's arithmetic (kernels/rope.cu) with the sine negated: only dy's rounding differs.
+        store_any(grad, type, base + column, __fsub_rn(__fmul_rn(lo, c), __fmul_rn(hi, -s)));
+        store_any(grad, type, base + column + D / 2, __fadd_rn(__fmul_rn(hi, c), __fmul_rn(lo, -s)));
+      }
+  }
+}
+
+// grad_a's rows (dk in kernel 2, dq in kernel 3), rotated where the params ask.
+template <int D>
+__device__ __forceinline__ void store_grad_a(const Params& p, const float (&acc)[D / 2], int position0, int heads,
+                                             int head, int b, int t4) {
+  if (p.rope.cos != nullptr)
+    store_rows_rotated<D>(p.grad_a, p.grad_a_type, acc, p.scale, position0, p.T, heads, head, b, t4, p.rope);
+  else
+    store_rows<D>(p.grad_a, p.grad_a_type, acc, p.scale, position0, p.T, heads, head, b, t4);
+}
+
 // ---- kernel 2: dk, dv ----
 
 // This block's work: key tile (keys k0..k0+127) of kv head kv_head of batch b; per query head of
@@ -336,7 +377,7 @@ __device__ void consume_dkdv(uint8_t* smem, Barriers& bar, const Params& p, cons
     fence_operand(dst);
     mbarrier_arrive(&bar.empty[s]);
   }
-  store_rows<D>(p.grad_a, p.grad_a_type, dk, p.scale, key, p.T, p.KV, t.kv_head, t.b, t4);
+  store_grad_a<D>(p, dk, key, p.KV, t.kv_head, t.b, t4);
   store_rows<D>(p.grad_b, p.grad_b_type, dv, 1.0f, key, p.T, p.KV, t.kv_head, t.b, t4);
 }
 
@@ -533,7 +574,7 @@ __device__ void consume_dq(uint8_t* smem, Barriers& bar, const Params& p, const 
   fence_operand(dq);
   fence_operand(ds);
   mbarrier_arrive(&bar.empty[stage_of(steps - 1)]);
-  store_rows<D>(p.grad_a, p.grad_a_type, dq, p.scale, query, p.T, p.H, t.h, t.b, t4);
+  store_grad_a<D>(p, dq, query, p.H, t.h, t.b, t4);
 }
 
 template <class T, int D, bool kSegmented>
@@ -652,7 +693,7 @@ void attention_sm90a_backward(void* dq, KType dq_type, void* dk, KType dk_type, 
                               const void* dout, KType dout_type, const void* q, const void* k, const void* v,
                               KType type, const void* out, KType out_type, const float* lse,
                               const int32_t* segment_start, void* workspace, int64_t B, int64_t T, int64_t H,
-                              int64_t KV, int64_t D, cudaStream_t stream) {
+                              int64_t KV, int64_t D, cudaStream_t stream, const AttentionRopeBackward& rope) {
   if (!attention_sm90a_supported(type, type, type, type, D))
     throw std::logic_error("cuda::attention_sm90a_backward: needs BF16 or F16 operands and head dim 64 or 128");
   if (B < 0 || T < 0 || H <= 0 || KV <= 0 || H % KV != 0 || T > (1 << 30) || B > 65535 || H > 65535)
@@ -675,7 +716,7 @@ void attention_sm90a_backward(void* dq, KType dq_type, void* dk, KType dk_type, 
   const void* do_tiles = dout16 != nullptr ? dout16 : dout;
   const Params base{static_cast<int>(T), static_cast<int>(H), static_cast<int>(KV),
                     1.0f / std::sqrt(static_cast<float>(D)), lse, drow, segment_start, tile_min,
-                    nullptr, KType::F32, nullptr, KType::F32};
+                    nullptr, KType::F32, nullptr, KType::F32, rope};
   with_type_and_dim(type, D, "attention_sm90a_backward", [&](auto tag, auto dim) {
     using T16 = decltype(tag);
     constexpr int HD = decltype(dim)::value;

@@ -43,10 +43,23 @@ void attention_sm90a_forward(void* out, float* lse, const void* q, const void* k
 int64_t attention_sm90a_backward_workspace_bytes(KType type, KType dout_type, int64_t B, int64_t T, int64_t H,
                                                  int64_t D, bool segmented);
 bool attention_sm90a_backward_takes_segments(int64_t T);
+
+// RoPE's backward (ops/rope.h: the rotation by the opposite angle) applied where the backward
+// stores dq and dk, in fp32 before their one rounding: cos, sin F32 [positions, D] on the device
+// (cos[p, i] = cos[p, i + D/2]), token (b, t) at position offset + (positions ? positions[b, t] : t)
+// (positions I32 [B, T]; every position within the tables: the caller's to check). cos null: dq
+// and dk are stored unrotated.
+struct AttentionRopeBackward {
+  const float* cos = nullptr;
+  const float* sin = nullptr;
+  const int32_t* positions = nullptr;
+  int64_t offset = 0;
+};
+
 void attention_sm90a_backward(void* dq, KType dq_type, void* dk, KType dk_type, void* dv, KType dv_type,
                               const void* dout, KType dout_type, const void* q, const void* k, const void* v,
                               KType type, const void* out, KType out_type, const float* lse,
                               const int32_t* segment_start, void* workspace, int64_t B, int64_t T, int64_t H,
-                              int64_t KV, int64_t D, cudaStream_t stream);
+                              int64_t KV, int64_t D, cudaStream_t stream, const AttentionRopeBackward& rope = {});
 
 }  // namespace fsdpq::cuda

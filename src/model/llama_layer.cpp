@@ -399,15 +399,14 @@ void layer_backward(TensorView d_resid, LayerGradScratch& s, LayerActivations& a
   linear_group_backward(s.d_att, false, d_o, a.att, kOGroup, w, a);
   const Shape q_heads = heads_shape(d, d.H), kv_heads = heads_shape(d, d.KV);
   {
+    // RoPE's backward too: inside the attention backward's stores on Hopper, a pass after it elsewhere
+    // (timed there as "rope bwd").
     ScopedSection section("attention bwd");
-    attention_backward(s.dq.view().reshaped(q_heads), s.dk.view().reshaped(kv_heads), s.dv.view().reshaped(kv_heads),
-                       s.d_att.view().reshaped(q_heads), a.q.view().reshaped(q_heads), a.k.view().reshaped(kv_heads),
-                       a.v.view().reshaped(kv_heads), a.att.view().reshaped(q_heads), a.lse, segments.segment_start);
-  }
-  {
-    ScopedSection section("rope bwd");
-    rope_backward(s.dq.view().reshaped(q_heads), rope, 0, segments.positions);
-    rope_backward(s.dk.view().reshaped(kv_heads), rope, 0, segments.positions);
+    attention_rope_backward(s.dq.view().reshaped(q_heads), s.dk.view().reshaped(kv_heads),
+                            s.dv.view().reshaped(kv_heads), s.d_att.view().reshaped(q_heads),
+                            a.q.view().reshaped(q_heads), a.k.view().reshaped(kv_heads), a.v.view().reshaped(kv_heads),
+                            a.att.view().reshaped(q_heads), a.lse, rope, 0, segments.positions,
+                            segments.segment_start);
   }
   if (a.recomputes_elementwise) {
     ScopedSection section("elementwise recompute");

@@ -1,5 +1,6 @@
 #include "ops/attention.h"
 
+#include "backend/section_times.h"
 #include "ops/checks.h"
 #include "ops/cuda_ops.h"
 #include "ops/dispatch.h"
@@ -170,10 +171,12 @@ void attention_forward(TensorView out, TensorView lse, const TensorView& q, cons
   }
 }
 
-void attention_backward(TensorView dq, TensorView dk, TensorView dv, const TensorView& dout, const TensorView& q,
-                        const TensorView& k, const TensorView& v, const TensorView& out, const TensorView& lse,
-                        const TensorView& segment_start) {
-  constexpr const char* op = "attention_backward";
+namespace {
+
+// The backward's arguments, as attention_backward and attention_rope_backward take them.
+AttentionDims check_backward(const char* op, const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                             const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
+                             const TensorView& out, const TensorView& lse, const TensorView& segment_start) {
   const AttentionDims d = check_dims(op, q, k, v, lse);
   check_float(op, "out", out);
   check_float(op, "dout", dout);
@@ -186,6 +189,38 @@ void attention_backward(TensorView dq, TensorView dk, TensorView dv, const Tenso
   check_shape(op, "dk", dk, k.shape);
   check_shape(op, "dv", dv, v.shape);
   check_segment_start(op, segment_start, d);
+  return d;
+}
+
+}  // namespace
+
+void attention_rope_backward(TensorView dq, TensorView dk, TensorView dv, const TensorView& dout, const TensorView& q,
+                             const TensorView& k, const TensorView& v, const TensorView& out, const TensorView& lse,
+                             const RopeTable& rope, int64_t position_offset, const TensorView& positions,
+                             const TensorView& segment_start) {
+  constexpr const char* op = "attention_rope_backward";
+  check_backward(op, dq, dk, dv, dout, q, k, v, out, lse, segment_start);
+  check_rope_arguments(op, dq, rope, position_offset, positions);
+  check_rope_arguments(op, dk, rope, position_offset, positions);
+  bool rotated = false;  // by the kernels, as they stored dq and dk
+  if (runs_on_cuda(op, {dq, dk, dv, dout, q, k, v, out, lse, segment_start, positions})) {
+    if constexpr (kWithCuda)
+      rotated = cuda_ops::attention_rope_backward(dq, dk, dv, dout, q, k, v, out, lse, segment_start, rope,
+                                                  position_offset, positions);
+  } else {
+    attention_backward(dq, dk, dv, dout, q, k, v, out, lse, segment_start);
+  }
+  if (rotated) return;
+  const ScopedSection section("rope bwd");
+  rope_backward(dq, rope, position_offset, positions);
+  rope_backward(dk, rope, position_offset, positions);
+}
+
+void attention_backward(TensorView dq, TensorView dk, TensorView dv, const TensorView& dout, const TensorView& q,
+                        const TensorView& k, const TensorView& v, const TensorView& out, const TensorView& lse,
+                        const TensorView& segment_start) {
+  constexpr const char* op = "attention_backward";
+  const AttentionDims d = check_backward(op, dq, dk, dv, dout, q, k, v, out, lse, segment_start);
   if (runs_on_cuda(op, {dq, dk, dv, dout, q, k, v, out, lse, segment_start}))
     if constexpr (kWithCuda) return cuda_ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, segment_start);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.D));

@@ -13,6 +13,7 @@
 // can see.
 #pragma once
 #include "backend/tensor.h"
+#include "ops/rope.h"
 
 namespace fsdpq {
 
@@ -28,6 +29,15 @@ void attention_forward(TensorView out, TensorView lse, const TensorView& q, cons
 void attention_backward(TensorView dq, TensorView dk, TensorView dv, const TensorView& dout, const TensorView& q,
                         const TensorView& k, const TensorView& v, const TensorView& out, const TensorView& lse,
                         const TensorView& segment_start = {});
+
+// attention_backward, then RoPE's backward on dq and dk (ops/rope.h), as a Llama layer runs them.
+// Where the wgmma kernels take the backward they rotate dq and dk as they store them, in fp32
+// before their one rounding (no pass over dq and dk of its own); elsewhere rope_backward follows.
+// The values agree to that rounding.
+void attention_rope_backward(TensorView dq, TensorView dk, TensorView dv, const TensorView& dout, const TensorView& q,
+                             const TensorView& k, const TensorView& v, const TensorView& out, const TensorView& lse,
+                             const RopeTable& rope, int64_t position_offset, const TensorView& positions,
+                             const TensorView& segment_start = {});
 
 // Which GPU kernels run attention. TensorCores takes kernels/attention_mma.cu wherever it applies
 // (q, k, v all BF16 or all F16, head dim 64 or 128, 16-byte aligned) and the fp32 SIMT kernels

@@ -42,6 +42,8 @@ bool rmsnorm_backward_add(TensorView d_acc, const TensorView& dy, const TensorVi
                           const TensorView& rstd);
 
 // rope.h: rotates x in place by the table's angles (sign -1: the backward).
+// The table's cos and sin on the GPU (RopeTable::cos_device, sin_device), uploaded at the first call.
+void upload_rope_tables(const RopeTable& table);
 void rope_rotate(const char* op, TensorView x, const RopeTable& table, int64_t position_offset,
                  const TensorView& positions, float sign);
 
@@ -51,6 +53,13 @@ void attention_forward(TensorView out, TensorView lse, const TensorView& q, cons
 void attention_backward(TensorView dq, TensorView dk, TensorView dv, const TensorView& dout, const TensorView& q,
                         const TensorView& k, const TensorView& v, const TensorView& out, const TensorView& lse,
                         const TensorView& segment_start);
+// attention_backward that also applies RoPE's backward to dq and dk where the route can as it
+// stores them (the wgmma kernels): true then; false when the pass ran unrotated and the caller
+// rotates (ops/attention.h, attention_rope_backward).
+bool attention_rope_backward(TensorView dq, TensorView dk, TensorView dv, const TensorView& dout, const TensorView& q,
+                             const TensorView& k, const TensorView& v, const TensorView& out, const TensorView& lse,
+                             const TensorView& segment_start, const RopeTable& table, int64_t position_offset,
+                             const TensorView& positions);
 
 // swiglu.h
 void swiglu_forward(TensorView h, const TensorView& gate, const TensorView& up);

@@ -100,14 +100,7 @@ void check_positions(const char* op, const TensorView& x, const RopeTable& table
 
 void rope_apply(TensorView x, const RopeTable& table, int64_t position_offset, const TensorView& positions,
                 float sign, const char* op) {
-  check_float(op, "x", x);
-  check_that(x.shape.rank == 4, "{}: x must be [B, T, heads, D], got {}", op, x.shape.to_string());
-  check_that(x.shape[3] == table.head_dim, "{}: x {} has head_dim {} but the table was built for {}", op,
-             x.shape.to_string(), x.shape[3], table.head_dim);
-  check_that(position_offset >= 0 && position_offset + x.shape[1] <= table.max_positions,
-             "{}: positions [{}, {}) exceed the table's {} positions", op, position_offset,
-             position_offset + x.shape[1], table.max_positions);
-  if (positions.data != nullptr) check_positions(op, x, table, position_offset, positions);
+  check_rope_arguments(op, x, table, position_offset, positions);
   if (runs_on_cuda(op, {x, positions}))
     if constexpr (kWithCuda) return cuda_ops::rope_rotate(op, x, table, position_offset, positions, sign);
   const int32_t* per_token = positions.as<const int32_t>();
@@ -116,6 +109,18 @@ void rope_apply(TensorView x, const RopeTable& table, int64_t position_offset, c
 }
 
 }  // namespace
+
+void check_rope_arguments(const char* op, const TensorView& x, const RopeTable& table, int64_t position_offset,
+                          const TensorView& positions) {
+  check_float(op, "x", x);
+  check_that(x.shape.rank == 4, "{}: x must be [B, T, heads, D], got {}", op, x.shape.to_string());
+  check_that(x.shape[3] == table.head_dim, "{}: x {} has head_dim {} but the table was built for {}", op,
+             x.shape.to_string(), x.shape[3], table.head_dim);
+  check_that(position_offset >= 0 && position_offset + x.shape[1] <= table.max_positions,
+             "{}: positions [{}, {}) exceed the table's {} positions", op, position_offset,
+             position_offset + x.shape[1], table.max_positions);
+  if (positions.data != nullptr) check_positions(op, x, table, position_offset, positions);
+}
 
 RopeTable make_rope_table(int64_t head_dim, int64_t max_positions, double theta, const RopeScalingParams& scaling) {
   if (head_dim <= 0 || head_dim % 2 != 0) fail("rope: head_dim must be a positive even number, got {}", head_dim);

@@ -43,6 +43,11 @@ RopeTable make_rope_table(int64_t head_dim, int64_t max_positions, double theta,
 // checks that every position is in the table; on the GPU the caller guarantees it.
 void rope_forward(TensorView x, const RopeTable& table, int64_t position_offset = 0, const TensorView& positions = {});
 
+// What rope_forward and rope_backward check of their arguments (x the tensor they rotate), for an
+// op that applies the rotation inside another (ops/attention.h, attention_rope_backward).
+void check_rope_arguments(const char* op, const TensorView& x, const RopeTable& table, int64_t position_offset,
+                          const TensorView& positions);
+
 // In place on dx: the transpose of the forward rotation, i.e. the rotation by the opposite angle:
 //   dx = dy * cos - rotate_half(dy) * sin.
 void rope_backward(TensorView dx, const RopeTable& table, int64_t position_offset = 0,

@@ -15,6 +15,7 @@
 #include "kernels/attention_sm90a.cuh"
 #include "ops/attention_cudnn.h"
 #include "ops/cuda/attention_wgmma.h"
+#include "ops/rope.h"
 
 namespace fsdpq {
 namespace {
@@ -217,6 +218,50 @@ TEST(GpuOpsAttentionWgmma, BackwardRepeatsBitForBit) {
     }
     EXPECT_EQ(differing(runs[0], runs[1]), 0) << c.name();
   }
+}
+
+// attention_rope_backward on the Hopper kernels (RoPE's backward applied as they store dq and dk)
+// against its two steps (attention_backward, then rope_backward on dq and dk): fp32 gradients bit
+// for bit (the same fp32 arithmetic: only a 16-bit store rounds), 16-bit ones within one rounding
+// (the two steps round dq and dk before rotating: normalised error 1e-2 bf16, 2e-3 f16, as the
+// rowwise ops' 16-bit outputs), dv bit for bit; per-token positions (packed rows) and none, GQA,
+// D 128 and 64, T not a multiple of the tiles; the wgmma route ran both.
+TEST(GpuOpsAttentionWgmma, RopeBackwardInTheStoresMatchesTheTwoSteps) {
+  test::use_gpu();
+  if (const std::string& why = cuda::attention_sm90a_unavailable(); !why.empty()) GTEST_SKIP() << why;
+  const test::UseAttentionKernels use(GpuAttentionKernels::Wgmma);
+  for (const AttentionCase& c : {kModelCase, AttentionCase{2, 300, 32, 8, 128, DType::BF16, DType::BF16, DType::BF16},
+                                 AttentionCase{2, 1000, 32, 8, 64, DType::F16, DType::F16, DType::F16}})
+    for (bool per_token : {false, true}) {
+      SCOPED_TRACE(c.name() + (per_token ? " per-token positions" : ""));
+      const RopeTable table = make_rope_table(c.D, 4096, 10000.0);
+      std::vector<int32_t> where(static_cast<size_t>(c.B * c.T));
+      for (size_t i = 0; i < where.size(); ++i) where[i] = static_cast<int32_t>((i * 7) % 301);  // restarting rows
+      Tensor positions_host = Tensor::empty(Shape{c.B, c.T}, DType::I32);
+      std::copy(where.begin(), where.end(), positions_host.data<int32_t>());
+      const Tensor positions = test::on_gpu(positions_host.view());
+      const TensorView pos = per_token ? positions.view() : TensorView{};
+      const test::AttentionInputs in(c, 9);
+      test::GpuAttention two(c, in), fused(c, in);
+      two.forward();
+      fused.forward();
+      const cuda_ops::WgmmaAttentionCounts before = cuda_ops::wgmma_attention_counts();
+      two.backward(two.out, two.lse);
+      rope_backward(two.dq, table, 3, pos);
+      rope_backward(two.dk, table, 3, pos);
+      attention_rope_backward(fused.dq, fused.dk, fused.dv, fused.dout, fused.q, fused.k, fused.v, fused.out,
+                              fused.lse, table, 3, pos);
+      EXPECT_EQ(cuda_ops::wgmma_attention_counts().backward_ran - before.backward_ran, 2);
+      if (c.grad == DType::F32) {
+        EXPECT_EQ(differing(test::values_of(fused.dq), test::values_of(two.dq)), 0) << "dq";
+        EXPECT_EQ(differing(test::values_of(fused.dk), test::values_of(two.dk)), 0) << "dk";
+      } else {
+        const double tolerance = c.grad == DType::BF16 ? 1e-2 : 2e-3;
+        test::expect_close(fused.dq, two.dq, tolerance, "dq");
+        test::expect_close(fused.dk, two.dk, tolerance, "dk");
+      }
+      EXPECT_EQ(differing(test::values_of(fused.dv), test::values_of(two.dv)), 0) << "dv";
+    }
 }
 
 // Where cuDNN declines, the op runs exactly what it runs without cuDNN (the wgmma route: the Hopper

@@ -163,3 +163,45 @@ TEST(OpsAttention, MismatchedHeadsAreALogicError) {
 
 }  // namespace
 }  // namespace fsdpq
+
+namespace fsdpq {
+namespace {
+
+// attention_rope_backward on the CPU is its two steps (attention_backward, then rope_backward on dq
+// and dk), bit for bit, with and without per-token positions; a position offset past the table is
+// refused, naming the op.
+TEST(OpsAttention, RopeBackwardIsTheTwoStepsOnTheCpu) {
+  const int64_t B = 2, T = 5, H = 4, KV = 2, D = 8;
+  const Tensor q = random_tensor(Shape{B, T, H, D}, DType::F32, 130), k = random_tensor(Shape{B, T, KV, D}, DType::F32, 131);
+  const Tensor v = random_tensor(Shape{B, T, KV, D}, DType::F32, 132), dout = random_tensor(Shape{B, T, H, D}, DType::F32, 133);
+  Tensor out = Tensor::empty(q.shape(), DType::F32), lse = Tensor::empty(Shape{B, H, T}, DType::F32);
+  attention_forward(out, lse, q, k, v);
+  const RopeTable table = make_rope_table(D, 64, 10000.0);
+  Tensor positions = Tensor::empty(Shape{B, T}, DType::I32);
+  for (int64_t i = 0; i < B * T; ++i) positions.data<int32_t>()[i] = static_cast<int32_t>((i * 3) % 7);
+  for (bool per_token : {false, true}) {
+    const TensorView pos = per_token ? positions.view() : TensorView{};
+    Tensor dq = Tensor::empty(q.shape(), DType::F32), dk = Tensor::empty(k.shape(), DType::F32);
+    Tensor dv = Tensor::empty(v.shape(), DType::F32);
+    attention_backward(dq, dk, dv, dout, q, k, v, out, lse);
+    rope_backward(dq, table, 2, pos);
+    rope_backward(dk, table, 2, pos);
+    Tensor dq2 = Tensor::empty(q.shape(), DType::F32), dk2 = Tensor::empty(k.shape(), DType::F32);
+    Tensor dv2 = Tensor::empty(v.shape(), DType::F32);
+    attention_rope_backward(dq2, dk2, dv2, dout, q, k, v, out, lse, table, 2, pos);
+    EXPECT_EQ(to_doubles(dq2), to_doubles(dq));
+    EXPECT_EQ(to_doubles(dk2), to_doubles(dk));
+    EXPECT_EQ(to_doubles(dv2), to_doubles(dv));
+  }
+  Tensor dq = Tensor::empty(q.shape(), DType::F32), dk = Tensor::empty(k.shape(), DType::F32);
+  Tensor dv = Tensor::empty(v.shape(), DType::F32);
+  try {
+    attention_rope_backward(dq, dk, dv, dout, q, k, v, out, lse, table, 62, TensorView{});
+    FAIL() << "an offset past the table was taken";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("attention_rope_backward"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace fsdpq

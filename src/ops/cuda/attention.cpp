@@ -72,18 +72,23 @@ void attention_forward(TensorView out, TensorView lse, const TensorView& q, cons
                           cuda::stream());
 }
 
-void attention_backward(TensorView dq, TensorView dk, TensorView dv, const TensorView& dout, const TensorView& q,
-                        const TensorView& k, const TensorView& v, const TensorView& out, const TensorView& lse,
-                        const TensorView& segment_start) {
+namespace {
+
+// The backward's routes in order; rope (may be null) goes to the one route that applies it as it
+// stores dq and dk, the wgmma kernels. True when it was applied.
+bool backward(TensorView dq, TensorView dk, TensorView dv, const TensorView& dout, const TensorView& q,
+              const TensorView& k, const TensorView& v, const TensorView& out, const TensorView& lse,
+              const TensorView& segment_start, const cuda::AttentionRopeBackward* rope) {
   constexpr const char* op = "attention_backward";
   const Dims d = dims_of(op, q, k);
   const bool packed = segmented(segment_start);
   if ((!packed || kCudnnAcceptsSegments) && cudnn_attention_chosen() &&
       cudnn_attention_backward(dq, dk, dv, dout, q, k, v, out, lse))
-    return;
+    return false;
   if ((!packed || kWgmmaBackwardAcceptsSegments) && wgmma_attention_chosen() &&
-      wgmma_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, segment_start))
-    return;
+      wgmma_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, segment_start,
+                               rope != nullptr ? *rope : cuda::AttentionRopeBackward{}))
+    return rope != nullptr;
   // rowsum(dout * out) per query row, the one temporary (B * H * T floats).
   Tensor drow = Tensor::empty(Shape{d.B, d.H, d.T}, DType::F32, Device::CUDA);
   if ((!packed || kMmaAcceptsSegments) && use_mma_attention(op, d, q, k, v, out, dout.data)) {
@@ -92,12 +97,31 @@ void attention_backward(TensorView dq, TensorView dk, TensorView dv, const Tenso
                                  ktype(op, dout), q.data, ktype(op, q), k.data, ktype(op, k), v.data, ktype(op, v),
                                  out.data, ktype(op, out), lse.as<const float>(), segment_start.as<const int32_t>(),
                                  drow.data<float>(), d.B, d.T, d.H, d.KV, d.D, cuda::stream());
-    return;
+    return false;
   }
   cuda::attention_backward(dq.data, ktype(op, dq), dk.data, ktype(op, dk), dv.data, ktype(op, dv), dout.data,
                            ktype(op, dout), q.data, ktype(op, q), k.data, ktype(op, k), v.data, ktype(op, v),
                            out.data, ktype(op, out), lse.as<const float>(), segment_start.as<const int32_t>(),
                            drow.data<float>(), d.B, d.T, d.H, d.KV, d.D, cuda::stream());
+  return false;
+}
+
+}  // namespace
+
+void attention_backward(TensorView dq, TensorView dk, TensorView dv, const TensorView& dout, const TensorView& q,
+                        const TensorView& k, const TensorView& v, const TensorView& out, const TensorView& lse,
+                        const TensorView& segment_start) {
+  backward(dq, dk, dv, dout, q, k, v, out, lse, segment_start, nullptr);
+}
+
+bool attention_rope_backward(TensorView dq, TensorView dk, TensorView dv, const TensorView& dout, const TensorView& q,
+                             const TensorView& k, const TensorView& v, const TensorView& out, const TensorView& lse,
+                             const TensorView& segment_start, const RopeTable& table, int64_t position_offset,
+                             const TensorView& positions) {
+  upload_rope_tables(table);
+  const cuda::AttentionRopeBackward rope{table.cos_device.data<float>(), table.sin_device.data<float>(),
+                                         positions.as<const int32_t>(), position_offset};
+  return backward(dq, dk, dv, dout, q, k, v, out, lse, segment_start, &rope);
 }
 
 }  // namespace fsdpq::cuda_ops

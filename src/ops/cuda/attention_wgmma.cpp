@@ -60,7 +60,8 @@ bool wgmma_attention_forward(const TensorView& out, const TensorView& lse, const
 
 bool wgmma_attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv, const TensorView& dout,
                               const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
-                              const TensorView& lse, const TensorView& segment_start) {
+                              const TensorView& lse, const TensorView& segment_start,
+                              const cuda::AttentionRopeBackward& rope) {
   constexpr const char* op = "attention_backward";
   // `out` may be of any type here (the backward reads it through load_any), so q stands in for it.
   if (const std::string why = why_not(op, q, lse, q, k, v); !why.empty()) return decline(Pass::Backward, why);
@@ -77,7 +78,7 @@ bool wgmma_attention_backward(const TensorView& dq, const TensorView& dk, const 
   cuda::attention_sm90a_backward(dq.data, ktype(op, dq), dk.data, ktype(op, dk), dv.data, ktype(op, dv), dout.data,
                                  dout_type, q.data, k.data, v.data, type, out.data, ktype(op, out),
                                  lse.as<const float>(), segment_start.as<const int32_t>(), workspace.data<float>(), B,
-                                 T, H, KV, D, cuda::stream());
+                                 T, H, KV, D, cuda::stream(), rope);
   count_ran(Pass::Backward);
   return true;
 }

@@ -7,6 +7,7 @@
 // information on the others), and the op runs the tensor-core kernels' choice (the lse both read is the same quantity, so either backward
 // follows either forward).
 #pragma once
+#include "kernels/attention_sm90a.cuh"
 #include <cstdint>
 
 #include "backend/tensor.h"
@@ -30,10 +31,11 @@ bool wgmma_attention_forward(const TensorView& out, const TensorView& lse, const
 
 // True when the wgmma kernels ran the backward (their workspace allocated here); false when they
 // declined and queued nothing. segment_start as the forward takes it (packed rows up to 65536
-// tokens; longer ones it declines).
+// tokens; longer ones it declines). rope: RoPE's backward applied as dq and dk are stored.
 bool wgmma_attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv, const TensorView& dout,
                               const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
-                              const TensorView& lse, const TensorView& segment_start = {});
+                              const TensorView& lse, const TensorView& segment_start = {},
+                              const cuda::AttentionRopeBackward& rope = {});
 
 // How often the route ran or declined since the process started (the tests check which kernel ran).
 using WgmmaAttentionCounts = AttentionRouteCounts;
