@@ -224,33 +224,38 @@ TEST(GpuOpsAttentionWgmma, BackwardRepeatsBitForBit) {
 // against its two steps (attention_backward, then rope_backward on dq and dk): fp32 gradients bit
 // for bit (the same fp32 arithmetic: only a 16-bit store rounds), 16-bit ones within one rounding
 // (the two steps round dq and dk before rotating: normalised error 1e-2 bf16, 2e-3 f16, as the
-// rowwise ops' 16-bit outputs), dv bit for bit; per-token positions (packed rows) and none, GQA,
-// D 128 and 64, T not a multiple of the tiles; the wgmma route ran both.
+// rowwise ops' 16-bit outputs), dv bit for bit; plain positions, per-token ones, and packed rows
+// (examples of 37 tokens: segment starts and positions restarting with each, as the layer runs
+// them), GQA, D 128 and 64, T not a multiple of the tiles; the wgmma route ran both.
 TEST(GpuOpsAttentionWgmma, RopeBackwardInTheStoresMatchesTheTwoSteps) {
   test::use_gpu();
   if (const std::string& why = cuda::attention_sm90a_unavailable(); !why.empty()) GTEST_SKIP() << why;
   const test::UseAttentionKernels use(GpuAttentionKernels::Wgmma);
+  enum class Rows { Plain, PerTokenPositions, Packed };
   for (const AttentionCase& c : {kModelCase, AttentionCase{2, 300, 32, 8, 128, DType::BF16, DType::BF16, DType::BF16},
                                  AttentionCase{2, 1000, 32, 8, 64, DType::F16, DType::F16, DType::F16}})
-    for (bool per_token : {false, true}) {
-      SCOPED_TRACE(c.name() + (per_token ? " per-token positions" : ""));
+    for (Rows rows : {Rows::Plain, Rows::PerTokenPositions, Rows::Packed}) {
+      SCOPED_TRACE(c.name() + (rows == Rows::Plain ? "" : rows == Rows::Packed ? " packed" : " per-token positions"));
       const RopeTable table = make_rope_table(c.D, 4096, 10000.0);
-      std::vector<int32_t> where(static_cast<size_t>(c.B * c.T));
-      for (size_t i = 0; i < where.size(); ++i) where[i] = static_cast<int32_t>((i * 7) % 301);  // restarting rows
-      Tensor positions_host = Tensor::empty(Shape{c.B, c.T}, DType::I32);
-      std::copy(where.begin(), where.end(), positions_host.data<int32_t>());
-      const Tensor positions = test::on_gpu(positions_host.view());
-      const TensorView pos = per_token ? positions.view() : TensorView{};
+      Tensor positions_host = Tensor::empty(Shape{c.B, c.T}, DType::I32), starts_host = Tensor::empty(Shape{c.B, c.T}, DType::I32);
+      for (int64_t i = 0; i < c.B * c.T; ++i) {
+        const int64_t t = i % c.T;
+        positions_host.data<int32_t>()[i] = static_cast<int32_t>(rows == Rows::Packed ? t % 37 : (i * 7) % 301);
+        starts_host.data<int32_t>()[i] = static_cast<int32_t>(t - t % 37);
+      }
+      const Tensor positions = test::on_gpu(positions_host.view()), starts = test::on_gpu(starts_host.view());
+      const TensorView pos = rows == Rows::Plain ? TensorView{} : positions.view();
+      const TensorView segments = rows == Rows::Packed ? starts.view() : TensorView{};
       const test::AttentionInputs in(c, 9);
       test::GpuAttention two(c, in), fused(c, in);
-      two.forward();
-      fused.forward();
+      attention_forward(two.out, two.lse, two.q, two.k, two.v, segments);
+      attention_forward(fused.out, fused.lse, fused.q, fused.k, fused.v, segments);
       const cuda_ops::WgmmaAttentionCounts before = cuda_ops::wgmma_attention_counts();
-      two.backward(two.out, two.lse);
+      attention_backward(two.dq, two.dk, two.dv, two.dout, two.q, two.k, two.v, two.out, two.lse, segments);
       rope_backward(two.dq, table, 3, pos);
       rope_backward(two.dk, table, 3, pos);
       attention_rope_backward(fused.dq, fused.dk, fused.dv, fused.dout, fused.q, fused.k, fused.v, fused.out,
-                              fused.lse, table, 3, pos);
+                              fused.lse, table, 3, pos, segments);
       EXPECT_EQ(cuda_ops::wgmma_attention_counts().backward_ran - before.backward_ran, 2);
       if (c.grad == DType::F32) {
         EXPECT_EQ(differing(test::values_of(fused.dq), test::values_of(two.dq)), 0) << "dq";
