@@ -161,12 +161,6 @@ TEST(OpsAttention, MismatchedHeadsAreALogicError) {
   EXPECT_THROW(attention_forward(out, lse, in.q, in.k, in.v), std::logic_error);
 }
 
-}  // namespace
-}  // namespace fsdpq
-
-namespace fsdpq {
-namespace {
-
 // attention_rope_backward on the CPU is its two steps (attention_backward, then rope_backward on dq
 // and dk), bit for bit, with and without per-token positions; a position offset past the table is
 // refused, naming the op.
