@@ -217,9 +217,7 @@ __device__ void store_rows(void* grad, KType type, const float (&acc)[D / 2], fl
     const int64_t base = ((static_cast<int64_t>(b) * T + position) * heads + head) * D;
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
-      const int64_t at = base + 8 * j + 2 * t4;
-      store_any(grad, type, at, acc[4 * j + 2 * i] * scale);
-      store_any(grad, type, at + 1, acc[4 * j + 2 * i + 1] * scale);
+      store_any_pair(grad, type, base + 8 * j + 2 * t4, acc[4 * j + 2 * i] * scale, acc[4 * j + 2 * i + 1] * scale);
     }
   }
 }
@@ -241,16 +239,18 @@ __device__ void store_rows_rotated(void* grad, KType type, const float (&acc)[D 
         (rope.offset + (rope.positions != nullptr ? static_cast<int64_t>(rope.positions[token]) : position)) * D;
     const int64_t base = (token * heads + head) * D;
 #pragma unroll
-    for (int j = 0; j < kHalfChunks; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int column = 8 * j + 2 * t4 + e;
-        const float c = __ldg(rope.cos + angle_row + column), s = __ldg(rope.sin + angle_row + column);
-        const float lo = acc[4 * j + 2 * i + e] * scale, hi = acc[4 * (j + kHalfChunks) + 2 * i + e] * scale;
-        // rope_kernel's arithmetic (kernels/rope.cu) with the sine negated: only dy's rounding differs.
-        store_any(grad, type, base + column, __fsub_rn(__fmul_rn(lo, c), __fmul_rn(hi, -s)));
-        store_any(grad, type, base + column + D / 2, __fadd_rn(__fmul_rn(hi, c), __fmul_rn(lo, -s)));
-      }
+    for (int j = 0; j < kHalfChunks; ++j) {
+      const int column = 8 * j + 2 * t4;  // even: the pair's tables load as one float2 each
+      const float2 c = __ldg(reinterpret_cast<const float2*>(rope.cos + angle_row + column));
+      const float2 s = __ldg(reinterpret_cast<const float2*>(rope.sin + angle_row + column));
+      const float lo0 = acc[4 * j + 2 * i] * scale, lo1 = acc[4 * j + 2 * i + 1] * scale;
+      const float hi0 = acc[4 * (j + kHalfChunks) + 2 * i] * scale, hi1 = acc[4 * (j + kHalfChunks) + 2 * i + 1] * scale;
+      // rope_kernel's arithmetic (kernels/rope.cu) with the sine negated: only dy's rounding differs.
+      const auto low = [](float l, float h, float cv, float sv) { return __fsub_rn(__fmul_rn(l, cv), __fmul_rn(h, -sv)); };
+      const auto high = [](float l, float h, float cv, float sv) { return __fadd_rn(__fmul_rn(h, cv), __fmul_rn(l, -sv)); };
+      store_any_pair(grad, type, base + column, low(lo0, hi0, c.x, s.x), low(lo1, hi1, c.y, s.y));
+      store_any_pair(grad, type, base + column + D / 2, high(lo0, hi0, c.x, s.x), high(lo1, hi1, c.y, s.y));
+    }
   }
 }
 

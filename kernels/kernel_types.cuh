@@ -79,6 +79,17 @@ __device__ __forceinline__ void store_any(void* p, KType t, int64_t i, float v) 
   }
 }
 
+// Elements i and i + 1 (i even: one aligned 8-, 4- or 4-byte store).
+__device__ __forceinline__ void store_any_pair(void* p, KType t, int64_t i, float v0, float v1) {
+  switch (t) {
+    case KType::F32: *reinterpret_cast<float2*>(static_cast<float*>(p) + i) = make_float2(v0, v1); return;
+    case KType::BF16:
+      *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p) + i) = __floats2bfloat162_rn(v0, v1);
+      return;
+    default: *reinterpret_cast<__half2*>(static_cast<__half*>(p) + i) = __floats2half2_rn(v0, v1); return;
+  }
+}
+
 // Calls fn(T{}) with the CUDA storage type of a KType (float, __nv_bfloat16, __half).
 template <class Fn>
 void with_ktype(KType type, Fn&& fn) {
