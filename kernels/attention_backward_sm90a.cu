@@ -35,6 +35,7 @@
 #include "kernels/hopper/a_operand_layout.h"
 #include "kernels/hopper/mbarrier.cuh"
 #include "kernels/hopper/tensor_map.cuh"
+#include "kernels/hopper/tile_order.h"
 #include "kernels/hopper/tma.cuh"
 #include "kernels/hopper/type_and_dim.cuh"
 #include "kernels/hopper/warpgroup.cuh"
@@ -75,6 +76,7 @@ struct Params {
   void* grad_b;  // dv (kernel 2)
   KType grad_b_type;
   AttentionRopeBackward rope;  // applied to grad_a (dk, dq) as it is stored; cos null: none
+  hopper_order::TileOrder order;  // which tile and head each block takes (its kernel's)
 };
 
 // Shared memory of either kernel, from a 1024-byte aligned base: two fixed tiles of kBlockRows
@@ -294,9 +296,10 @@ __device__ void list_query_tiles(const Params& p, const KeyTile& t, int* list) {
 __device__ __forceinline__ KeyTile key_tile_of_block(const Params& p, const int* listed) {
   KeyTile t;
   t.listed = listed;
-  t.k0 = static_cast<int>(blockIdx.x) * kBlockRows;  // tile 0 (the longest) first
-  t.kv_head = static_cast<int>(blockIdx.y);
-  t.b = static_cast<int>(blockIdx.z);
+  const hopper_order::RankedTile r = hopper_order::ranked_tile(p.order, static_cast<int>(blockIdx.x));
+  t.k0 = r.rank * kBlockRows;  // key tile 0 is the longest (tile_order.h)
+  t.kv_head = r.head % p.KV;
+  t.b = r.head / p.KV;
   t.group = p.H / p.KV;
   t.first_tile = t.k0 / kStepRows;
   t.query_tiles = (p.T + kStepRows - 1) / kStepRows;
@@ -480,11 +483,11 @@ struct QueryTile {
 
 __device__ __forceinline__ QueryTile query_tile_of_block(const Params& p) {
   QueryTile t;
-  const int qt = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);  // long tiles first
-  t.q0 = qt * kBlockRows;
-  t.h = static_cast<int>(blockIdx.y);
+  const hopper_order::RankedTile r = hopper_order::ranked_tile(p.order, static_cast<int>(blockIdx.x));
+  t.q0 = (p.order.ranks - 1 - r.rank) * kBlockRows;  // the last query tile is the longest (tile_order.h)
+  t.h = r.head % p.H;
   t.kv_head = t.h / (p.H / p.KV);
-  t.b = static_cast<int>(blockIdx.z);
+  t.b = r.head / p.H;
   const int last_row = min(t.q0 + kBlockRows, p.T);  // keys up to the block's last row
   t.key_tiles = (last_row + kStepRows - 1) / kStepRows;
   t.first_tile = 0;
@@ -705,6 +708,8 @@ void attention_sm90a_backward(void* dq, KType dq_type, void* dk, KType dk_type, 
     throw std::logic_error("cuda::attention_sm90a_backward: packed rows longer than the kernel lists (T " +
                            std::to_string(T) + ")");
   if (B == 0 || T == 0) return;
+  if ((T + kBlockRows - 1) / kBlockRows * B * H > INT32_MAX)
+    throw std::logic_error("cuda::attention_sm90a_backward: more than 2^31 - 1 blocks (B · H · T / 128)");
   // The workspace: drow, then dout rounded to `type` when it is stored in another, then (segments)
   // each query tile's smallest segment start.
   uint8_t* const bytes = static_cast<uint8_t*>(workspace);
@@ -716,7 +721,7 @@ void attention_sm90a_backward(void* dq, KType dq_type, void* dk, KType dk_type, 
   const void* do_tiles = dout16 != nullptr ? dout16 : dout;
   const Params base{static_cast<int>(T), static_cast<int>(H), static_cast<int>(KV),
                     1.0f / std::sqrt(static_cast<float>(D)), lse, drow, segment_start, tile_min,
-                    nullptr, KType::F32, nullptr, KType::F32, rope};
+                    nullptr, KType::F32, nullptr, KType::F32, rope, {}};
   with_type_and_dim(type, D, "attention_sm90a_backward", [&](auto tag, auto dim) {
     using T16 = decltype(tag);
     constexpr int HD = decltype(dim)::value;
@@ -751,7 +756,8 @@ void attention_sm90a_backward(void* dq, KType dq_type, void* dk, KType dk_type, 
     const auto dkdv = segment_start != nullptr ? attention_dkdv_sm90a_kernel<T16, HD, true>
                                                : attention_dkdv_sm90a_kernel<T16, HD, false>;
     allow_smem(dkdv, smem, "attention_sm90a_backward (dk, dv: shared memory attribute)");
-    dkdv<<<dim3(tiles, static_cast<unsigned>(KV), static_cast<unsigned>(B)), kThreads, smem, stream>>>(
+    kv.order = hopper_order::tile_order(tiles, B * KV, 2 * T * D * 2 * (H / KV));  // Q, dO of the group
+    dkdv<<<static_cast<unsigned>(kv.order.ranks * kv.order.heads), kThreads, smem, stream>>>(
         k_map, v_map, q_map, do_map, kv);
     check_launch("attention_sm90a_backward (dk, dv)");
 
@@ -761,7 +767,8 @@ void attention_sm90a_backward(void* dq, KType dq_type, void* dk, KType dk_type, 
     const auto dqk = segment_start != nullptr ? attention_dq_sm90a_kernel<T16, HD, true>
                                               : attention_dq_sm90a_kernel<T16, HD, false>;
     allow_smem(dqk, smem, "attention_sm90a_backward (dq: shared memory attribute)");
-    dqk<<<dim3(tiles, static_cast<unsigned>(H), static_cast<unsigned>(B)), kThreads, smem, stream>>>(
+    qp.order = hopper_order::tile_order(tiles, B * H, 2 * T * D * 2);  // K, V
+    dqk<<<static_cast<unsigned>(qp.order.ranks * qp.order.heads), kThreads, smem, stream>>>(
         q_map, do_map, k_map, v_map, qp);
     check_launch("attention_sm90a_backward (dq)");
   });
