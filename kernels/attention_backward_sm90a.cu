@@ -207,39 +207,34 @@ __device__ __forceinline__ void issue_gradient(float (&acc)[D / 2], const uint32
 // Register e of chunk j of an n64 accumulator: row (row0 + 8 (e / 2)), column 8j + 2t + e % 2.
 __device__ __forceinline__ int column_of(int j, int e, int t4) { return 8 * j + 2 * t4 + (e & 1); }
 
-// A consumer's rows of an m64 x nD accumulator, times `scale`, into rows of a [B, T, heads, D]
-// gradient of any KType: rows row0 and row0 + 8 of the thread's warp (positions before T only).
-template <int D>
-__device__ void store_rows(void* grad, KType type, const float (&acc)[D / 2], float scale, int position0, int T,
-                           int heads, int head, int b, int t4) {
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int position = position0 + 8 * i;
-    if (position >= T) continue;
-    const int64_t base = ((static_cast<int64_t>(b) * T + position) * heads + head) * D;
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      store_any_pair(grad, type, base + 8 * j + 2 * t4, acc[4 * j + 2 * i] * scale, acc[4 * j + 2 * i + 1] * scale);
-    }
-  }
-}
-
-// store_rows with RoPE's backward applied first (AttentionRopeBackward): column c < D/2 pairs with
-// c + D/2, which the thread holds too (chunk j + D/16): dx_c = dy_c cos + dy_{c+D/2} sin,
+// A consumer's rows of an m64 x nD accumulator times `scale` (rows row0, row0 + 8 of the thread's
+// warp, at positions position0, + 8; those before T only) into rows of a [B, T, heads, D]
+// gradient of any KType, each thread's two adjacent columns as one store. Where `rotate` says,
+// RoPE's backward (AttentionRopeBackward) is applied first: column c < D/2 pairs with c + D/2,
+// which the thread holds too (chunk j + D/16): dx_c = dy_c cos + dy_{c+D/2} sin,
 // dx_{c+D/2} = dy_{c+D/2} cos - dy_c sin, dy = acc · scale, in fp32, each rounded once (the
-// separate rope_backward reads dy rounded to its storage type first).
+// separate rope_backward reads dy rounded to its storage type first). `rope` is taken by
+// reference with a flag, not as a nullable pointer: a pointer into the kernel's parameters would
+// copy them to local memory.
 template <int D>
-__device__ void store_rows_rotated(void* grad, KType type, const float (&acc)[D / 2], float scale, int position0,
-                                   int T, int heads, int head, int b, int t4, const AttentionRopeBackward& rope) {
+__device__ void store_rows(void* grad, KType type, const float (&acc)[D / 2], float scale,
+                                           int position0, int T, int heads, int head, int b, int t4, bool rotate,
+                                           const AttentionRopeBackward& rope) {
   constexpr int kHalfChunks = D / 16;  // 8-column chunks in each half of a row
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int position = position0 + 8 * i;
     if (position >= T) continue;
     const int64_t token = static_cast<int64_t>(b) * T + position;
+    const int64_t base = (token * heads + head) * D;
+    if (!rotate) {
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j)
+        store_any_pair(grad, type, base + 8 * j + 2 * t4, acc[4 * j + 2 * i] * scale, acc[4 * j + 2 * i + 1] * scale);
+      continue;
+    }
     const int64_t angle_row =
         (rope.offset + (rope.positions != nullptr ? static_cast<int64_t>(rope.positions[token]) : position)) * D;
-    const int64_t base = (token * heads + head) * D;
 #pragma unroll
     for (int j = 0; j < kHalfChunks; ++j) {
       const int column = 8 * j + 2 * t4;  // even: the pair's tables load as one float2 each
@@ -254,16 +249,6 @@ __device__ void store_rows_rotated(void* grad, KType type, const float (&acc)[D 
       store_any_pair(grad, type, base + column + D / 2, high(lo0, hi0, c.x, s.x), high(lo1, hi1, c.y, s.y));
     }
   }
-}
-
-// grad_a's rows (dk in kernel 2, dq in kernel 3), rotated where the params ask.
-template <int D>
-__device__ __forceinline__ void store_grad_a(const Params& p, const float (&acc)[D / 2], int position0, int heads,
-                                             int head, int b, int t4) {
-  if (p.rope.cos != nullptr)
-    store_rows_rotated<D>(p.grad_a, p.grad_a_type, acc, p.scale, position0, p.T, heads, head, b, t4, p.rope);
-  else
-    store_rows<D>(p.grad_a, p.grad_a_type, acc, p.scale, position0, p.T, heads, head, b, t4);
 }
 
 // ---- kernel 2: dk, dv ----
@@ -380,8 +365,9 @@ __device__ void consume_dkdv(uint8_t* smem, Barriers& bar, const Params& p, cons
     fence_operand(dst);
     mbarrier_arrive(&bar.empty[s]);
   }
-  store_grad_a<D>(p, dk, key, p.KV, t.kv_head, t.b, t4);
-  store_rows<D>(p.grad_b, p.grad_b_type, dv, 1.0f, key, p.T, p.KV, t.kv_head, t.b, t4);
+  const bool rotate = p.rope.cos != nullptr;  // dk and dq; dv never
+  store_rows<D>(p.grad_a, p.grad_a_type, dk, p.scale, key, p.T, p.KV, t.kv_head, t.b, t4, rotate, p.rope);
+  store_rows<D>(p.grad_b, p.grad_b_type, dv, 1.0f, key, p.T, p.KV, t.kv_head, t.b, t4, false, p.rope);
 }
 
 // Kernel 2's statistics warp: for each step, once the stage is free, the step's 64 query columns'
@@ -577,7 +563,7 @@ __device__ void consume_dq(uint8_t* smem, Barriers& bar, const Params& p, const 
   fence_operand(dq);
   fence_operand(ds);
   mbarrier_arrive(&bar.empty[stage_of(steps - 1)]);
-  store_grad_a<D>(p, dq, query, p.H, t.h, t.b, t4);
+  store_rows<D>(p.grad_a, p.grad_a_type, dq, p.scale, query, p.T, p.H, t.h, t.b, t4, p.rope.cos != nullptr, p.rope);
 }
 
 template <class T, int D, bool kSegmented>
@@ -701,7 +687,8 @@ void attention_sm90a_backward(void* dq, KType dq_type, void* dk, KType dk_type, 
     throw std::logic_error("cuda::attention_sm90a_backward: needs BF16 or F16 operands and head dim 64 or 128");
   if (B < 0 || T < 0 || H <= 0 || KV <= 0 || H % KV != 0 || T > (1 << 30) || B > 65535 || H > 65535)
     throw std::logic_error("cuda::attention_sm90a_backward: unsupported sizes (need H, KV > 0, H % KV == 0)");
-  for (const void* ptr : {dout, q, k, v, out, static_cast<const void*>(workspace)})
+  for (const void* ptr : {dout, q, k, v, out, static_cast<const void*>(workspace), static_cast<const void*>(dq),
+                          static_cast<const void*>(dk), static_cast<const void*>(dv)})
     if (!attention_sm90a_aligned(ptr))
       throw std::logic_error("cuda::attention_sm90a_backward: operands must be 16-byte aligned");
   if (segment_start != nullptr && !attention_sm90a_backward_takes_segments(T))

@@ -79,7 +79,8 @@ __device__ __forceinline__ void store_any(void* p, KType t, int64_t i, float v) 
   }
 }
 
-// Elements i and i + 1 (i even: one aligned 8-, 4- or 4-byte store).
+// Elements i and i + 1 as one store (8 bytes for F32, 4 for the 16-bit types): i even and p aligned
+// to that size.
 __device__ __forceinline__ void store_any_pair(void* p, KType t, int64_t i, float v0, float v1) {
   switch (t) {
     case KType::F32: *reinterpret_cast<float2*>(static_cast<float*>(p) + i) = make_float2(v0, v1); return;

@@ -220,6 +220,35 @@ TEST(GpuOpsAttentionWgmma, BackwardRepeatsBitForBit) {
   }
 }
 
+// Gradients that are not 16-byte aligned (here one element into a larger buffer: the kernels'
+// paired stores would fault on them) are declined by the Hopper route, and the op runs the mma
+// kernels instead: the same bits as the mma route into aligned gradients.
+TEST(GpuOpsAttentionWgmma, MisalignedGradientsTakeTheMmaKernels) {
+  test::use_gpu();
+  if (const std::string& why = cuda::attention_sm90a_unavailable(); !why.empty()) GTEST_SKIP() << why;
+  const AttentionCase c{2, 200, 8, 8, 64, DType::BF16, DType::BF16, DType::BF16};
+  const test::AttentionInputs in(c, 9);
+  test::GpuAttention g(c, in);
+  forward_with(GpuAttentionKernels::Wgmma, g);
+  const std::vector<double> mma = backward_with(GpuAttentionKernels::TensorCores, g);
+  // dq one element into a buffer one element longer: 2-byte aligned.
+  Tensor buffer = Tensor::empty(Shape{g.dq.view().numel() + 1}, c.grad, Device::CUDA);
+  const TensorView shifted{static_cast<uint8_t*>(buffer.view().data) + dtype_size(c.grad), c.grad, g.dq.view().shape,
+                           Device::CUDA};
+  const test::UseAttentionKernels use(GpuAttentionKernels::Wgmma);
+  const cuda_ops::WgmmaAttentionCounts before = cuda_ops::wgmma_attention_counts();
+  attention_backward(shifted, g.dk, g.dv, g.dout, g.q, g.k, g.v, g.out, g.lse);
+  const cuda_ops::WgmmaAttentionCounts after = cuda_ops::wgmma_attention_counts();
+  EXPECT_EQ(after.backward_declined - before.backward_declined, 1);
+  EXPECT_EQ(after.backward_ran - before.backward_ran, 0);
+  std::vector<double> got = test::values_of(shifted);
+  for (const Tensor* t : {&g.dk, &g.dv}) {
+    const std::vector<double> x = test::values_of(*t);
+    got.insert(got.end(), x.begin(), x.end());
+  }
+  EXPECT_EQ(differing(got, mma), 0);
+}
+
 // attention_rope_backward on the Hopper kernels (RoPE's backward applied as they store dq and dk)
 // against its two steps (attention_backward, then rope_backward on dq and dk): fp32 gradients bit
 // for bit (the same fp32 arithmetic: only a 16-bit store rounds), 16-bit ones within one rounding

@@ -65,8 +65,10 @@ bool wgmma_attention_backward(const TensorView& dq, const TensorView& dk, const 
   constexpr const char* op = "attention_backward";
   // `out` may be of any type here (the backward reads it through load_any), so q stands in for it.
   if (const std::string why = why_not(op, q, lse, q, k, v); !why.empty()) return decline(Pass::Backward, why);
-  if (!cuda::attention_sm90a_aligned(dout.data) || !cuda::attention_sm90a_aligned(out.data))
-    return decline(Pass::Backward, "dout or out is not 16-byte aligned");
+  // The gradients too: their stores write two columns at once (8 or 4 bytes).
+  for (const TensorView* x : {&dout, &out, &dq, &dk, &dv})
+    if (!cuda::attention_sm90a_aligned(x->data))
+      return decline(Pass::Backward, "dout, out, dq, dk or dv is not 16-byte aligned");
   const int64_t B = q.shape[0], T = q.shape[1], H = q.shape[2], KV = k.shape[2], D = q.shape[3];
   if (H == 0) return decline(Pass::Backward, "there are no heads");
   const bool segmented = segment_start.data != nullptr;
