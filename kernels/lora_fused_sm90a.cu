@@ -205,14 +205,28 @@ __device__ __forceinline__ void wgmma_wait_pending(int pending) {
 }
 
 // A register of x's A operand (two consecutive 16-bit elements, lower column in the lower bits)
-// as an adapter's dropout leaves it: `fields` decide the two (kernels/lora_fused_sm90a_layout.h); a kept
-// element times keep_scale and rounded to T, a dropped one 0, as the CPU's dropped copy holds them.
+// with both elements times keep_scale, rounded to T: what a kept element becomes in the CPU's
+// dropped copy. Every adapter of a group keeps or drops the same scaled values, so each register
+// is scaled once, not once per adapter (dropped_pair then only masks).
 template <class T>
-__device__ __forceinline__ uint32_t dropped_pair(uint32_t raw, uint32_t fields, uint32_t threshold, float keep_scale) {
+__device__ __forceinline__ uint32_t scaled_pair(uint32_t raw, float keep_scale) {
   const T* v = reinterpret_cast<const T*>(&raw);
-  const float lo = lora_sm90a_layout::field_keeps(fields, 0, threshold) ? __fmul_rn(to_float(v[0]), keep_scale) : 0.0f;
-  const float hi = lora_sm90a_layout::field_keeps(fields, 1, threshold) ? __fmul_rn(to_float(v[1]), keep_scale) : 0.0f;
-  return pack2<T>(lo, hi);
+  return pack2<T>(__fmul_rn(to_float(v[0]), keep_scale), __fmul_rn(to_float(v[1]), keep_scale));
+}
+
+// A scaled_pair as an adapter's dropout leaves it: `fields` decide the two
+// (kernels/lora_fused_sm90a_layout.h: element h kept when field h >= threshold); a dropped element
+// becomes +0, as the CPU's dropped copy holds it. Without compares and selects, which the ALU pipe
+// these kernels are bound by would run: field − threshold is negative exactly where the element
+// drops, and prmt's sign-replicating selectors (nibbles 0xB, 0xF: the top byte of the first or
+// second operand, its sign repeated over the byte) turn the two signs into the 16-bit halves of
+// the drop mask.
+__device__ __forceinline__ uint32_t dropped_pair(uint32_t scaled, uint32_t fields, uint32_t threshold) {
+  const int32_t lo = static_cast<int32_t>(fields & 0xFFFFu) - static_cast<int32_t>(threshold);
+  const int32_t hi = static_cast<int32_t>(fields >> 16) - static_cast<int32_t>(threshold);
+  uint32_t drop;
+  asm("prmt.b32 %0, %1, %2, 0xFFBB;" : "=r"(drop) : "r"(lo), "r"(hi));
+  return scaled & ~drop;
 }
 
 // The fields of this thread's pairs in rows g and g + 8 from the one word this lane hashed (row g's
@@ -246,11 +260,11 @@ struct Consumer {
   // This thread's rows (and + 8) of x, in the block and in x.
   const int row_in_block = 64 * index + 16 * warp + g;
   float acc[COUNT][32] = {};
-  uint32_t raw[kSlices * 4];  // the step's x rows as wgmma's A operand, unmasked
+  uint32_t scaled[kSlices * 4];  // the step's x rows as wgmma's A operand, scaled, unmasked
   Set even;                   // as each adapter's dropout leaves them: every step, or the even ones
   Set odd;                    // the odd steps' (kTwoSets; unused otherwise)
 
-  // Step i's x rows (the stage has landed) into raw.
+  // Step i's x rows (the stage has landed), scaled, into `scaled`.
   __device__ __forceinline__ void load_step(int i) {
     mbarrier_wait(&bar.full[stage_of(i)], parity_of(i));
     const uint8_t* x_rows = smem + S::kX + stage_of(i) * S::kXBytes + index * S::kConsumerRows;
@@ -259,11 +273,12 @@ struct Consumer {
       uint32_t r[4];
       mma_fragments::ldmatrix_x4(r, x_rows + hopper_layout::a_operand_ldmatrix_offset(warp, lane, kk));
 #pragma unroll
-      for (int q = 0; q < 4; ++q) raw[4 * kk + q] = r[q];  // [2h], [2h + 1]: rows g and g + 8, same columns
+      for (int q = 0; q < 4; ++q)  // [2h], [2h + 1]: rows g and g + 8, same columns
+        scaled[4 * kk + q] = scaled_pair<T>(r[q], p.g.keep_scale);
     }
   }
 
-  // raw masked with adapter j's dropout (step i's columns) into set[j].
+  // `scaled` masked with adapter j's dropout (step i's columns) into set[j].
   __device__ __forceinline__ void mask_adapter(int i, int j, Set& set) {
     using namespace lora_sm90a_layout;
     const int64_t step_column = static_cast<int64_t>(k_begin) + static_cast<int64_t>(i) * kStepColumns;
@@ -275,8 +290,8 @@ struct Consumer {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const PairFields f = pair_fields(keep_word_at(keyed, down_quad_offset(kk, h)), odd_lane);
-        set[j][4 * kk + 2 * h] = dropped_pair<T>(raw[4 * kk + 2 * h], f.row_g, p.g.threshold, p.g.keep_scale);
-        set[j][4 * kk + 2 * h + 1] = dropped_pair<T>(raw[4 * kk + 2 * h + 1], f.row_g8, p.g.threshold, p.g.keep_scale);
+        set[j][4 * kk + 2 * h] = dropped_pair(scaled[4 * kk + 2 * h], f.row_g, p.g.threshold);
+        set[j][4 * kk + 2 * h + 1] = dropped_pair(scaled[4 * kk + 2 * h + 1], f.row_g8, p.g.threshold);
       }
   }
 
@@ -763,7 +778,8 @@ struct WeightConsumer {
       const int offset = row * kSwizzleRowBytes + (chunk ^ (row % 8)) * 16;
       const uint4 raw = *reinterpret_cast<const uint4*>(x_block + offset);
       const int64_t e = (static_cast<int64_t>(row0) + 64 * i + row) * p.in + c0 + 64 * index + 8 * chunk;
-      const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+      const uint32_t words[4] = {scaled_pair<T>(raw.x, p.g.keep_scale), scaled_pair<T>(raw.y, p.g.keep_scale),
+                                 scaled_pair<T>(raw.z, p.g.keep_scale), scaled_pair<T>(raw.w, p.g.keep_scale)};
       const uint64_t golden = lora_sm90a_layout::keyed_at(0, e >> 2);  // one product for every adapter's two words
 #pragma unroll
       for (int j = 0; j < COUNT; ++j) {
@@ -772,8 +788,7 @@ struct WeightConsumer {
         uint32_t out[4];
 #pragma unroll
         for (int q = 0; q < 4; ++q)
-          out[q] = dropped_pair<T>(words[q], lora_sm90a_layout::chunk_pair_fields(w0, w1, q), p.g.threshold,
-                                   p.g.keep_scale);
+          out[q] = dropped_pair(words[q], lora_sm90a_layout::chunk_pair_fields(w0, w1, q), p.g.threshold);
         *reinterpret_cast<uint4*>(masked(i, j) + offset) = make_uint4(out[0], out[1], out[2], out[3]);
       }
     }
