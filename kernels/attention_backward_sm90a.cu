@@ -76,6 +76,7 @@ struct Params {
   void* grad_b;  // dv (kernel 2)
   KType grad_b_type;
   AttentionRopeBackward rope;  // applied to grad_a (dk, dq) as it is stored; cos null: none
+  bool staged;  // the gradients are the operands' 16-bit type: through shared memory and the copy engine
   hopper_order::TileOrder order;  // which tile and head each block takes (its kernel's)
 };
 
@@ -207,32 +208,51 @@ __device__ __forceinline__ void issue_gradient(float (&acc)[D / 2], const uint32
 // Register e of chunk j of an n64 accumulator: row (row0 + 8 (e / 2)), column 8j + 2t + e % 2.
 __device__ __forceinline__ int column_of(int j, int e, int t4) { return 8 * j + 2 * t4 + (e & 1); }
 
+// Where a consumer's gradient rows go (put: row i of the thread's two, i.e. row0 + 8i, a pair of
+// adjacent columns). GlobalRows: straight into a [B, T, heads, D] gradient of any KType, each pair
+// one 8- or 4-byte store. StagedRows: into the consumer's 64 rows of a fixed tile, free once its
+// last product is done, as the copy engine lays a box out (128-byte swizzle), for send_staged.
+struct GlobalRows {
+  void* grad;
+  KType type;
+  int64_t base[2];  // element offset of each row's column 0
+  __device__ void put(int i, int column, float v0, float v1) const {
+    store_any_pair(grad, type, base[i] + column, v0, v1);
+  }
+};
+template <class T, int D>
+struct StagedRows {
+  uint32_t rows;  // shared-memory address of the consumer's rows of the tile's first column block
+  int row0;       // the thread's first row among them
+  __device__ void put(int i, int column, float v0, float v1) const {
+    const int row = row0 + 8 * i, chunk = (column % kBoxColumns / 8) ^ (row % 8);
+    const uint32_t at = rows + column / kBoxColumns * Smem<D>::kFixedColumnBlock + row * kSwizzleRowBytes + chunk * 16 +
+                        column % 8 * 2;
+    asm volatile("st.shared.b32 [%0], %1;" ::"r"(at), "r"(pack2<T>(v0, v1)) : "memory");
+  }
+};
+
 // A consumer's rows of an m64 x nD accumulator times `scale` (rows row0, row0 + 8 of the thread's
-// warp, at positions position0, + 8; those before T only) into rows of a [B, T, heads, D]
-// gradient of any KType, each thread's two adjacent columns as one store. Where `rotate` says,
-// RoPE's backward (AttentionRopeBackward) is applied first: column c < D/2 pairs with c + D/2,
-// which the thread holds too (chunk j + D/16): dx_c = dy_c cos + dy_{c+D/2} sin,
-// dx_{c+D/2} = dy_{c+D/2} cos - dy_c sin, dy = acc · scale, in fp32, each rounded once (the
-// separate rope_backward reads dy rounded to its storage type first). `rope` is taken by
-// reference with a flag, not as a nullable pointer: a pointer into the kernel's parameters would
-// copy them to local memory.
-template <int D>
-__device__ void store_rows(void* grad, KType type, const float (&acc)[D / 2], float scale,
-                                           int position0, int T, int heads, int head, int b, int t4, bool rotate,
-                                           const AttentionRopeBackward& rope) {
+// warp, at positions position0, + 8; those before T only) into `out`, with RoPE's backward applied
+// first where `rotate` says: column c < D/2 pairs with c + D/2, which the thread holds too (chunk
+// j + D/16): dx_c = dy_c cos + dy_{c+D/2} sin, dx_{c+D/2} = dy_{c+D/2} cos - dy_c sin, dy = acc ·
+// scale, in fp32, each rounded once (the separate rope_backward reads dy rounded to its storage
+// type first). `rope` is taken by reference with a flag, not as a nullable pointer: a pointer
+// into the kernel's parameters would copy them to local memory.
+template <int D, class Rows>
+__device__ __forceinline__ void write_rows(const Rows& out, const float (&acc)[D / 2], float scale, int position0, int T,
+                                           int b, int t4, bool rotate, const AttentionRopeBackward& rope) {
   constexpr int kHalfChunks = D / 16;  // 8-column chunks in each half of a row
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int position = position0 + 8 * i;
     if (position >= T) continue;
-    const int64_t token = static_cast<int64_t>(b) * T + position;
-    const int64_t base = (token * heads + head) * D;
     if (!rotate) {
 #pragma unroll
-      for (int j = 0; j < D / 8; ++j)
-        store_any_pair(grad, type, base + 8 * j + 2 * t4, acc[4 * j + 2 * i] * scale, acc[4 * j + 2 * i + 1] * scale);
+      for (int j = 0; j < D / 8; ++j) out.put(i, 8 * j + 2 * t4, acc[4 * j + 2 * i] * scale, acc[4 * j + 2 * i + 1] * scale);
       continue;
     }
+    const int64_t token = static_cast<int64_t>(b) * T + position;
     const int64_t angle_row =
         (rope.offset + (rope.positions != nullptr ? static_cast<int64_t>(rope.positions[token]) : position)) * D;
 #pragma unroll
@@ -245,9 +265,47 @@ __device__ void store_rows(void* grad, KType type, const float (&acc)[D / 2], fl
       // rope_kernel's arithmetic (kernels/rope.cu) with the sine negated: only dy's rounding differs.
       const auto low = [](float l, float h, float cv, float sv) { return __fsub_rn(__fmul_rn(l, cv), __fmul_rn(h, -sv)); };
       const auto high = [](float l, float h, float cv, float sv) { return __fadd_rn(__fmul_rn(h, cv), __fmul_rn(l, -sv)); };
-      store_any_pair(grad, type, base + column, low(lo0, hi0, c.x, s.x), low(lo1, hi1, c.y, s.y));
-      store_any_pair(grad, type, base + column + D / 2, high(lo0, hi0, c.x, s.x), high(lo1, hi1, c.y, s.y));
+      out.put(i, column, low(lo0, hi0, c.x, s.x), low(lo1, hi1, c.y, s.y));
+      out.put(i, column + D / 2, high(lo0, hi0, c.x, s.x), high(lo1, hi1, c.y, s.y));
     }
+  }
+}
+
+// One gradient of a consumer's 64 rows (from position `first`): staged through its rows of a fixed
+// tile (`tile_rows`, a shared-memory address) when the params say the gradient is the operands'
+// 16-bit type (send_staged then sends them), else stored directly. rotate: RoPE's backward where
+// the params carry it (dk, dq). The thread's rows are recomputed here rather than kept live
+// through the main loop, whose registers are all taken.
+template <class T, int D>
+__device__ __forceinline__ void write_gradient(const Params& p, void* grad, KType type, bool rotate,
+                                               const float (&acc)[D / 2], float scale, uint32_t tile_rows, int first,
+                                               int heads, int head, int b) {
+  const int t4 = static_cast<int>(threadIdx.x) % 4;
+  const int row0 = (static_cast<int>(threadIdx.x) % 128) / 32 * 16 + static_cast<int>(threadIdx.x) % 32 / 4;
+  rotate = rotate && p.rope.cos != nullptr;
+  if (p.staged) {
+    write_rows<D>(StagedRows<T, D>{tile_rows, row0}, acc, scale, first + row0, p.T, b, t4, rotate, p.rope);
+  } else {
+    GlobalRows out{grad, type, {}};
+    for (int i = 0; i < 2; ++i) out.base[i] = ((static_cast<int64_t>(b) * p.T + first + row0 + 8 * i) * heads + head) * D;
+    write_rows<D>(out, acc, scale, first + row0, p.T, b, t4, rotate, p.rope);
+  }
+}
+
+// The consumer's staged rows (64 from position `first` of head `head` of batch b) of `count`
+// gradients, each to the tensor its map describes: the writes made visible to the copy engine,
+// then one thread sends each column block's box and waits until they have been read (the block
+// may end).
+template <int D>
+__device__ __forceinline__ void send_staged(const CUtensorMap* const* maps, const uint32_t* tile_rows, int count,
+                                            int first, int head, int b, int consumer) {
+  fence_proxy_async_shared();
+  warpgroup_sync(1 + consumer);
+  if (threadIdx.x % 128 == 0) {
+    for (int g = 0; g < count; ++g)
+      for (int cb = 0; cb < Smem<D>::kColumnBlocks; ++cb)
+        tma_store_4d(*maps[g], tile_rows[g] + cb * Smem<D>::kFixedColumnBlock, cb * kBoxColumns, first, head, b);
+    tma_store_commit_and_wait_read();
   }
 }
 
@@ -298,7 +356,8 @@ __device__ __forceinline__ KeyTile key_tile_of_block(const Params& p, const int*
 // product's operands apart from the next one's (dK, dV, Sᵀ, dPᵀ, Pᵀ and dSᵀ together were too
 // many at D 128).
 template <class T, int D, bool kSegmented>
-__device__ void consume_dkdv(uint8_t* smem, Barriers& bar, const Params& p, const KeyTile& t) {
+__device__ void consume_dkdv(uint8_t* smem, Barriers& bar, const Params& p, const KeyTile& t, const CUtensorMap& dk_map,
+                             const CUtensorMap& dv_map) {
   using S = Smem<D>;
   const int consumer = static_cast<int>(threadIdx.x) / 128 - 1;
   const int t4 = static_cast<int>(threadIdx.x) % 4;
@@ -365,9 +424,16 @@ __device__ void consume_dkdv(uint8_t* smem, Barriers& bar, const Params& p, cons
     fence_operand(dst);
     mbarrier_arrive(&bar.empty[s]);
   }
-  const bool rotate = p.rope.cos != nullptr;  // dk and dq; dv never
-  store_rows<D>(p.grad_a, p.grad_a_type, dk, p.scale, key, p.T, p.KV, t.kv_head, t.b, t4, rotate, p.rope);
-  store_rows<D>(p.grad_b, p.grad_b_type, dv, 1.0f, key, p.T, p.KV, t.kv_head, t.b, t4, false, p.rope);
+  // The consumer's K and V rows are free: every product that read them has been waited for.
+  const uint32_t staged[2] = {smem_address(smem + S::kFixedA + consumer * S::kConsumerRows),
+                              smem_address(smem + S::kFixedB + consumer * S::kConsumerRows)};
+  const int first = t.k0 + 64 * consumer;
+  write_gradient<T, D>(p, p.grad_a, p.grad_a_type, true, dk, p.scale, staged[0], first, p.KV, t.kv_head, t.b);
+  write_gradient<T, D>(p, p.grad_b, p.grad_b_type, false, dv, 1.0f, staged[1], first, p.KV, t.kv_head, t.b);
+  if (p.staged) {
+    const CUtensorMap* const maps[2] = {&dk_map, &dv_map};
+    send_staged<D>(maps, staged, 2, first, t.kv_head, t.b, consumer);
+  }
 }
 
 // Kernel 2's statistics warp: for each step, once the stage is free, the step's 64 query columns'
@@ -438,6 +504,7 @@ template <class T, int D, bool kSegmented>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_dkdv_sm90a_kernel(const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map,
                                 const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap do_map,
+                                const __grid_constant__ CUtensorMap dk_map, const __grid_constant__ CUtensorMap dv_map,
                                 const Params p) {
   extern __shared__ uint8_t smem_raw[];
   int* const list = reinterpret_cast<int*>(aligned_smem(smem_raw) + Smem<D>::kTileList);
@@ -449,7 +516,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         produce<D>(k_map, v_map, t.k0, t.kv_head, q_map, do_map, t.steps(),
                    [&](int i, int* rows, int* head) { t.step_at(i, rows, head); }, t.b, smem, bar);
       },
-      [&](uint8_t* smem, Barriers& bar) { consume_dkdv<T, D, kSegmented>(smem, bar, p, t); },
+      [&](uint8_t* smem, Barriers& bar) { consume_dkdv<T, D, kSegmented>(smem, bar, p, t, dk_map, dv_map); },
       [&](uint8_t* smem, Barriers& bar) { produce_stats<D, kSegmented>(p, t, smem, bar); }, kStatsWarpArrivals);
 }
 
@@ -491,7 +558,8 @@ __device__ __forceinline__ QueryTile query_tile_of_block(const Params& p) {
 // As in kernel 2: step i issues dQ += dS_{i-1} K_{i-1} (dS kept in registers from step i - 1),
 // then S_i and dP_i; P is computed while dP runs, and every product is waited for within its step.
 template <class T, int D, bool kSegmented>
-__device__ void consume_dq(uint8_t* smem, Barriers& bar, const Params& p, const QueryTile& t) {
+__device__ void consume_dq(uint8_t* smem, Barriers& bar, const Params& p, const QueryTile& t,
+                           const CUtensorMap& dq_map) {
   using S = Smem<D>;
   const int consumer = static_cast<int>(threadIdx.x) / 128 - 1;
   const int t4 = static_cast<int>(threadIdx.x) % 4;
@@ -563,14 +631,21 @@ __device__ void consume_dq(uint8_t* smem, Barriers& bar, const Params& p, const 
   fence_operand(dq);
   fence_operand(ds);
   mbarrier_arrive(&bar.empty[stage_of(steps - 1)]);
-  store_rows<D>(p.grad_a, p.grad_a_type, dq, p.scale, query, p.T, p.H, t.h, t.b, t4, p.rope.cos != nullptr, p.rope);
+  // The consumer's Q rows are free: its Q operand has been in registers since the first step.
+  const uint32_t staged[1] = {smem_address(smem + S::kFixedA + consumer * S::kConsumerRows)};
+  const int first = t.q0 + 64 * consumer;
+  write_gradient<T, D>(p, p.grad_a, p.grad_a_type, true, dq, p.scale, staged[0], first, p.H, t.h, t.b);
+  if (p.staged) {
+    const CUtensorMap* const maps[1] = {&dq_map};
+    send_staged<D>(maps, staged, 1, first, t.h, t.b, consumer);
+  }
 }
 
 template <class T, int D, bool kSegmented>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_dq_sm90a_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap do_map,
                               const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map,
-                              const Params p) {
+                              const __grid_constant__ CUtensorMap dq_map, const Params p) {
   extern __shared__ uint8_t smem_raw[];
   const QueryTile t = query_tile_of_block(p);
   run_block<D>(
@@ -579,7 +654,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         produce<D>(q_map, do_map, t.q0, t.h, k_map, v_map, t.steps(),
                    [&](int i, int* rows, int* head) { t.step_at(i, rows, head); }, t.b, smem, bar);
       },
-      [&](uint8_t* smem, Barriers& bar) { consume_dq<T, D, kSegmented>(smem, bar, p, t); },
+      [&](uint8_t* smem, Barriers& bar) { consume_dq<T, D, kSegmented>(smem, bar, p, t, dq_map); },
       [](uint8_t*, Barriers&) {}, 0);
 }
 
@@ -708,7 +783,7 @@ void attention_sm90a_backward(void* dq, KType dq_type, void* dk, KType dk_type, 
   const void* do_tiles = dout16 != nullptr ? dout16 : dout;
   const Params base{static_cast<int>(T), static_cast<int>(H), static_cast<int>(KV),
                     1.0f / std::sqrt(static_cast<float>(D)), lse, drow, segment_start, tile_min,
-                    nullptr, KType::F32, nullptr, KType::F32, rope, {}};
+                    nullptr, KType::F32, nullptr, KType::F32, rope, false, {}};
   with_type_and_dim(type, D, "attention_sm90a_backward", [&](auto tag, auto dim) {
     using T16 = decltype(tag);
     constexpr int HD = decltype(dim)::value;
@@ -740,23 +815,29 @@ void attention_sm90a_backward(void* dq, KType dq_type, void* dk, KType dk_type, 
     kv.grad_a_type = dk_type;
     kv.grad_b = dv;
     kv.grad_b_type = dv_type;
+    // dk and dv of the operands' type go out as boxes through the consumers' free K and V rows.
+    kv.staged = dk_type == type && dv_type == type;
+    const CUtensorMap dk_map = kv.staged ? head_tensor_map(dk, B, T, KV, D, 64) : k_map;  // else unused
+    const CUtensorMap dv_map = kv.staged ? head_tensor_map(dv, B, T, KV, D, 64) : v_map;
     const auto dkdv = segment_start != nullptr ? attention_dkdv_sm90a_kernel<T16, HD, true>
                                                : attention_dkdv_sm90a_kernel<T16, HD, false>;
     allow_smem(dkdv, smem, "attention_sm90a_backward (dk, dv: shared memory attribute)");
     kv.order = hopper_order::tile_order(tiles, B * KV, 2 * T * D * 2 * (H / KV));  // Q, dO of the group
     dkdv<<<static_cast<unsigned>(kv.order.ranks * kv.order.heads), kThreads, smem, stream>>>(
-        k_map, v_map, q_map, do_map, kv);
+        k_map, v_map, q_map, do_map, dk_map, dv_map, kv);
     check_launch("attention_sm90a_backward (dk, dv)");
 
     Params qp = base;
     qp.grad_a = dq;
     qp.grad_a_type = dq_type;
+    qp.staged = dq_type == type;
+    const CUtensorMap dq_map = qp.staged ? head_tensor_map(dq, B, T, H, D, 64) : q_map;  // else unused
     const auto dqk = segment_start != nullptr ? attention_dq_sm90a_kernel<T16, HD, true>
                                               : attention_dq_sm90a_kernel<T16, HD, false>;
     allow_smem(dqk, smem, "attention_sm90a_backward (dq: shared memory attribute)");
     qp.order = hopper_order::tile_order(tiles, B * H, 2 * T * D * 2);  // K, V
     dqk<<<static_cast<unsigned>(qp.order.ranks * qp.order.heads), kThreads, smem, stream>>>(
-        q_map, do_map, k_map, v_map, qp);
+        q_map, do_map, k_map, v_map, dq_map, qp);
     check_launch("attention_sm90a_backward (dq)");
   });
 }

@@ -32,6 +32,14 @@ __device__ __forceinline__ void tma_store_4d(const CUtensorMap& map, const void*
                : "memory");
 }
 
+// tma_store_4d from a shared-memory address (smem_address).
+__device__ __forceinline__ void tma_store_4d(const CUtensorMap& map, uint32_t src, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];" ::"l"(
+                   reinterpret_cast<uint64_t>(&map)),
+               "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
+
 // Closes the group of the stores issued so far, then waits until every group has read its shared
 // memory (so it may be reused or the block may end).
 __device__ __forceinline__ void tma_store_commit_and_wait_read() {
