@@ -24,20 +24,16 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap& map, u
       : "memory");
 }
 
-// The box in shared memory at src to {c0, c1, c2, c3}; elements out of range are not written.
-__device__ __forceinline__ void tma_store_4d(const CUtensorMap& map, const void* src, int c0, int c1, int c2, int c3) {
-  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];" ::"l"(
-                   reinterpret_cast<uint64_t>(&map)),
-               "r"(smem_address(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
-               : "memory");
-}
-
-// tma_store_4d from a shared-memory address (smem_address).
+// The box in shared memory at shared-memory address src (smem_address) to {c0, c1, c2, c3};
+// elements out of range are not written.
 __device__ __forceinline__ void tma_store_4d(const CUtensorMap& map, uint32_t src, int c0, int c1, int c2, int c3) {
   asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];" ::"l"(
                    reinterpret_cast<uint64_t>(&map)),
                "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
                : "memory");
+}
+__device__ __forceinline__ void tma_store_4d(const CUtensorMap& map, const void* src, int c0, int c1, int c2, int c3) {
+  tma_store_4d(map, smem_address(src), c0, c1, c2, c3);
 }
 
 // Closes the group of the stores issued so far, then waits until every group has read its shared
