@@ -256,6 +256,11 @@ void validate_combinations(ResolvedConfig& r) {
     contradiction("recompute_elementwise", "use_gradient_checkpointing",
                   "it trims the activations of the layers that keep theirs, and with checkpointing on every layer "
                   "(checkpoint_every = 1) none does: turn checkpointing off, or set checkpoint_every above 1");
+  if (c.keep_dequantized_layers > 0 && !c.quantized_base())
+    contradiction("keep_dequantized_layers", "train_type",
+                  fmt::format("it keeps dequantised base weights, and train_type = {} has no quantised base "
+                              "(qlora, hqq_lora, bnb_dora and hqq_dora do)",
+                              c.train_type));
   if (c.use_activation_cpu_offload && !c.use_gradient_checkpointing)
     contradiction("use_activation_cpu_offload", "use_gradient_checkpointing",
                   "activation offload moves the checkpointed layer inputs, so it needs gradient checkpointing");

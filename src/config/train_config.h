@@ -72,6 +72,7 @@ struct TrainConfig {
   bool use_gradient_checkpointing = false;
   int64_t checkpoint_every = 1;
   bool recompute_elementwise = false;
+  int64_t keep_dequantized_layers = 0;  // the last k layers keep their dense base weights for the backward
   bool use_cpu_offload = false;
   bool use_activation_cpu_offload = false;
   bool low_memory = false;

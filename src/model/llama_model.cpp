@@ -155,6 +155,16 @@ struct LlamaModel::Impl {
   std::unique_ptr<SideStream> dequantize_stream;
   // Per module: the compute stream's last read of dequantized[m] so far (LayerCompute::buffer_free).
   std::array<StreamMark, kLinearModules> buffer_free;
+  // keep_dequantized_layers (ModelOptions): the last layers' dense base weights, made in every pass's
+  // forward and, in training, read again by the backward, each layer's in buffers of its own
+  // (kept[j] for layer L - kept.size() + j, only its quantised modules: the shared buffers are
+  // never made where every quantised layer is kept), with the compute stream's last read of them
+  // (its backward's end) for the next forward's dequantisation to wait for.
+  struct KeptLayer {
+    std::array<Tensor, kLinearModules> dense;
+    StreamMark free;
+  };
+  std::vector<KeptLayer> kept;
   // Generation: each layer's DoRA weight norms, computed once (the weights do not change between
   // tokens); cleared whenever the adapters change.
   std::vector<std::array<Tensor, kLinearModules>> dora_norms;
@@ -175,6 +185,7 @@ struct LlamaModel::Impl {
     for (Tensor& t : dequantized) t = Tensor();
     dequantize_stream.reset();
     buffer_free = {};
+    kept.clear();
     dora_norms.clear();
     device = target;
   }
@@ -216,7 +227,13 @@ struct LlamaModel::Impl {
   // so the dequantisation overlaps the rest of the layer before, compute-bound products included.
   // Where the hooks may move or replace the frozen bytes (sharded units, offload), it waits for the
   // whole compute stream instead: the bytes are certain only once forward_begin's work is done.
-  void dequantize_layer(LayerCompute& c, LayerWeights& layer, const std::array<int, kLinearModules>& order) {
+  //
+  // A kept layer (keep_dequantized_layers; `own` its buffers) makes its quantised modules dense in
+  // its own buffers, after the compute stream's last read of them (the previous step's backward);
+  // with `own_filled` (its backward, after its forward) it only hands out what they hold, which the
+  // compute stream has already waited for.
+  void dequantize_layer(LayerCompute& c, LayerWeights& layer, const std::array<int, kLinearModules>& order,
+                        KeptLayer* own = nullptr, bool own_filled = false) {
     if (!dequantize_stream && device == Device::CUDA && gpu_dequantize_stream() == GpuDequantizeStream::Side)
       dequantize_stream = std::make_unique<SideStream>(device);
     if (dequantize_stream && gpu_dequantize_stream() != GpuDequantizeStream::Side) dequantize_stream.reset();
@@ -231,10 +248,17 @@ struct LlamaModel::Impl {
     }
     const std::array<int64_t, kLinearModules> extra = folded_columns(layer);
     for (int m : order) {
-      if (dequantize_stream && ahead) dequantize_stream->wait(buffer_free[m]);
+      const BaseWeight& base = layer.linear[m];
+      const bool in_own = own != nullptr && quantized_frozen(base);
+      Tensor& buffer = in_own ? own->dense[m] : dequantized[m];
+      if (in_own && own_filled) {
+        c.set_weight(m, extra[m] > 0 ? MatrixView(buffer.view(), 0, base.frozen.shape()[1]) : MatrixView(buffer.view()));
+        continue;
+      }
+      if (dequantize_stream && ahead) dequantize_stream->wait(in_own ? own->free : buffer_free[m]);
       ScopedSection section("nf4 dequantize");  // on the side stream: its own time, overlapped
-      const MatrixView dense = extra[m] > 0 ? dequantize_folded(m, layer.linear[m], extra[m])
-                                            : MatrixView(layer.linear[m].dense(dequantized[m], act));
+      const MatrixView dense =
+          extra[m] > 0 ? dequantize_folded(buffer, base, extra[m]) : MatrixView(base.dense(buffer, act));
       c.set_weight(m, dense, dequantize_stream ? dequantize_stream->mark() : StreamMark{});
     }
     for (int group = 0; group < kLinearGroups; ++group) c.folded[group] = extra[group_modules(group)[0]] > 0;
@@ -257,10 +281,9 @@ struct LlamaModel::Impl {
   // Module m's base weight dequantised into the first columns of its folded buffer
   // [out, in + extra], the buffer made (zeroed: the blocks under other adapters stay 0) when its
   // shape changes; the layer writes the adapter's block (LayerCompute).
-  MatrixView dequantize_folded(int m, const BaseWeight& base, int64_t extra) {
+  MatrixView dequantize_folded(Tensor& buffer, const BaseWeight& base, int64_t extra) {
     const Shape& shape = base.frozen.shape();
     const Shape wide{shape[0], shape[1] + extra};
-    Tensor& buffer = dequantized[m];
     const Device where = base.frozen.device();
     if (!buffer.defined() || buffer.shape() != wide || buffer.dtype() != act || buffer.device() != where)
       buffer = Tensor::zeros(wide, act, where);
@@ -269,15 +292,30 @@ struct LlamaModel::Impl {
     return block;
   }
 
+  // A frozen base stored quantised: what dequantisation makes dense (and a kept layer keeps).
+  static bool quantized_frozen(const BaseWeight& base) {
+    return !base.trainable && base.frozen.defined() && base.frozen.format().quantized();
+  }
+
+  // The buffers of layer `index` when it is one of the last keep_dequantized_layers; null otherwise.
+  KeptLayer* kept_layer(int64_t index) {
+    const int64_t L = num_layers(), k = std::min(options.keep_dequantized_layers, L);
+    if (k <= 0 || index < L - k) return nullptr;
+    if (kept.size() != static_cast<size_t>(k)) kept.resize(static_cast<size_t>(k));
+    return &kept[static_cast<size_t>(index - (L - k))];
+  }
+
+  // `own`, `own_filled`: dequantize_layer's.
   LayerCompute layer_compute(int64_t index, bool training, uint64_t step_key,
-                             const std::array<int, kLinearModules>& order = kForwardOrder) {
+                             const std::array<int, kLinearModules>& order = kForwardOrder, KeptLayer* own = nullptr,
+                             bool own_filled = false) {
     LayerWeights& layer = weights.layers[static_cast<size_t>(index)];
     LayerCompute c;
     c.input_norm = dense_of(layer.input_norm);
     c.post_norm = dense_of(layer.post_norm);
     c.d_input_norm = layer.input_norm.grad_view();
     c.d_post_norm = layer.post_norm.grad_view();
-    dequantize_layer(c, layer, order);
+    dequantize_layer(c, layer, order, own, own_filled);
     for (int m = 0; m < kLinearModules; ++m) {
       c.d_weight[m] = layer.linear[m].grad_view();
       if (const LoraAdapter* adapter = layer.lora[m].get()) {
@@ -358,9 +396,11 @@ struct LlamaModel::Impl {
       offloaded_inputs.push_back(std::make_unique<HostStaging>());
     for (int64_t i = 0; i < L; ++i) {
       if (hooks) hooks->forward_begin(layer_unit(i));
-      const LayerCompute w = layer_compute(i, train, step_key);
+      KeptLayer* const own = kept_layer(i);
+      const LayerCompute w = layer_compute(i, train, step_key, kForwardOrder, own);
       layer_forward(stream_at(i + 1), activations_of(i), stream_at(i), w, d, rope, segments);
       w.wait_for_weights();  // before forward_end may let the unit's quantised weights go
+      if (own) own->free = mark_compute();  // its last read without a backward
       if (recomputed(i)) shared_slot_holds = i;
       if (hooks) hooks->forward_end(layer_unit(i), backward_follows);
       if (offload_inputs) {
@@ -413,8 +453,9 @@ struct LlamaModel::Impl {
                    Device::CPU, input_bytes);
       }
       if (hooks) hooks->backward_begin(layer_unit(i));
-      const LayerCompute w =
-          layer_compute(i, true, step_key, recomputed(i) && shared_slot_holds != i ? kForwardOrder : kBackwardOrder);
+      KeptLayer* const own = kept_layer(i);  // its dense weights from the forward above
+      const LayerCompute w = layer_compute(
+          i, true, step_key, recomputed(i) && shared_slot_holds != i ? kForwardOrder : kBackwardOrder, own, true);
       // Checkpointing: rebuild a recomputed layer's activations (same dropout masks), unless the
       // shared buffer still holds them (the last recomputed layer's, from the forward).
       if (recomputed(i) && shared_slot_holds != i) {
@@ -423,6 +464,7 @@ struct LlamaModel::Impl {
       }
       layer_backward(d_resid, scratch, activations_of(i), stream_at(i), w, d, rope, segments);
       w.wait_for_weights();
+      if (own) own->free = mark_compute();  // the next forward refills its buffers after this
       if (offload_inputs && i + 1 < L) stream_at(i + 1) = Tensor();  // its layer's backward is done
       if (hooks) hooks->backward_end(layer_unit(i));
     }
@@ -458,7 +500,8 @@ struct LlamaModel::Impl {
     a.allocate(d, act, lora_ranks(), options.use_dora);
     for (int64_t i = 0; i < L; ++i) {
       const TensorView x = stream[static_cast<size_t>(i % 2)], out = stream[static_cast<size_t>((i + 1) % 2)];
-      LayerCompute w = layer_compute(i, false, 0);
+      KeptLayer* const own = kept_layer(i);
+      LayerCompute w = layer_compute(i, false, 0, kForwardOrder, own);
       w.dora_norm = cached_dora_norms(i, w);
       attention_inputs_forward(a, x, w, d, rope, cache.length);
       Tensor& keys = cache.keys[static_cast<size_t>(i)];
@@ -468,6 +511,7 @@ struct LlamaModel::Impl {
       cached_attention_forward(a.att.view().reshaped(Shape{n, d.H, d.D}), a.q.view().reshaped(Shape{n, d.H, d.D}),
                                keys, values, cache.length);
       attention_output_mlp_forward(out, a, x, w, d);
+      if (own) own->free = mark_compute();
     }
     cache.length += n;
 

@@ -40,6 +40,11 @@ struct ModelOptions {
   // recompute them in the backward (model/llama_layer.h, ElementwiseScratch): the same bits, ~30%
   // less activation memory per kept layer for two RMSNorms and a SwiGLU each.
   bool recompute_elementwise = false;
+  // Training passes: the last keep_dequantized_layers layers make their quantised base weights dense
+  // into buffers of their own in the forward, and their backward reads them there instead of
+  // dequantising again (the buffers stay allocated between steps). 0: every pass dequantises into
+  // the one layer's buffers the layers share.
+  int64_t keep_dequantized_layers = 0;
   // use_activation_cpu_offload (with checkpointing): each layer's input, kept for its backward,
   // waits in host memory between the layer's forward and backward instead of on the device.
   bool activation_offload = false;

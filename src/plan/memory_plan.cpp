@@ -315,6 +315,7 @@ PlanInput plan_input_from(const TrainConfig& c, const LlamaConfig& model, int wo
   p.setting.gradient_checkpointing = c.use_gradient_checkpointing;
   p.setting.checkpoint_every = c.checkpoint_every;
   p.setting.recompute_elementwise = c.recompute_elementwise;
+  p.setting.keep_dequantized_layers = c.keep_dequantized_layers;
   p.setting.cpu_offload = c.use_cpu_offload;
   p.setting.activation_offload = c.use_activation_cpu_offload;
   p.setting.batch_size = c.batch_size;
@@ -348,6 +349,20 @@ ActivationBytes activation_bytes(const PlanInput& p) {
   if (p.quantized && !p.train_base) {
     const std::vector<int64_t> folded = folded_columns(p, lin);
     for (size_t i = 0; i < lin.size(); ++i) x.dequantized += R(lin[i].out * (lin[i].in + folded[i]) * a);
+    // That is one layer's: the buffers the layers share, while a quantised layer is not among the
+    // last keep_dequantized_layers, and each of those its own (Llama-Pro's new blocks are dense).
+    const BlockExpansion expansion(L - p.new_blocks, p.new_blocks);
+    const int64_t first_kept = L - std::min(p.setting.keep_dequantized_layers, L);
+    int64_t kept = 0;
+    bool shared = false;
+    for (int64_t layer = 0; layer < L; ++layer) {
+      if (expansion.is_new(layer)) continue;
+      if (layer >= first_kept)
+        ++kept;
+      else
+        shared = true;
+    }
+    x.dequantized *= kept + (shared ? 1 : 0);
   }
   x.rope = 2 * R(T * D * kF32);
 
@@ -606,7 +621,11 @@ MemoryPrediction predict_memory(const PlanInput& p) {
             act.kept_layers * act.layer, 0);
   if (act.shared_elementwise > 0)
     items.add("activations: norm outputs and SwiGLU product, recomputed (one set)", act.shared_elementwise, 0);
-  items.add("dequantised NF4 layer + RoPE tables", act.dequantized + act.rope, 0);
+  items.add(p.setting.keep_dequantized_layers > 0
+                ? fmt::format("dequantised NF4 layer, {} kept for backward, + RoPE tables",
+                              std::min(p.setting.keep_dequantized_layers, p.model.num_hidden_layers))
+                : std::string("dequantised NF4 layer + RoPE tables"),
+            act.dequantized + act.rope, 0);
   items.add("peak pass workspace (head / grad scratch / op temporaries / unit grads)",
             act.peak - act.stream_on_device - act.kept_layers * act.layer - act.shared_elementwise - act.dequantized -
                 act.rope,

@@ -35,6 +35,7 @@ struct PlanSetting {
   int64_t batch_size = 1;
   int64_t checkpoint_every = 1;  // with checkpointing: every k-th layer recomputed, the rest kept
   bool recompute_elementwise = false;  // kept layers recompute n1, n2, h (model/llama_layer.h)
+  int64_t keep_dequantized_layers = 0;  // the last k layers keep their dense base weights (model/llama_model.h)
 };
 
 struct PlanInput {
@@ -69,7 +70,8 @@ struct ActivationBytes {
                                 // recomputed + the one buffer the recomputed share
   int64_t stream = 0;           // the residual stream: L + 1 layer inputs (+ the token ids)
   int64_t stream_on_device = 0; // of which on the compute device (activation offload keeps 2)
-  int64_t dequantized = 0;      // one layer's NF4 weights made dense (kept between passes)
+  int64_t dequantized = 0;      // one layer's NF4 weights made dense, and keep_dequantized_layers
+                                // more (all kept between passes)
   int64_t rope = 0;             // cos / sin tables (kept between passes)
   int64_t lm_head = 0;          // final norm output, its rstd, d_normed and one chunk of logits
   int64_t grad_scratch = 0;     // LayerGradScratch + d_resid + the recompute's output + final rstd

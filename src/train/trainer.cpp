@@ -68,6 +68,7 @@ ModelOptions model_options_from(const TrainConfig& c) {
   o.gradient_checkpointing = c.use_gradient_checkpointing;
   o.checkpoint_every = c.checkpoint_every;
   o.recompute_elementwise = c.recompute_elementwise;
+  o.keep_dequantized_layers = c.keep_dequantized_layers;
   o.activation_offload = c.use_activation_cpu_offload;
   o.seed = static_cast<uint64_t>(c.seed);
   return o;

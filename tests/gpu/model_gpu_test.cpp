@@ -7,6 +7,7 @@
 
 #include "gpu/op_parity.h"
 #include "ops/cuda_ops.h"
+#include "ops/elementwise.h"
 #include "ops/lora.h"
 #include "unit/model_llama_test_support.h"
 
@@ -125,6 +126,51 @@ TEST(GpuModel, DequantizingBesideTheComputeStreamGivesTheSameBits) {
       EXPECT_EQ(beside.logits, in_line.logits);
       ASSERT_EQ(beside.grads.size(), in_line.grads.size());
       for (size_t i = 0; i < in_line.grads.size(); ++i) EXPECT_EQ(beside.grads[i], in_line.grads[i]) << "gradient " << i;
+    }
+}
+
+// keep_dequantized_layers on the GPU, the dequantisation on its side stream: the backward reads
+// the kept layers' buffers their forward filled, and the next pass refills them only after the
+// compute stream's last read (the previous backward, or a forward without one). Two training
+// passes of one model with the adapters moved between them, then a logits pass: the same bits as
+// dequantising every pass, or a product read a buffer mid-refill.
+TEST(GpuModel, KeptDequantizedLayersGiveTheSameBits) {
+  test::use_gpu();
+  const LlamaConfig config = test::tiny_llama_wide();
+  const data::Batch batch = test::random_batch(2, 64, config.vocab_size, 12);
+  ModelOptions qlora = test::lora_options(Precision::BF16, true, 0.1), hqq = qlora, dora = qlora;
+  hqq.hqq_bits = 4;
+  dora.use_dora = true;
+  auto two_passes = [&](ModelOptions options) {
+    LlamaModel model = LlamaModel::random(config, 7, options);
+    test::randomize_lora_b(model, 8);
+    model.place_on(Device::CUDA);
+    Outcome out;
+    model.forward_backward(batch, static_cast<double>(batch.target_tokens), 1.0f, 3);
+    for (const TrainableParameter& p : model.trainable_parameters()) add_scaled(*p.master, *p.grad, -0.5f);
+    model.masters_updated();
+    model.zero_grads();
+    out.loss = model.forward_backward(batch, static_cast<double>(batch.target_tokens), 1.0f, 4);
+    for (const TrainableParameter& p : model.trainable_parameters()) out.grads.push_back(test::values_of(*p.grad));
+    out.logits = test::values_of(model.logits(batch));
+    return out;
+  };
+  set_gpu_dequantize_stream(GpuDequantizeStream::Side);
+  for (const auto& [name, base] : {std::pair{"qlora bf16 dropout", qlora}, std::pair{"hqq 4 bits", hqq}, std::pair{"bnb_dora", dora}})
+    for (int every : {0, 1, 2}) {
+      ModelOptions options = base;
+      options.gradient_checkpointing = every > 0;
+      options.checkpoint_every = std::max(every, 1);
+      const Outcome plain = two_passes(options);
+      for (int64_t keep : {2, 4}) {
+        SCOPED_TRACE(fmt::format("{}, checkpoint_every {}, keep {}", name, every, keep));
+        options.keep_dequantized_layers = keep;
+        const Outcome kept = two_passes(options);
+        EXPECT_EQ(kept.loss.loss_sum, plain.loss.loss_sum);
+        EXPECT_EQ(kept.logits, plain.logits);
+        ASSERT_EQ(kept.grads.size(), plain.grads.size());
+        for (size_t i = 0; i < plain.grads.size(); ++i) EXPECT_EQ(kept.grads[i], plain.grads[i]) << "gradient " << i;
+      }
     }
 }
 

@@ -284,6 +284,13 @@ INSTANTIATE_TEST_SUITE_P(
                       "(cfg.ini:3): it trims the activations of the layers that keep theirs, and with checkpointing on "
                       "every layer (checkpoint_every = 1) none does: turn checkpointing off, or set checkpoint_every "
                       "above 1"},
+        BadConfigCase{"KeptDequantizedLayersWithoutAQuantisedBase",
+                      "dataset = dummy\ntrain_type = lora\nkeep_dequantized_layers = 4\n", {},
+                      "keep_dequantized_layers = 4 (cfg.ini:3) contradicts train_type = lora (cfg.ini:2): it keeps "
+                      "dequantised base weights, and train_type = lora has no quantised base (qlora, hqq_lora, "
+                      "bnb_dora and hqq_dora do)"},
+        BadConfigCase{"KeptDequantizedLayersNegative", "dataset = dummy\nkeep_dequantized_layers = -1\n", {},
+                      "cfg.ini:2: keep_dequantized_layers = \"-1\": must be at least 0"},
         BadConfigCase{"CheckpointEveryZero", "dataset = dummy\ncheckpoint_every = 0\n", {},
                       "cfg.ini:2: checkpoint_every = \"0\": must be at least 1"},
         BadConfigCase{"GeneratedDatasetWithFile", "dataset = dummy\ndata_path = cfg.ini\n", {},

@@ -413,6 +413,7 @@ struct PassCase {
   bool dora = false;
   int64_t new_blocks = 0;  // Llama-Pro (quantize: the frozen layers NF4)
   bool lora_fold = false;  // FSDPQ_LORA_FOLD: wider dequantised buffers, [x | xa] in the forward
+  int64_t keep_dequantized = 0;  // keep_dequantized_layers
 };
 
 // DoRA adds per adapted linear a magnitude [out] with its fp32 master, gradient and AdamW state,
@@ -451,6 +452,10 @@ TEST(MemoryPlan, ActivationBytesEqualWhatACpuPassAllocates) {
       {"bnb_llama_pro fp32 no ckpt", true, false, false, 0.0, Precision::FP32, 2, 16, 1, false, 1},
       {"qlora bf16 ckpt dropout folded", true, false, true, 0.1, Precision::BF16, 2, 24, 1, false, 0, true},
       {"qlora fp32 no ckpt folded", true, false, false, 0.0, Precision::FP32, 3, 16, 1, false, 0, true},
+      {"qlora bf16 no ckpt folded, 2 layers keep theirs", true, false, false, 0.1, Precision::BF16, 2, 16, 1, false, 0, true, 2},
+      {"qlora bf16 ckpt, every layer keeps its own", true, false, true, 0.1, Precision::BF16, 2, 16, 1, false, 0, false, 9},
+      {"bnb_dora bf16 no ckpt, 1 layer keeps its own", true, false, false, 0.1, Precision::BF16, 2, 16, 1, true, 0, false, 1},
+      {"bnb_llama_pro bf16 no ckpt, 2 layers keep theirs", true, false, false, 0.0, Precision::BF16, 2, 16, 1, false, 2, false, 2},
   };
   const bool saved_fold = lora_fold();
   for (const PassCase& c : cases) {
@@ -465,6 +470,7 @@ TEST(MemoryPlan, ActivationBytesEqualWhatACpuPassAllocates) {
     o.gradient_checkpointing = c.checkpointing;
     o.checkpoint_every = c.checkpoint_every;
     o.use_dora = c.dora;
+    o.keep_dequantized_layers = c.keep_dequantized;
     LlamaModel model = LlamaModel::random(config, 1, o);
     const data::Batch batch = test::random_batch(c.B, c.T, config.vocab_size, 7);
 
@@ -484,6 +490,7 @@ TEST(MemoryPlan, ActivationBytesEqualWhatACpuPassAllocates) {
     p.setting.batch_size = c.B;
     p.setting.gradient_checkpointing = c.checkpointing;
     p.setting.checkpoint_every = c.checkpoint_every;
+    p.setting.keep_dequantized_layers = c.keep_dequantized;
     const ActivationBytes predicted = activation_bytes(p);
 
     const int64_t before_first = host_tensor_bytes().live;

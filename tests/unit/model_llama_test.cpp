@@ -7,8 +7,10 @@
 #include <numeric>
 #include <random>
 
+#include "backend/section_times.h"
 #include "model/llama_lm_head.h"
 #include "model/llama_model.h"
+#include "ops/elementwise.h"
 #include "optim/loss_scaler.h"
 #include "quant/hqq_solve.h"
 #include "model_llama_test_support.h"
@@ -207,6 +209,74 @@ TEST(LlamaModel, ElementwiseRecomputeGivesBitIdenticalGradients) {
       options.recompute_elementwise = true;
       expect_bit_identical(run_step(config, options, every > 0, batch, 4), kept);
     }
+}
+
+// keep_dequantized_layers: the last k layers' backward reads the dense weights their forward made
+// instead of dequantising again: the same values, so the same bits, for NF4 and HQQ bases, folded
+// or not, DoRA, with and without checkpointing (a recomputed kept layer reads them too), and over
+// two steps of one model (the buffers are reused; the fold rewrites s·B into them each forward).
+// The "nf4 dequantize" sections count what it saves: 7 modules of each kept layer a pass.
+TEST(LlamaModel, KeptDequantizedLayersGiveBitIdenticalGradients) {
+  LlamaConfig config = test::tiny_llama();
+  config.num_hidden_layers = 4;
+  const data::Batch batch = test::random_batch(2, 16, config.vocab_size, 25);
+  ModelOptions qlora = test::lora_options(Precision::BF16, true, 0.1), hqq = qlora, dora = qlora;
+  hqq.hqq_bits = 4;
+  dora.use_dora = true;
+  struct Case {
+    const char* name;
+    ModelOptions options;
+    bool fold;
+  };
+  for (const Case& c : {Case{"qlora, folded", qlora, true}, Case{"qlora", qlora, false}, Case{"hqq 4 bits, folded", hqq, true},
+                        Case{"dora", dora, true}})
+    for (int64_t every : {0, 1, 2}) {
+      SCOPED_TRACE(testing::Message() << c.name << ", checkpoint_every " << every);
+      const test::LoraFoldSetting fold(c.fold);
+      ModelOptions options = c.options;
+      options.checkpoint_every = every > 0 ? every : 1;
+      const GradSnapshot plain = run_step(config, options, every > 0, batch, 4);
+      for (int64_t keep : {1, 3, 4, 100}) {
+        SCOPED_TRACE(testing::Message() << "keep " << keep);
+        options.keep_dequantized_layers = keep;
+        expect_bit_identical(run_step(config, options, every > 0, batch, 4), plain);
+      }
+    }
+
+  // Two steps of one model, Adam between them, against the same without kept layers.
+  auto two_steps = [&](int64_t keep, int64_t* dequantizations) {
+    const test::LoraFoldSetting fold(true);
+    ModelOptions options = qlora;
+    options.gradient_checkpointing = false;
+    options.keep_dequantized_layers = keep;
+    LlamaModel model = LlamaModel::random(config, 9, options);
+    test::randomize_lora_b(model, 10);
+    model.forward_backward(batch, static_cast<double>(batch.target_tokens), 1.0f, 1);
+    for (const TrainableParameter& p : model.trainable_parameters())  // B moves: the fold's s·B block changes
+      add_scaled(*p.master, *p.grad, -0.5f);
+    model.masters_updated();
+    model.zero_grads();
+    set_section_times_enabled(true);
+    reset_section_times();
+    GradSnapshot snap;
+    snap.loss = model.forward_backward(batch, static_cast<double>(batch.target_tokens), 1.0f, 2);
+    *dequantizations = 0;
+    for (const SectionTotal& t : section_totals())
+      if (t.name == "nf4 dequantize") *dequantizations = t.count;
+    set_section_times_enabled(false);
+    reset_section_times();
+    for (const TrainableParameter& p : model.trainable_parameters()) {
+      Tensor copy = Tensor::empty(p.grad->shape(), DType::F32);
+      copy_convert(copy, *p.grad);
+      snap.grads.push_back(std::move(copy));
+    }
+    return snap;
+  };
+  int64_t none = 0, two = 0;
+  const GradSnapshot plain = two_steps(0, &none);
+  expect_bit_identical(two_steps(2, &two), plain);
+  EXPECT_EQ(none, 2 * 7 * config.num_hidden_layers);
+  EXPECT_EQ(two, none - 2 * 7);
 }
 
 // use_activation_cpu_offload moves each layer's input out and back between its forward and its
