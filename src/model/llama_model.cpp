@@ -238,28 +238,36 @@ struct LlamaModel::Impl {
       dequantize_stream = std::make_unique<SideStream>(device);
     if (dequantize_stream && gpu_dequantize_stream() != GpuDequantizeStream::Side) dequantize_stream.reset();
     const bool ahead = hooks == nullptr || hooks->frozen_weights_stay_in_place();
+    const std::array<int64_t, kLinearModules> extra = folded_columns(layer);
+    auto buffer_of = [&](int m) -> Tensor& {
+      return own != nullptr && quantized_frozen(layer.linear[m]) ? own->dense[m] : dequantized[m];
+    };
+    // Buffers are made here, on the compute stream: the caching allocator may hand out a block that
+    // work queued there still uses, so the side stream waits for all of it before its first write.
+    bool made = false;
+    for (int m : order)
+      if (quantized_frozen(layer.linear[m])) made |= ensure_dense_buffer(buffer_of(m), layer.linear[m], extra[m]);
     std::optional<OnSideStream> redirected;
     if (dequantize_stream) {
-      if (ahead)
-        c.buffer_free = &buffer_free;  // the layer marks where its reads of each buffer end
-      else
-        dequantize_stream->wait_for_compute();
+      if (ahead) c.buffer_free = &buffer_free;  // the layer marks where its reads of each buffer end
+      if (!ahead || made) dequantize_stream->wait_for_compute();
       redirected.emplace(*dequantize_stream);
     }
-    const std::array<int64_t, kLinearModules> extra = folded_columns(layer);
     for (int m : order) {
       const BaseWeight& base = layer.linear[m];
       const bool in_own = own != nullptr && quantized_frozen(base);
-      Tensor& buffer = in_own ? own->dense[m] : dequantized[m];
+      Tensor& buffer = buffer_of(m);
+      // Folded: the base's block of the buffer (the layer writes the adapter's).
+      const MatrixView dense = extra[m] > 0 ? MatrixView(buffer.view(), 0, base.frozen.shape()[1]) : MatrixView{};
       if (in_own && own_filled) {
-        c.set_weight(m, extra[m] > 0 ? MatrixView(buffer.view(), 0, base.frozen.shape()[1]) : MatrixView(buffer.view()));
+        c.set_weight(m, extra[m] > 0 ? dense : MatrixView(buffer.view()));
         continue;
       }
       if (dequantize_stream && ahead) dequantize_stream->wait(in_own ? own->free : buffer_free[m]);
       ScopedSection section("nf4 dequantize");  // on the side stream: its own time, overlapped
-      const MatrixView dense =
-          extra[m] > 0 ? dequantize_folded(buffer, base, extra[m]) : MatrixView(base.dense(buffer, act));
-      c.set_weight(m, dense, dequantize_stream ? dequantize_stream->mark() : StreamMark{});
+      if (extra[m] > 0) base.frozen.dequantize_into(dense);
+      c.set_weight(m, extra[m] > 0 ? dense : MatrixView(base.dense(buffer, act)),
+                   dequantize_stream ? dequantize_stream->mark() : StreamMark{});
     }
     for (int group = 0; group < kLinearGroups; ++group) c.folded[group] = extra[group_modules(group)[0]] > 0;
   }
@@ -278,18 +286,17 @@ struct LlamaModel::Impl {
     return fsdpq::folded_columns(modules);
   }
 
-  // Module m's base weight dequantised into the first columns of its folded buffer
-  // [out, in + extra], the buffer made (zeroed: the blocks under other adapters stay 0) when its
-  // shape changes; the layer writes the adapter's block (LayerCompute).
-  MatrixView dequantize_folded(Tensor& buffer, const BaseWeight& base, int64_t extra) {
+  // Makes `buffer` quantised module `base`'s dense buffer unless it is one already (true when it
+  // made it): [out, in + extra] in the activation dtype where the weight lives, the extra columns
+  // of a folded module zero (the blocks under the group's other adapters stay 0; its own adapter's
+  // block the layer writes, LayerCompute).
+  bool ensure_dense_buffer(Tensor& buffer, const BaseWeight& base, int64_t extra) {
     const Shape& shape = base.frozen.shape();
-    const Shape wide{shape[0], shape[1] + extra};
+    const Shape want{shape[0], shape[1] + extra};
     const Device where = base.frozen.device();
-    if (!buffer.defined() || buffer.shape() != wide || buffer.dtype() != act || buffer.device() != where)
-      buffer = Tensor::zeros(wide, act, where);
-    const MatrixView block(buffer.view(), 0, shape[1]);
-    base.frozen.dequantize_into(block);
-    return block;
+    if (buffer.defined() && buffer.shape() == want && buffer.dtype() == act && buffer.device() == where) return false;
+    buffer = extra > 0 ? Tensor::zeros(want, act, where) : Tensor::empty(want, act, where);
+    return true;
   }
 
   // A frozen base stored quantised: what dequantisation makes dense (and a kept layer keeps).
