@@ -94,19 +94,24 @@ std::string checkpointing_text(const PlanSetting& s) {
   return s.checkpoint_every == 1 ? "on" : fmt::format("every {}th layer", s.checkpoint_every);
 }
 
+std::string kept_dense_text(const PlanSetting& s) {
+  return s.keep_dequantized_layers > 0 ? fmt::format(" + {} layers kept dense", s.keep_dequantized_layers) : "";
+}
+
 std::string setting_text(const PlanSetting& s) {
-  return fmt::format("{}, checkpointing {}{}, cpu offload {}, activation offload {}, batch {}",
+  return fmt::format("{}, checkpointing {}{}, cpu offload {}, activation offload {}, batch {}{}",
                      sharding_strategy_name(s.strategy), checkpointing_text(s),
                      s.recompute_elementwise ? " + elementwise recompute" : "", s.cpu_offload ? "on" : "off",
-                     s.activation_offload ? "on" : "off", s.batch_size);
+                     s.activation_offload ? "on" : "off", s.batch_size, kept_dense_text(s));
 }
 
 std::string setting_flags(const PlanSetting& s) {
   return fmt::format("--sharding_strategy {} --use_gradient_checkpointing {} --checkpoint_every {} "
-                     "--recompute_elementwise {} --use_cpu_offload {} --use_activation_cpu_offload {} --batch_size {}",
+                     "--recompute_elementwise {} --use_cpu_offload {} --use_activation_cpu_offload {} --batch_size {} "
+                     "--keep_dequantized_layers {}",
                      sharding_strategy_name(s.strategy), s.gradient_checkpointing,
                      s.gradient_checkpointing ? s.checkpoint_every : 1, s.recompute_elementwise, s.cpu_offload,
-                     s.activation_offload, s.batch_size);
+                     s.activation_offload, s.batch_size, s.keep_dequantized_layers);
 }
 
 // What the batch counts, and when packing pays (docs/packing.md). The prediction is for batch ×
@@ -156,7 +161,8 @@ std::string format_plan(const TrainConfig& c, const PlanInput& input, const Plan
 
   out += fmt::format("Practical guide (fsdp_qlora's benchmark report): the largest batch of 1, 2, 4 … {} that fits; "
                      "with checkpointing, then the fewest recomputed layers that still fit (checkpoint_every), "
-                     "each first with the kept layers whole, then trimmed (recompute_elementwise)\n\n",
+                     "each first with the kept layers whole, then trimmed (recompute_elementwise); on a quantised "
+                     "base, then as many of the last layers kept dense as still fit (keep_dequantized_layers)\n\n",
                      flags.max_batch);
   out += "| # | step | setting | batch | GPU GiB needed | host GiB per node | fits |\n|---|---|---|---:|---:|---:|---|\n";
   for (size_t i = 0; i < guide.steps.size(); ++i) {
@@ -164,14 +170,14 @@ std::string format_plan(const TrainConfig& c, const PlanInput& input, const Plan
     const bool gpu_ok = g.prediction.gpu_required <= static_cast<int64_t>(flags.gpu_mem_gib * kGiB);
     const bool host_ok = flags.host_mem_gib <= 0 || g.prediction.host_per_node <= static_cast<int64_t>(flags.host_mem_gib * kGiB);
     out += fmt::format("| {} | {} | {} | {} | {} | {} | {} |\n", i + 1, g.name,
-                       fmt::format("{}{}{}{}{}", sharding_strategy_name(g.setting.strategy),
+                       fmt::format("{}{}{}{}{}{}", sharding_strategy_name(g.setting.strategy),
                                    !g.setting.gradient_checkpointing ? ""
                                    : g.setting.checkpoint_every == 1
                                        ? " + ckpt"
                                        : fmt::format(" + ckpt every {}th layer", g.setting.checkpoint_every),
                                    g.setting.recompute_elementwise ? " + elementwise recompute" : "",
                                    g.setting.cpu_offload ? " + cpu offload" : "",
-                                   g.setting.activation_offload ? " + act offload" : ""),
+                                   g.setting.activation_offload ? " + act offload" : "", kept_dense_text(g.setting)),
                        g.fits ? std::to_string(g.setting.batch_size) : "-", gib(g.prediction.gpu_required),
                        gib(g.prediction.host_per_node),
                        g.fits ? (static_cast<int>(i) == guide.recommended ? "**yes**" : "yes")

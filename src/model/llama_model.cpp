@@ -312,6 +312,23 @@ struct LlamaModel::Impl {
     return &kept[static_cast<size_t>(index - (L - k))];
   }
 
+  // Every kept layer's buffers, made before a pass allocates anything else: made later, amid the
+  // pass's activations, each would take a larger block the caching allocator has cached (up to
+  // twice its size) and hold it for the whole run. The compute stream's mark after them is where
+  // their first refill may begin.
+  void make_kept_buffers() {
+    for (int64_t i = 0; i < num_layers(); ++i) {
+      KeptLayer* const own = kept_layer(i);
+      if (own == nullptr) continue;
+      LayerWeights& layer = weights.layers[static_cast<size_t>(i)];
+      const std::array<int64_t, kLinearModules> extra = folded_columns(layer);
+      bool made = false;
+      for (int m = 0; m < kLinearModules; ++m)
+        if (quantized_frozen(layer.linear[m])) made |= ensure_dense_buffer(own->dense[m], layer.linear[m], extra[m]);
+      if (made) own->free = mark_compute();
+    }
+  }
+
   // `own`, `own_filled`: dequantize_layer's.
   LayerCompute layer_compute(int64_t index, bool training, uint64_t step_key,
                              const std::array<int, kLinearModules>& order = kForwardOrder, KeptLayer* own = nullptr,
@@ -378,6 +395,7 @@ struct LlamaModel::Impl {
       segments = {starts_storage.view(), positions_storage.view()};
     }
 
+    make_kept_buffers();
     // The residual stream: stream[i] is layer i's input (two buffers in turn when nothing is kept).
     std::vector<Tensor> stream(static_cast<size_t>(train ? L + 1 : 2));
     for (Tensor& t : stream) t = Tensor::empty(Shape{N, config.hidden_size}, act, device);

@@ -674,6 +674,23 @@ void recompute_fewer_layers(GuideStep& g, PlanInput in, const Fits& fits) {
     }
 }
 
+// A step that fits, on a quantised base: keep the dense weights of as many of the last layers as
+// the memory left allows (keep_dequantized_layers: each saves its backward's dequantisation).
+// Memory grows with k, so the search stops at the largest k that fits.
+template <class Fits>
+void keep_dense_layers(GuideStep& g, PlanInput in, const Fits& fits) {
+  if (!in.quantized || in.train_base) return;
+  in.setting = g.setting;
+  for (int64_t k = in.model.num_hidden_layers; k >= 1; --k) {
+    in.setting.keep_dequantized_layers = k;
+    MemoryPrediction m = predict_memory(in);
+    if (!fits(m)) continue;
+    g.setting = in.setting;
+    g.prediction = std::move(m);
+    return;
+  }
+}
+
 }  // namespace
 
 GuideResult walk_guide(const PlanInput& base, int64_t gpu_bytes, int64_t host_bytes, int64_t max_batch) {
@@ -713,6 +730,7 @@ GuideResult walk_guide(const PlanInput& base, int64_t gpu_bytes, int64_t host_by
       g.prediction = std::move(m);
     }
     if (g.fits && s.checkpointing) recompute_fewer_layers(g, in, fits);
+    if (g.fits) keep_dense_layers(g, in, fits);
     if (g.fits && result.recommended < 0) result.recommended = static_cast<int>(result.steps.size());
     result.steps.push_back(std::move(g));
   }

@@ -317,6 +317,42 @@ TEST(MemoryPlan, GuideRecomputesTheFewestLayersThatFit) {
   }
 }
 
+// keep_dequantized_layers: each fitting step of a quantised base keeps as many of the last layers
+// dense as still fit (one more would not, or all are); a dense base keeps none. Every kept layer
+// costs one layer's dequantised weights.
+TEST(MemoryPlan, GuideKeepsAsManyDenseLayersAsFit) {
+  const PlanInput p = llama2_7b(true);
+  PlanInput kept = p;
+  kept.setting.gradient_checkpointing = false;
+  const int64_t per_layer = activation_bytes(kept).dequantized;
+  kept.setting.keep_dequantized_layers = 5;  // the shared set and 5 of their own
+  EXPECT_EQ(activation_bytes(kept).dequantized, 6 * per_layer);
+  kept.setting.keep_dequantized_layers = 100;  // every layer its own, no shared set
+  EXPECT_EQ(activation_bytes(kept).dequantized, p.model.num_hidden_layers * per_layer);
+  bool some_kept = false;
+  for (double gib : {24.0, 40.0, 80.0}) {
+    SCOPED_TRACE(gib);
+    const int64_t gpu = static_cast<int64_t>(gib * kGiB);
+    for (const GuideStep& g : walk_guide(p, gpu, 0, 64).steps) {
+      if (!g.fits) continue;
+      SCOPED_TRACE(g.name);
+      PlanInput at = p;
+      at.setting = g.setting;
+      EXPECT_LE(predict_memory(at).gpu_required, gpu);
+      some_kept |= g.setting.keep_dequantized_layers > 0;
+      if (g.setting.keep_dequantized_layers < p.model.num_hidden_layers) {
+        ++at.setting.keep_dequantized_layers;
+        EXPECT_GT(predict_memory(at).gpu_required, gpu);
+      }
+    }
+  }
+  EXPECT_TRUE(some_kept) << "no step kept a layer: the test checks nothing";
+  PlanInput dense = p;
+  dense.quantized = false;
+  for (const GuideStep& g : walk_guide(dense, static_cast<int64_t>(80 * kGiB), 0, 64).steps)
+    EXPECT_EQ(g.setting.keep_dequantized_layers, 0) << g.name;
+}
+
 TEST(MemoryPlan, GuideOrderAndRecommendation) {
   PlanInput p = llama2_7b(true);
   const GuideResult one = walk_guide(p, static_cast<int64_t>(80 * kGiB), 0, 64);
@@ -519,9 +555,9 @@ TEST(PlanCommand, PrintsTheGuideAndRecommends) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const char* part : {"fsdpq plan: preset:llama2-7b (32 layers, hidden 4096, vocab 32000), qlora r 64",
                            "1 GPU of 80 GiB, 1 rank per node, host memory 256 GiB per node",
-                           "| # | step | setting | batch |", "| 1 | DDP | ddp |",
-                           "| 2 | + selective recompute | ddp + elementwise recompute |", "| 7 | + activation offload |",
-                           "Recommended: step 1 (DDP)"})
+                           "| # | step | setting | batch |", "| 1 | DDP | ddp + ",
+                           "| 2 | + selective recompute | ddp + elementwise recompute + ", "| 7 | + activation offload |",
+                           "layers kept dense |", "Recommended: step 1 (DDP)", "--keep_dequantized_layers "})
     EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
   // 70B QLoRA fits one 24 GiB GPU only with CPU offload, which streams the layers' NF4 weights
   // from host memory; in 4 GiB nothing fits (the head and embedding alone take 1 GiB, the adapters 1.5, and ctx
