@@ -153,9 +153,21 @@ Tensor Tensor::zeros(Shape shape, DType dtype, Device device) {
   return tensor;
 }
 
+Tensor Tensor::borrow(const TensorView& memory) {
+  if (memory.data == nullptr) throw std::logic_error("Tensor::borrow: no memory to borrow");
+  Tensor t;
+  t.data_ = memory.data;
+  t.dtype_ = memory.dtype;
+  t.shape_ = memory.shape;
+  t.device_ = memory.device;
+  t.owns_ = false;
+  return t;
+}
+
 Tensor::Tensor(Tensor&& other) noexcept
-    : data_(other.data_), dtype_(other.dtype_), shape_(other.shape_), device_(other.device_) {
+    : data_(other.data_), dtype_(other.dtype_), shape_(other.shape_), device_(other.device_), owns_(other.owns_) {
   other.data_ = nullptr;
+  other.owns_ = true;
 }
 
 Tensor& Tensor::operator=(Tensor&& other) noexcept {
@@ -165,7 +177,9 @@ Tensor& Tensor::operator=(Tensor&& other) noexcept {
     dtype_ = other.dtype_;
     shape_ = other.shape_;
     device_ = other.device_;
+    owns_ = other.owns_;
     other.data_ = nullptr;
+    other.owns_ = true;
   }
   return *this;
 }
@@ -174,6 +188,11 @@ Tensor::~Tensor() { release(); }
 
 void Tensor::release() {
   if (data_ == nullptr) return;
+  if (!owns_) {
+    data_ = nullptr;
+    owns_ = true;
+    return;
+  }
   if (device_ == Device::CPU) {
     std::free(data_);
     g_host_live.fetch_sub(static_cast<int64_t>(nbytes()));

@@ -73,6 +73,9 @@ class Tensor {
   Tensor() = default;
   static Tensor empty(Shape shape, DType dtype, Device device = Device::CPU);
   static Tensor zeros(Shape shape, DType dtype, Device device = Device::CPU);
+  // A tensor over memory something else owns (a block of a larger buffer): it never frees it, and
+  // that owner must outlive it.
+  static Tensor borrow(const TensorView& memory);
 
   Tensor(Tensor&& other) noexcept;
   Tensor& operator=(Tensor&& other) noexcept;
@@ -109,6 +112,7 @@ class Tensor {
   DType dtype_ = DType::F32;
   Shape shape_;
   Device device_ = Device::CPU;
+  bool owns_ = true;  // false: borrowed
 };
 
 }  // namespace fsdpq

@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+#include <string_view>
 #include <utility>
 
 #include "fsdp/frozen_offload.h"
@@ -19,6 +21,16 @@
 
 namespace fsdpq {
 namespace {
+
+// FSDPQ_GRADIENTS_IN_STATE (runtime/environment.cpp checks the value): 0 turns off accumulating
+// the gradients in the state's shard in place (ShardedParameters::backward_begin).
+bool gradients_in_state() {
+  static const bool on = [] {
+    const char* env = std::getenv("FSDPQ_GRADIENTS_IN_STATE");
+    return env == nullptr || std::string_view(env) != "0";
+  }();
+  return on;
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -103,6 +115,7 @@ struct ShardedParameters::Unit {
   CollectiveHandle pending;
   bool gathered = false;       // the model's tensors hold the full parameters
   bool grads_present = false;  // the model's gradient tensors are allocated (and accumulate)
+  bool grads_in_state = false;  // they are blocks of the training state's gradient shard (borrowed)
 
   // offload_frozen: the frozen weights' host copy and their presence on the device.
   std::unique_ptr<OffloadedFrozen> offloaded;
@@ -346,7 +359,15 @@ void ShardedParameters::backward_begin(int index) {
   if (u.offloaded) u.offloaded->ensure(*frozen_copies_);
   if (index > 1) fetch_frozen(index - 1);
   if (!u.grads_present) {
-    for (const TrainableEntry& e : u.trainables) e.tensor->grad = Tensor::zeros(e.shape, DType::F32, options_.device);
+    // One GPU, a zero gradient shard (the first micro-batch): the model accumulates straight into
+    // it, which is what zeros + the reduce's add would leave there, bit for bit; no zeroing, no add.
+    u.grads_in_state = gradients_in_state() && state_.on_device() && groups_.world->size() == 1 &&
+                       state_.gradient_is_zero(u.index);
+    for (const TrainableEntry& e : u.trainables)
+      e.tensor->grad = u.grads_in_state
+                           ? Tensor::borrow(state_.gradient_on_device(u.index).slice_rows(e.offset, e.numel).reshaped(e.shape))
+                           : Tensor::zeros(e.shape, DType::F32, options_.device);
+    if (u.grads_in_state) state_.gradient_written(u.index);
     u.grads_present = true;
   }
 }
@@ -366,7 +387,9 @@ void ShardedParameters::reduce_gradients(Unit& u) {
   const auto start = Clock::now();
   // The average over every rank's micro-batch, as FSDP and DDP average gradients.
   const float inv_world = 1.0f / static_cast<float>(groups_.world->size());
-  if (state_.on_device() && groups_.world->size() == 1) {
+  if (u.grads_in_state) {
+    // Accumulated in place (backward_begin): the shard holds them already.
+  } else if (state_.on_device() && groups_.world->size() == 1) {
     // One GPU: nothing to communicate, so the gradients never leave the device.
     for (const TrainableEntry& e : u.trainables) state_.add_to_gradient(u.index, e.offset, e.tensor->grad, inv_world);
   } else {
@@ -419,6 +442,7 @@ void ShardedParameters::free_gradients(int index) {
   Unit& u = unit(index);
   for (const TrainableEntry& e : u.trainables) e.tensor->grad = Tensor();
   u.grads_present = false;
+  u.grads_in_state = false;
 }
 
 bool ShardedParameters::holds_gradients(int index) const { return unit(index).grads_present; }

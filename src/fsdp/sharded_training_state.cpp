@@ -132,6 +132,7 @@ void ShardedTrainingState::add_to_gradient(int index, int64_t offset, const Tens
   Unit& u = unit(index);
   if (u.on_device()) {
     add_scaled(u.grad_d.view().slice_rows(offset, values.numel()), values, scale);
+    u.grad_zero = false;
     return;
   }
   float* grad = u.grad.data() + offset;
@@ -141,6 +142,14 @@ void ShardedTrainingState::add_to_gradient(int index, int64_t offset, const Tens
   for (int64_t i = 0; i < n; ++i) grad[i] += add[i] * scale;
   u.grad_zero = false;
 }
+
+TensorView ShardedTrainingState::gradient_on_device(int index) {
+  Unit& u = unit(index);
+  if (!u.on_device()) throw std::logic_error("ShardedTrainingState: the gradients live on the host");
+  return u.grad_d.view();
+}
+
+void ShardedTrainingState::gradient_written(int index) { unit(index).grad_zero = false; }
 
 TensorView ShardedTrainingState::master_on_device(int index) {
   Unit& u = unit(index);

@@ -60,6 +60,11 @@ class ShardedTrainingState final : public StepActions {
   // The unit's masters, for the compute copies: on the GPU (state on the GPU only), or on the
   // host (copied from the GPU first when the state lives there).
   TensorView master_on_device(int unit);
+  // The unit's gradient shard where it lives on the GPU (state on the GPU only), for the model to
+  // accumulate into directly while it is zero (ShardedParameters, one rank): `gradient_written`
+  // then says it no longer is.
+  TensorView gradient_on_device(int unit);
+  void gradient_written(int unit);
   std::span<const float> master_on_host(int unit);
 
   // StepActions: the whole step over every shard.

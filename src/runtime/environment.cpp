@@ -20,6 +20,7 @@ const std::vector<EnvironmentKnob>& environment_knobs() {
       {"FSDPQ_GEMM_ACCUMULATE", {"output-type", "pedantic"}, "how cuBLAS adds a product into a 16-bit output: the product rounded before C is added (fast), or one rounding of the sum (COMPUTE_32F_PEDANTIC, ~24x slower)"},
       {"FSDPQ_DEQUANTIZE_STREAM", {"side", "compute"}, "the GPU stream that makes a layer's quantised weights dense"},
       {"FSDPQ_HQQ_SOLVER", {"auto", "cpu", "gpu"}, "where HQQ's quantisation solver runs (the same bytes either way)"},
+      {"FSDPQ_GRADIENTS_IN_STATE", {"1", "0"}, "one GPU: the model accumulates a zero gradient shard's gradients in place (the same bits)"},
   };
   return knobs;
 }

@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "backend/host_tensor_bytes.h"
+
 namespace fsdpq {
 
 TEST(TensorShape, SizesAndPrinting) {
@@ -43,6 +45,33 @@ TEST(Tensor, CpuStorageIs64ByteAligned) {
   Tensor empty = Tensor::empty(Shape{0, 8}, DType::F32);
   EXPECT_TRUE(empty.defined());
   EXPECT_EQ(empty.numel(), 0);
+}
+
+// A borrowed tensor views another's memory and never frees it: the owner's bytes stay live (and
+// counted once) through the borrower's moves and destruction, and writes land in the owner.
+TEST(Tensor, BorrowedMemoryStaysTheOwners) {
+  Tensor owner = Tensor::zeros(Shape{4, 8}, DType::F32);
+  const int64_t live = host_tensor_bytes().live;
+  {
+    Tensor block = Tensor::borrow(owner.view().slice_rows(1, 2).reshaped(Shape{16}));
+    EXPECT_EQ(host_tensor_bytes().live, live);
+    EXPECT_EQ(block.shape(), Shape{16});
+    block.data<float>()[0] = 3.0f;
+    Tensor moved = std::move(block);
+    EXPECT_FALSE(block.defined());
+    moved.data<float>()[15] = 5.0f;
+    Tensor assigned = Tensor::zeros(Shape{2}, DType::F32);
+    assigned = std::move(moved);  // frees its own, not the borrowed
+    EXPECT_EQ(assigned.data<float>()[0], 3.0f);
+  }
+  EXPECT_EQ(host_tensor_bytes().live, live);
+  EXPECT_EQ(owner.data<float>()[8], 3.0f);
+  EXPECT_EQ(owner.data<float>()[23], 5.0f);
+  EXPECT_THROW(Tensor::borrow(TensorView{}), std::logic_error);
+  // A borrower that is then given memory of its own frees that.
+  Tensor reused = Tensor::borrow(owner.view());
+  reused = Tensor::zeros(Shape{3}, DType::F32);
+  EXPECT_EQ(host_tensor_bytes().live, live + 12);
 }
 
 TEST(Tensor, ZerosAreZero) {
