@@ -26,6 +26,13 @@ struct TrainedRun {
   std::string adapters;  // adapter_model.safetensors' bytes
 };
 
+// The fsdpq binary beside this test binary's folder (build/fsdpq for build/tests/…), where the
+// GPU machine has it too; the build's path otherwise.
+std::string fsdpq_binary() {
+  const fs::path beside = fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "fsdpq";
+  return fs::exists(beside) ? beside.string() : std::string(FSDPQ_BINARY);
+}
+
 TrainedRun train(const fs::path& dir, bool in_state, int accumulation, bool no_sync) {
   const fs::path out = dir / fmt::format("in_state{}_acc{}_nosync{}", in_state, accumulation, no_sync);
   const std::string command = fmt::format(
@@ -33,7 +40,7 @@ TrainedRun train(const fs::path& dir, bool in_state, int accumulation, bool no_s
       "--dataset dummy --dataset_samples 48 --context_length 256 --batch_size 2 --gradient_accumulation_steps {} "
       "--no_sync {} --max_steps 4 --lora_rank 8 --lora_dropout 0.1 --lr 1e-3 --use_gradient_checkpointing false "
       "--save_model true --output_dir '{}' 2>&1",
-      in_state ? 1 : 0, FSDPQ_BINARY, accumulation, no_sync, out.string());
+      in_state ? 1 : 0, fsdpq_binary(), accumulation, no_sync, out.string());
   const test::CommandResult r = test::run_command(command);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   TrainedRun run;
