@@ -57,7 +57,7 @@ bool locks_unsupported(int err) { return err == ENOLCK || err == ENOSYS || err =
 
 // Writes `text` to `path` through a temporary file, synced and renamed into place.
 void replace_file(const fs::path& path, const std::string& text) {
-  const fs::path temp = path.parent_path() / ("." + path.filename().string() + ".tmp");
+  const fs::path temp = path.parent_path() / fmt::format(".{}.tmp", path.filename().string());
   const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) fail("cannot rewrite '{}': cannot create '{}': {}", path.string(), temp.string(), std::strerror(errno));
   try {
