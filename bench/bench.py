@@ -12,6 +12,7 @@ import datetime
 import glob
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -76,6 +77,34 @@ def fsdpq_record(a, workdir, shape, ctx, proc):
 PEERS = {name: peer_command for name in HF_PEERS} | {name: fsdpq_command for name in FSDPQ_PEERS}
 
 
+def plan_peak_gib(fsdpq, shape, ctx, bs, ckpt, dropout, keep):
+    """`fsdpq plan`'s peak allocated GiB for fsdpq_qlora at this point with `keep` kept dense layers."""
+    cmd = [fsdpq, "plan", "--dataset", "dummy", "--model_name", f"preset:{shape}", "--train_type", "qlora",
+           "--context_length", str(ctx), "--batch_size", str(bs), "--use_gradient_checkpointing",
+           "true" if ckpt else "false", "--lora_rank", "64", "--lora_alpha", "16", "--lora_dropout", str(dropout),
+           "--keep_dequantized_layers", str(keep)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    m = re.search(r"\| \*\*peak allocated\*\* \| ([0-9.]+) \|", out)
+    if not m:
+        raise ValueError(f"no peak allocated in the output of {shlex.join(cmd)}")
+    return float(m.group(1))
+
+
+def kept_layers_under(fsdpq, shape, ctx, bs, ckpt, dropout, cap_gib):
+    """The most layers fsdpq_qlora keeps dense (keep_dequantized_layers) with its planned peak at most
+    cap_gib, or None where even none fits. The plan's peaks grow with k: a binary search."""
+    if plan_peak_gib(fsdpq, shape, ctx, bs, ckpt, dropout, 0) > cap_gib:
+        return None
+    lo, hi = 0, shape_dict(shape)["num_hidden_layers"]  # lo fits
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if plan_peak_gib(fsdpq, shape, ctx, bs, ckpt, dropout, mid) <= cap_gib:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def last_json_line(stdout):
     for line in reversed(stdout.splitlines()):
         try:
@@ -132,6 +161,10 @@ def main(argv=None):
     p.add_argument("--peer-args", default="", help="extra flags for peer_train.py")
     p.add_argument("--fsdpq", help="the fsdpq binary: adds the fsdpq_lora and fsdpq_qlora entries")
     p.add_argument("--fsdpq-args", default="", help="extra flags for fsdpq (e.g. a device setting)")
+    p.add_argument("--fsdpq-memory-of", default="", metavar="PEER",
+                   help="fsdpq_qlora keeps as many layers' dequantised weights (keep_dequantized_layers) as "
+                        "`fsdpq plan` says fit under PEER's measured peak allocated memory at the same point "
+                        "(PEER runs in the same grid, before fsdpq); recorded as keep_dequantized_layers")
     a = p.parse_args(argv)
     if a.quick:
         a.ctx, a.max_bs, a.warmup, a.steps = "512", min(a.max_bs, 2), 2, 4
@@ -143,6 +176,9 @@ def main(argv=None):
         p.error(f"unknown peer or shape: {', '.join(unknown)}")
     if any(x in FSDPQ_PEERS for x in peers) and not a.fsdpq:
         p.error("the fsdpq entries need --fsdpq PATH")
+    if a.fsdpq_memory_of and (a.fsdpq_memory_of not in HF_PEERS or a.fsdpq_memory_of not in peers):
+        p.error(f"--fsdpq-memory-of {a.fsdpq_memory_of}: expected one of the HF peers this grid runs "
+                f"({', '.join(x for x in peers if x in HF_PEERS) or 'none'})")
     if "hf_qlora_bnb" in peers:
         install_wheel(a, "bitsandbytes", "bitsandbytes", "hf_qlora_bnb")
     if "hf_lora_liger" in peers or "--liger" in a.peer_args:
@@ -168,19 +204,35 @@ def main(argv=None):
                             [1 << i for i in range(a.max_bs.bit_length()) if 1 << i <= a.max_bs]
                         for bs in sizes:
                             k = (peer, shape, ctx, bs, ckpt, a.lora_dropout)
-                            rec = done.get(k) or run_one(a, peer, shape, ctx, bs, ckpt, start, results, logf)
+                            extra = []
+                            if peer == "fsdpq_qlora" and a.fsdpq_memory_of and k not in done:
+                                # where the peer did not run or fit there is no memory to match: none kept
+                                extra = memory_matched_args(a, done, shape, ctx, bs, ckpt) or []
+                            rec = done.get(k) or run_one(a, peer, shape, ctx, bs, ckpt, start, results, logf, extra)
+                            done[k] = rec
                             if rec is None or rec.get("oom") or rec.get("error") or rec.get("timeout"):
                                 break  # a larger batch would fail the same way
     print(f"results in {a.results}; table: python3 bench/compare.py {a.results}", file=sys.stderr)
 
 
-def run_one(a, peer, shape, ctx, bs, ckpt, start, results, logf):
+def memory_matched_args(a, done, shape, ctx, bs, ckpt):
+    """fsdpq_qlora's --keep_dequantized_layers at --fsdpq-memory-of's measured peak here, or None."""
+    peer = done.get((a.fsdpq_memory_of, shape, ctx, bs, ckpt, a.lora_dropout)) or {}
+    cap = peer.get("peak_allocated_gib")
+    if not cap:
+        return None
+    keep = kept_layers_under(a.fsdpq, shape, ctx, bs, ckpt, a.lora_dropout, cap)
+    return None if keep is None else ["--keep_dequantized_layers", str(keep)]
+
+
+def run_one(a, peer, shape, ctx, bs, ckpt, start, results, logf, extra=()):
     left = a.budget - (time.time() - start) if a.budget else a.timeout
     if a.budget and left < 30:
         print(f"skip {peer} {shape} ctx{ctx} bs{bs}: the --budget is spent", file=sys.stderr)
         return None
     with tempfile.TemporaryDirectory(prefix="bench-") as workdir:
         cmd, to_record = PEERS[peer](a, peer, shape, ctx, bs, ckpt, workdir)
+        cmd = cmd + list(extra)
         name = f"{peer} {shape} ctx{ctx} bs{bs} ckpt={'on' if ckpt else 'off'}"
         logf.write(f"\n===== {name}\n$ {shlex.join(cmd)}\n")
         logf.flush()
@@ -205,6 +257,8 @@ def run_one(a, peer, shape, ctx, bs, ckpt, start, results, logf):
                lora_dropout=a.lora_dropout, rc=None if timed_out else proc.returncode, wall_s=round(time.time() - t0, 1),
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                command=shlex.join(cmd))
+    if "--keep_dequantized_layers" in extra:
+        rec["keep_dequantized_layers"] = int(extra[list(extra).index("--keep_dequantized_layers") + 1])
     results.write(json.dumps(rec) + "\n")
     results.flush()
     tps = rec.get("tokens_per_second")

@@ -1,0 +1,40 @@
+"""bench.py's --fsdpq-memory-of: the kept dense layers chosen from `fsdpq plan` (pytest; needs the
+fsdpq binary in $FSDPQ, as ctest's python test gives it; no GPU, no torch)."""
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench  # noqa: E402
+
+FSDPQ = os.environ.get("FSDPQ", "")
+needs_fsdpq = pytest.mark.skipif(not os.path.exists(FSDPQ), reason="set FSDPQ to the fsdpq binary")
+
+
+@needs_fsdpq
+def test_the_most_kept_layers_under_the_cap():
+    args = ("llama2-7b", 512, 4, False, 0.1)
+    none = bench.plan_peak_gib(FSDPQ, *args, 0)
+    four = bench.plan_peak_gib(FSDPQ, *args, 4)
+    assert four > none  # each kept layer costs memory
+    per_layer = (four - none) / 4
+    cap = none + 10.5 * per_layer
+    keep = bench.kept_layers_under(FSDPQ, *args, cap)
+    assert keep == 10
+    assert bench.plan_peak_gib(FSDPQ, *args, keep) <= cap < bench.plan_peak_gib(FSDPQ, *args, keep + 1)
+    assert bench.kept_layers_under(FSDPQ, *args, 1000.0) == 32  # all of them
+    assert bench.kept_layers_under(FSDPQ, *args, none - 0.5) is None  # not even none fits
+
+
+@needs_fsdpq
+def test_memory_matched_args_follow_the_peers_measured_peak():
+    class A:
+        fsdpq, fsdpq_memory_of, lora_dropout = FSDPQ, "hf_lora_compile", 0.1
+    point = ("llama2-7b", 512, 4, False)
+    cap = bench.plan_peak_gib(FSDPQ, *point, 0.1, 3) + 0.01
+    done = {("hf_lora_compile", *point, 0.1): {"peak_allocated_gib": cap}}
+    assert bench.memory_matched_args(A, done, *point) == ["--keep_dequantized_layers", "3"]
+    assert bench.memory_matched_args(A, {}, *point) is None  # the peer has no measurement there
+    oom = {("hf_lora_compile", *point, 0.1): {"oom": True, "peak_allocated_gib": None}}
+    assert bench.memory_matched_args(A, oom, *point) is None
