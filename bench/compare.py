@@ -80,9 +80,15 @@ def ratio_text(r, peers):
     return f"{tps(r) / tps(best):.2f}× ({best['peer']})"
 
 
+def peer_text(r):
+    """The peer's name, and the dense layers an fsdpq run kept (bench.py --fsdpq-memory-of)."""
+    keep = r.get("keep_dequantized_layers")
+    return f"{r['peer']} ({keep} kept)" if keep else str(r["peer"])
+
+
 def line(r, ratio):
     ckpt = "on" if r["gradient_checkpointing"] else "off"
-    return (f"| {r['model_shape']} | {r['context_length']} | {ckpt} | {dropout(r):g} | {r['batch_size']} | {r['peer']} "
+    return (f"| {r['model_shape']} | {r['context_length']} | {ckpt} | {dropout(r):g} | {r['batch_size']} | {peer_text(r)} "
             f"| {outcome(r)} | {num(r.get('mfu') if tps(r) else None, '.1%')} | {num(r.get('peak_allocated_gib'), '.1f')} "
             f"| {num(r.get('peak_reserved_gib'), '.1f')} | {ratio} |")
 

@@ -86,3 +86,11 @@ def test_later_line_wins_and_empty_input(tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 1 and "no results" in proc.stderr and "cannot read" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_kept_dense_layers_show_beside_the_peer(tmp_path):
+    rows = [rec("hf_lora_compile", 4, 16000.0), rec("fsdpq_qlora", 4, 16700.0, keep_dequantized_layers=26)]
+    out = subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "compare.py"),
+                          write(tmp_path, rows)], capture_output=True, text=True, check=True).stdout
+    fsdpq = [ln for ln in table_lines(out, "Every run") if "fsdpq_qlora" in ln]
+    assert len(fsdpq) == 1 and "fsdpq_qlora (26 kept)" in fsdpq[0] and "1.04× (hf_lora_compile)" in fsdpq[0]
