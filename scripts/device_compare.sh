@@ -69,23 +69,11 @@ if [ -n "${PROFILE:-}" ] && [ $(left) -gt 150 ]; then
   $exe init-model --preset llama2-7b --num_hidden_layers ${PROFILE_LAYERS:-2} --out $W/m > $OUT/ncu_init.log 2>&1
   timeout $(( $(left) - 30 )) ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
     $exe --model_name $W/m --tokenizer_path builtin:bytes --train_type qlora --dataset dummy \
-    --dataset_samples 8 --context_length 2048 --pad_to_context_length true --batch_size 4 --max_steps 1 \
+    --dataset_samples 8 --context_length 2048 --pad_to_context_length true --batch_size 4 --max_steps 2 \
     --lora_rank 64 --lora_alpha 16 --lora_dropout 0.1 --use_gradient_checkpointing false --output_dir $W/p \
     > $OUT/ncu.csv 2> $OUT/ncu.err
   echo "ncu rc=$? $(wc -l < $OUT/ncu.csv) lines"
-  python3 - $OUT/ncu.csv <<'PY'
-import csv, sys, collections
-rows = [r for r in csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('"'))]
-total = collections.defaultdict(float); count = collections.Counter()
-for r in rows:
-    if r.get("Metric Name") == "gpu__time_duration.sum":
-        name = r["Kernel Name"].split("(")[0][:90]
-        total[name] += float(r["Metric Value"].replace(",", "")) / 1e3; count[name] += 1
-print("| kernel | launches | µs |")
-print("|---|---|---|")
-for name, us in sorted(total.items(), key=lambda kv: -kv[1])[:25]:
-    print(f"| {name} | {count[name]} | {us:,.0f} |")
-PY
+  python3 analysis/ncu_breakdown.py $OUT/ncu.csv --layers ${PROFILE_LAYERS:-2}
   xz -T4 $OUT/ncu.csv
 fi
 echo "done, $(left) s of the budget left"
