@@ -3,6 +3,7 @@
 
 #include "app/commands.h"
 #include "app/host_memory_check.h"
+#include "app/kept_layers_hint.h"
 #include "app/run_plan.h"
 #include "runtime/agreed_errors.h"
 #include "runtime/exit_codes.h"
@@ -90,6 +91,7 @@ int run_training_job(const World& world, const ResolvedConfig& resolved) {
   RunPlan plan = prepare_run(world, resolved);
   // Before the model is loaded: a run that cannot fit in host memory stops here, with the numbers.
   check_host_memory(world, resolved, plan, gpu);
+  hint_kept_dense_layers(world, resolved, plan, gpu);
   if (resolved.config.dry_run) {
     log::info("{}", format_dry_run(resolved, plan, world, gpu));
     check_resume(world, resolved, plan);

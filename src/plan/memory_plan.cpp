@@ -675,20 +675,15 @@ void recompute_fewer_layers(GuideStep& g, PlanInput in, const Fits& fits) {
 }
 
 // A step that fits, on a quantised base: keep the dense weights of as many of the last layers as
-// the memory left allows (keep_dequantized_layers: each saves its backward's dequantisation).
-// Memory grows with k, so the search stops at the largest k that fits.
-template <class Fits>
-void keep_dense_layers(GuideStep& g, PlanInput in, const Fits& fits) {
-  if (!in.quantized || in.train_base) return;
+// the GPU memory left allows (keep_dequantized_layers: each saves its backward's dequantisation;
+// they live on the GPU, so the host's fit does not change).
+void keep_dense_layers(GuideStep& g, PlanInput in, int64_t gpu_bytes) {
   in.setting = g.setting;
-  for (int64_t k = in.model.num_hidden_layers; k >= 1; --k) {
-    in.setting.keep_dequantized_layers = k;
-    MemoryPrediction m = predict_memory(in);
-    if (!fits(m)) continue;
-    g.setting = in.setting;
-    g.prediction = std::move(m);
-    return;
-  }
+  const int64_t kept = most_kept_dense_layers(in, gpu_bytes);
+  if (kept == 0) return;
+  in.setting.keep_dequantized_layers = kept;
+  g.setting = in.setting;
+  g.prediction = predict_memory(in);
 }
 
 }  // namespace
@@ -730,11 +725,20 @@ GuideResult walk_guide(const PlanInput& base, int64_t gpu_bytes, int64_t host_by
       g.prediction = std::move(m);
     }
     if (g.fits && s.checkpointing) recompute_fewer_layers(g, in, fits);
-    if (g.fits) keep_dense_layers(g, in, fits);
+    if (g.fits) keep_dense_layers(g, in, gpu_bytes);
     if (g.fits && result.recommended < 0) result.recommended = static_cast<int>(result.steps.size());
     result.steps.push_back(std::move(g));
   }
   return result;
+}
+
+int64_t most_kept_dense_layers(PlanInput input, int64_t gpu_bytes) {
+  if (!input.quantized || input.train_base) return 0;
+  for (int64_t k = input.model.num_hidden_layers; k >= 1; --k) {
+    input.setting.keep_dequantized_layers = k;
+    if (predict_memory(input).gpu_required <= gpu_bytes) return k;
+  }
+  return 0;
 }
 
 }  // namespace fsdpq

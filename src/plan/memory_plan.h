@@ -126,4 +126,9 @@ struct GuideResult {
 // gpu_bytes and whose host_per_node fits in host_bytes (0: host not checked).
 GuideResult walk_guide(const PlanInput& base, int64_t gpu_bytes, int64_t host_bytes, int64_t max_batch);
 
+// The most layers `input` (a quantised base) may keep dense (keep_dequantized_layers) with its
+// gpu_required within gpu_bytes, up to every layer; 0 when none fits more or the base is dense.
+// Memory grows with the count, so the search stops at the first that fits, from the most down.
+int64_t most_kept_dense_layers(PlanInput input, int64_t gpu_bytes);
+
 }  // namespace fsdpq

@@ -353,6 +353,32 @@ TEST(MemoryPlan, GuideKeepsAsManyDenseLayersAsFit) {
     EXPECT_EQ(g.setting.keep_dequantized_layers, 0) << g.name;
 }
 
+// most_kept_dense_layers: the most that fit (one more does not, or all do); 0 for a dense base or
+// where not even one fits.
+TEST(MemoryPlan, MostKeptDenseLayersThatFit) {
+  PlanInput p = llama2_7b(true);
+  p.setting.gradient_checkpointing = false;
+  p.setting.batch_size = 4;
+  const int64_t none = predict_memory(p).gpu_required;
+  for (double spare_gib : {0.2, 1.0, 5.0, 100.0}) {
+    SCOPED_TRACE(spare_gib);
+    const int64_t gpu = none + static_cast<int64_t>(spare_gib * kGiB);
+    const int64_t kept = most_kept_dense_layers(p, gpu);
+    PlanInput at = p;
+    at.setting.keep_dequantized_layers = kept;
+    EXPECT_LE(predict_memory(at).gpu_required, gpu);
+    if (kept < p.model.num_hidden_layers) {
+      at.setting.keep_dequantized_layers = kept + 1;
+      EXPECT_GT(predict_memory(at).gpu_required, gpu);
+    }
+  }
+  EXPECT_EQ(most_kept_dense_layers(p, none + static_cast<int64_t>(100 * kGiB)), p.model.num_hidden_layers);
+  EXPECT_EQ(most_kept_dense_layers(p, none - 1), 0);
+  PlanInput dense = p;
+  dense.quantized = false;
+  EXPECT_EQ(most_kept_dense_layers(dense, none + static_cast<int64_t>(100 * kGiB)), 0);
+}
+
 TEST(MemoryPlan, GuideOrderAndRecommendation) {
   PlanInput p = llama2_7b(true);
   const GuideResult one = walk_guide(p, static_cast<int64_t>(80 * kGiB), 0, 64);

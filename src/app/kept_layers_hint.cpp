@@ -1,0 +1,35 @@
+#include "app/kept_layers_hint.h"
+
+#include <fmt/format.h>
+
+#include "runtime/log.h"
+
+namespace fsdpq {
+namespace {
+
+std::string gib(int64_t bytes) { return fmt::format("{:.2f} GiB", static_cast<double>(bytes) / (1024.0 * 1024 * 1024)); }
+
+}  // namespace
+
+int64_t kept_layers_to_suggest(const TrainConfig& c, const PlanInput& input, uint64_t gpu_total_bytes) {
+  if (!c.quantized_base() || c.keep_dequantized_layers > 0 || gpu_total_bytes == 0) return 0;
+  return most_kept_dense_layers(input, static_cast<int64_t>(kKeptLayersHintShare * static_cast<double>(gpu_total_bytes)));
+}
+
+void hint_kept_dense_layers(const World& world, const ResolvedConfig& resolved, const RunPlan& plan, const GpuInfo& gpu) {
+  if (!gpu.has_gpu() || gpu.shared) return;  // ranks sharing a GPU share its memory too: no figure to offer
+  const TrainConfig& c = resolved.config;
+  PlanInput input = plan_input_from(c, plan.model.config, world.size);
+  input.on_gpu = true;
+  const int64_t kept = kept_layers_to_suggest(c, input, gpu.total_memory);
+  if (kept == 0) return;
+  const int64_t now = predict_memory(input).gpu_required;
+  input.setting.keep_dequantized_layers = kept;
+  const int64_t then = predict_memory(input).gpu_required;
+  log::info("GPU memory: this run needs about {} of the GPU's {}; keep_dequantized_layers = {} would keep the last {} "
+            "layers' dequantised weights for their backward ({} more) instead of dequantising them again each step "
+            "(docs/model.md, \"Kept dense layers\"; `fsdpq plan` weighs it against the batch size)",
+            gib(now), gib(static_cast<int64_t>(gpu.total_memory)), kept, kept, gib(then - now));
+}
+
+}  // namespace fsdpq
