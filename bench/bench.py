@@ -37,14 +37,20 @@ def peer_command(a, peer, shape, ctx, bs, ckpt, workdir):
     return cmd + shlex.split(a.peer_args), lambda proc: last_json_line(proc.stdout)
 
 
+def fsdpq_point(train_type, shape, ctx, bs, ckpt, dropout):
+    """fsdpq's flags for a point: the peers' shape, batch, context and LoRA settings."""
+    return ["--model_name", f"preset:{shape}", "--train_type", train_type, "--dataset", "dummy",
+            "--context_length", str(ctx), "--batch_size", str(bs),
+            "--use_gradient_checkpointing", "true" if ckpt else "false",
+            "--lora_rank", "64", "--lora_alpha", "16", "--lora_dropout", str(dropout)]
+
+
 def fsdpq_command(a, peer, shape, ctx, bs, ckpt, workdir):
-    """fsdpq on the same shape, batch, context and LoRA settings; fixed-length dummy records."""
+    """fsdpq at the point, on fixed-length dummy records."""
     steps = a.warmup + a.steps
-    cmd = [a.fsdpq, "--model_name", f"preset:{shape}", "--tokenizer_path", "builtin:bytes",
-           "--train_type", FSDPQ_PEERS[peer], "--dataset", "dummy", "--dataset_samples", str(bs * steps),
-           "--context_length", str(ctx), "--pad_to_context_length", "true", "--batch_size", str(bs),
-           "--max_steps", str(steps), "--use_gradient_checkpointing", "true" if ckpt else "false",
-           "--lora_rank", "64", "--lora_alpha", "16", "--lora_dropout", str(a.lora_dropout), "--lr", "1e-5",
+    cmd = [a.fsdpq, *fsdpq_point(FSDPQ_PEERS[peer], shape, ctx, bs, ckpt, a.lora_dropout),
+           "--tokenizer_path", "builtin:bytes", "--dataset_samples", str(bs * steps),
+           "--pad_to_context_length", "true", "--max_steps", str(steps), "--lr", "1e-5",
            "--log_to", "stdout", "--output_dir", workdir]
     return cmd + shlex.split(a.fsdpq_args), lambda proc: fsdpq_record(a, workdir, shape, ctx, proc)
 
@@ -79,10 +85,7 @@ PEERS = {name: peer_command for name in HF_PEERS} | {name: fsdpq_command for nam
 
 def plan_peak_gib(fsdpq, shape, ctx, bs, ckpt, dropout, keep):
     """`fsdpq plan`'s peak allocated GiB for fsdpq_qlora at this point with `keep` kept dense layers."""
-    cmd = [fsdpq, "plan", "--dataset", "dummy", "--model_name", f"preset:{shape}", "--train_type", "qlora",
-           "--context_length", str(ctx), "--batch_size", str(bs), "--use_gradient_checkpointing",
-           "true" if ckpt else "false", "--lora_rank", "64", "--lora_alpha", "16", "--lora_dropout", str(dropout),
-           "--keep_dequantized_layers", str(keep)]
+    cmd = [fsdpq, "plan", *fsdpq_point("qlora", shape, ctx, bs, ckpt, dropout), "--keep_dequantized_layers", str(keep)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     m = re.search(r"\| \*\*peak allocated\*\* \| ([0-9.]+) \|", out)
     if not m:

@@ -1,15 +1,9 @@
 #include "app/kept_layers_hint.h"
 
-#include <fmt/format.h>
-
 #include "runtime/log.h"
+#include "util/strings.h"
 
 namespace fsdpq {
-namespace {
-
-std::string gib(int64_t bytes) { return fmt::format("{:.2f} GiB", static_cast<double>(bytes) / (1024.0 * 1024 * 1024)); }
-
-}  // namespace
 
 int64_t kept_layers_to_suggest(const TrainConfig& c, const PlanInput& input, uint64_t gpu_total_bytes) {
   if (!c.quantized_base() || c.keep_dequantized_layers > 0 || gpu_total_bytes == 0) return 0;
@@ -29,7 +23,8 @@ void hint_kept_dense_layers(const World& world, const ResolvedConfig& resolved, 
   log::info("GPU memory: this run needs about {} of the GPU's {}; keep_dequantized_layers = {} would keep the last {} "
             "layers' dequantised weights for their backward ({} more) instead of dequantising them again each step "
             "(docs/model.md, \"Kept dense layers\"; `fsdpq plan` weighs it against the batch size)",
-            gib(now), gib(static_cast<int64_t>(gpu.total_memory)), kept, kept, gib(then - now));
+            human_bytes(static_cast<double>(now)), human_bytes(static_cast<double>(gpu.total_memory)), kept, kept,
+            human_bytes(static_cast<double>(then - now)));
 }
 
 }  // namespace fsdpq

@@ -239,9 +239,8 @@ struct LlamaModel::Impl {
     if (dequantize_stream && gpu_dequantize_stream() != GpuDequantizeStream::Side) dequantize_stream.reset();
     const bool ahead = hooks == nullptr || hooks->frozen_weights_stay_in_place();
     const std::array<int64_t, kLinearModules> extra = folded_columns(layer);
-    auto buffer_of = [&](int m) -> Tensor& {
-      return own != nullptr && quantized_frozen(layer.linear[m]) ? own->dense[m] : dequantized[m];
-    };
+    auto in_own = [&](int m) { return own != nullptr && quantized_frozen(layer.linear[m]); };
+    auto buffer_of = [&](int m) -> Tensor& { return in_own(m) ? own->dense[m] : dequantized[m]; };
     // Buffers are made here, on the compute stream: the caching allocator may hand out a block that
     // work queued there still uses, so the side stream waits for all of it before its first write.
     bool made = false;
@@ -255,15 +254,14 @@ struct LlamaModel::Impl {
     }
     for (int m : order) {
       const BaseWeight& base = layer.linear[m];
-      const bool in_own = own != nullptr && quantized_frozen(base);
       Tensor& buffer = buffer_of(m);
       // Folded: the base's block of the buffer (the layer writes the adapter's).
       const MatrixView dense = extra[m] > 0 ? MatrixView(buffer.view(), 0, base.frozen.shape()[1]) : MatrixView{};
-      if (in_own && own_filled) {
+      if (in_own(m) && own_filled) {
         c.set_weight(m, extra[m] > 0 ? dense : MatrixView(buffer.view()));
         continue;
       }
-      if (dequantize_stream && ahead) dequantize_stream->wait(in_own ? own->free : buffer_free[m]);
+      if (dequantize_stream && ahead) dequantize_stream->wait(in_own(m) ? own->free : buffer_free[m]);
       ScopedSection section("nf4 dequantize");  // on the side stream: its own time, overlapped
       if (extra[m] > 0) base.frozen.dequantize_into(dense);
       c.set_weight(m, extra[m] > 0 ? dense : MatrixView(base.dense(buffer, act)),
