@@ -22,6 +22,16 @@
 namespace fsdpq {
 namespace {
 
+// FSDPQ_FUSED_COMPUTE_COPIES (runtime/environment.cpp checks the value): 0 turns off writing a
+// resident GPU unit's compute copies in the optimizer's pass (ShardedParameters::write_unit_compute_copies).
+bool fused_compute_copies() {
+  static const bool on = [] {
+    const char* env = std::getenv("FSDPQ_FUSED_COMPUTE_COPIES");
+    return env == nullptr || std::string_view(env) != "0";
+  }();
+  return on;
+}
+
 // FSDPQ_GRADIENTS_IN_STATE (runtime/environment.cpp checks the value): 0 turns off accumulating
 // the gradients in the state's shard in place (ShardedParameters::backward_begin).
 bool gradients_in_state() {
@@ -116,6 +126,9 @@ struct ShardedParameters::Unit {
   bool gathered = false;       // the model's tensors hold the full parameters
   bool grads_present = false;  // the model's gradient tensors are allocated (and accumulate)
   bool grads_in_state = false;  // they are blocks of the training state's gradient shard (borrowed)
+  // One GPU's resident unit: its trainables' compute copies as blocks (borrowed) of one buffer of
+  // shard_numel elements, which the optimizer's update writes (compute_copies_in_one_buffer).
+  Tensor compute_flat;
 
   // offload_frozen: the frozen weights' host copy and their presence on the device.
   std::unique_ptr<OffloadedFrozen> offloaded;
@@ -477,7 +490,14 @@ void ShardedParameters::write_unit_compute_copies(int index) {
     }
     return;
   }
-  // The model computes with these tensors directly: write the new values into them.
+  // The model computes with these tensors directly: write the new values into them, where the
+  // update has not already (one buffer for the unit, written by the optimizer's pass).
+  if (compute_copies_in_one_buffer(u)) {
+    if (!state_.compute_written(index))
+      device_store_compute(options_.compute_dtype, static_cast<const float*>(state_.master_on_device(index).data),
+                           u.shard_numel, u.compute_flat.view().data);
+    return;
+  }
   for (const TrainableEntry& e : u.trainables) {
     Tensor& t = compute_tensor_of(*e.tensor, options_.compute_dtype);
     if (state_.on_device() && t.device() == Device::CUDA) {
@@ -489,6 +509,36 @@ void ShardedParameters::write_unit_compute_copies(int index) {
       store_compute(options_.compute_dtype, master + e.offset, e.numel, dst);
     });
   }
+}
+
+bool ShardedParameters::compute_copies_in_one_buffer(Unit& u) {
+  auto borrowed = [&] {
+    if (!u.compute_flat.defined()) return false;
+    const auto* base = static_cast<const uint8_t*>(u.compute_flat.view().data);
+    const size_t element = dtype_size(options_.compute_dtype);
+    for (const TrainableEntry& e : u.trainables)
+      if (compute_tensor_of(*e.tensor, options_.compute_dtype).view().data != base + static_cast<size_t>(e.offset) * element)
+        return false;
+    return true;
+  };
+  if (borrowed()) return true;
+  if (u.compute_flat.defined()) {  // the model moved its tensors (place_on): back to one write each
+    state_.write_compute_copies_on_update(u.index, nullptr, options_.compute_dtype);
+    u.compute_flat = Tensor();
+  }
+  const bool eligible = fused_compute_copies() && state_.on_device() && !u.trainables.empty() &&
+                        std::all_of(u.trainables.begin(), u.trainables.end(), [&](const TrainableEntry& e) {
+                          const Tensor& t = compute_tensor_of(*e.tensor, options_.compute_dtype);
+                          return t.defined() && t.device() == Device::CUDA && t.dtype() == options_.compute_dtype;
+                        });
+  if (!eligible) return false;
+  // The values come from the masters right after (the caller's store); the tensors' old memory goes.
+  u.compute_flat = Tensor::empty(Shape{u.shard_numel}, options_.compute_dtype, Device::CUDA);
+  for (const TrainableEntry& e : u.trainables)
+    compute_tensor_of(*e.tensor, options_.compute_dtype) =
+        Tensor::borrow(u.compute_flat.view().slice_rows(e.offset, e.numel).reshaped(e.shape));
+  state_.write_compute_copies_on_update(u.index, u.compute_flat.view().data, options_.compute_dtype);
+  return true;
 }
 
 void ShardedParameters::gather_masters_into_model() {

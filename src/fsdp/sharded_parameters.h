@@ -140,6 +140,9 @@ class ShardedParameters final : public UnitHooks {
   // on the state's device.
   float* reduce_to_shard(Unit& u);
   void write_unit_compute_copies(int index);
+  // One GPU's resident unit: its compute copies made blocks of one buffer the optimizer's update
+  // writes (FSDPQ_FUSED_COMPUTE_COPIES), where they all live on the GPU; false where they cannot be.
+  bool compute_copies_in_one_buffer(Unit& u);
 
   ProcessGroups& groups_;
   ParameterOptions options_;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <new>
 #include <stdexcept>
+#include <utility>
 
 #include "backend/cuda_backend.h"
 #include "model/llama_weights.h"
@@ -50,6 +51,10 @@ struct ShardedTrainingState::Unit {
 
   // `grad` holds zeros: since it was made, zeroed, or stepped with (the fused update zeroes it).
   bool grad_zero = true;
+  // write_compute_copies_on_update's buffer, and whether an update wrote it since last asked.
+  void* update_compute = nullptr;
+  DType update_compute_dtype = DType::BF16;
+  bool compute_written = false;
   // The step's gradient where the host-offload worker copied it out (take_gradient) instead of
   // adding it into `grad`, which still holds zeros. Its update reads it there, which saves a write
   // and a read of `grad` and its zeroing (12 of the 46 bytes per parameter the worker moves;
@@ -306,9 +311,27 @@ void ShardedTrainingState::update_with_compute_copies(int index, double lr, floa
   u.grad_zero = true;
 }
 
+void ShardedTrainingState::write_compute_copies_on_update(int index, void* compute_device, DType dtype) {
+  Unit& u = unit(index);
+  if (compute_device != nullptr && !u.on_device())
+    throw std::logic_error("ShardedTrainingState: compute copies written on update need the state on the GPU");
+  u.update_compute = compute_device;
+  u.update_compute_dtype = dtype;
+  u.compute_written = false;
+}
+
+bool ShardedTrainingState::compute_written(int index) {
+  Unit& u = unit(index);
+  return std::exchange(u.compute_written, false);
+}
+
 void ShardedTrainingState::update_unit(int index, double lr) {
   Unit& u = unit(index);
-  if (u.on_device())
+  if (u.on_device() && u.update_compute != nullptr) {
+    u.device_optimizer->step(u.master_d.data<float>(), u.grad_d.data<float>(), lr, u.update_compute,
+                             u.update_compute_dtype);
+    u.compute_written = true;
+  } else if (u.on_device())
     u.device_optimizer->step(u.master_d.data<float>(), u.grad_d.data<float>(), lr);
   else
     u.optimizer->step(u.master.data(), u.step_gradient(), lr);
@@ -371,6 +394,7 @@ void ShardedTrainingState::for_each_trainable(const std::function<void(Trainable
       u.master_to_device();
       for (size_t b = 0; b < staged.size(); ++b) u.device_optimizer->copy_state_from_host(b, 0, staged[b]);
     }
+    u.compute_written = false;  // a visitor may have changed the masters
   }
 }
 

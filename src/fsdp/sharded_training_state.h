@@ -98,6 +98,11 @@ class ShardedTrainingState final : public StepActions {
   void update_with_compute_copies(int unit, double lr, float grad_scale, void* compute, DType compute_dtype);
   // The unit's update with `lr`, as update() does it.
   void update_unit(int unit, double lr);
+  // A device buffer of the unit's shard_numel elements in `dtype` that each GPU update of the unit
+  // also writes its new masters to, in the same pass (DeviceShardOptimizer's fused step); null
+  // stops that. compute_written says whether the updates since it was last asked wrote it.
+  void write_compute_copies_on_update(int unit, void* compute_device, DType dtype);
+  bool compute_written(int unit);
   // first_non_finite_gradient when some units were updated already (their gradient is gone; only
   // its sum of squares, `updated_sq[unit]`, tells): for those "one of unit K's N tensors (the first
   // 'NAME'; it was updated during backward)".

@@ -21,6 +21,7 @@ const std::vector<EnvironmentKnob>& environment_knobs() {
       {"FSDPQ_DEQUANTIZE_STREAM", {"side", "compute"}, "the GPU stream that makes a layer's quantised weights dense"},
       {"FSDPQ_HQQ_SOLVER", {"auto", "cpu", "gpu"}, "where HQQ's quantisation solver runs (the same bytes either way)"},
       {"FSDPQ_GRADIENTS_IN_STATE", {"1", "0"}, "one GPU: the model accumulates a zero gradient shard's gradients in place (the same bits)"},
+      {"FSDPQ_FUSED_COMPUTE_COPIES", {"1", "0"}, "state on the GPU: the optimizer's pass also writes the unit's compute copies (the same bits)"},
   };
   return knobs;
 }
