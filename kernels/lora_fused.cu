@@ -29,9 +29,8 @@ constexpr int kGradCols = static_cast<int>(lora_fused::kWidthMultiple);  // dx c
 constexpr int kLdGradCols = kGradCols + 8;
 constexpr int kTileK = static_cast<int>(lora_fused::kTileK);  // columns of x per step (down, weight grad)
 constexpr int kLdTileK = kTileK + 8;
-constexpr int kChunkRows = static_cast<int>(lora_fused::kChunkRows);  // rows of M per weight-grad partial sum
 constexpr int kSlabRank = 64;                                 // Σ rank comes in slabs of 64 (1 to 4)
-static_assert(kRows == 4 * 16 && lora_fused::kRankMultiple == 16 && kChunkRows % kRows == 0);
+static_assert(kRows == 4 * 16 && lora_fused::kRankMultiple == 16 && lora_fused::kMinChunkRows % kRows == 0);
 static_assert(kLoraFusedMaxRank % kSlabRank == 0 && kGradCols == 2 * 64);
 
 int slabs_of(int total_rank) { return (total_rank + kSlabRank - 1) / kSlabRank; }
@@ -282,11 +281,12 @@ __global__ void __launch_bounds__(kInputGradThreads)
 }
 
 // ---- weight grad: partial[chunk] = [dxa_iᵀ · dropout_i(x)]_i over the chunk's rows. Block (64
-// columns of in, a chunk of kChunkRows rows of M); warp w owns the 16-rank slabs w, w + 4, … of the
-// group's SLABS · 64 rank rows.
+// columns of in, a chunk of chunk_rows rows of M: lora_fused::weight_grad_chunk_rows, whole 64-row
+// steps); warp w owns the 16-rank slabs w, w + 4, … of the group's SLABS · 64 rank rows.
 template <class T, int SLABS>
 __global__ void __launch_bounds__(kThreads)
-    weight_grad_kernel(float* partial, const T* dxa, const T* x, const LoraFusedGroup param, int64_t M, int64_t in) {
+    weight_grad_kernel(float* partial, const T* dxa, const T* x, const LoraFusedGroup param, int64_t M, int64_t in,
+                       int64_t chunk_rows) {
   constexpr int kSlabsPerWarp = SLABS * kSlabRank / 16 / 4;
   constexpr int NT = kTileK / 8;
   __shared__ LoraFusedGroup g;
@@ -298,8 +298,8 @@ __global__ void __launch_bounds__(kThreads)
   T* dxa_ring = raw_s + 2 * kRows * kLdTileK;     // [2][kRows][LDR]: the ring's dxa rows
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t4 = lane & 3;
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTileK;
-  const int64_t m_begin = static_cast<int64_t>(blockIdx.y) * kChunkRows;
-  const int64_t m_end = m_begin + kChunkRows < M ? m_begin + kChunkRows : M;
+  const int64_t m_begin = static_cast<int64_t>(blockIdx.y) * chunk_rows;
+  const int64_t m_end = m_begin + chunk_rows < M ? m_begin + chunk_rows : M;
   const int total = g.total_rank;
   int adapter_of[kSlabsPerWarp];  // the adapter of each of this warp's slabs (-1: past Σ rank)
 #pragma unroll
@@ -493,7 +493,7 @@ void lora_fused_weight_grad(float* const* dA, const void* dxa, const void* x, KT
   check_group("cuda::lora_fused_weight_grad", type, in, g);
   if (M == 0) return;
   if (workspace == nullptr) throw std::logic_error("cuda::lora_fused_weight_grad: no workspace");
-  const int64_t chunks = weight_grad_chunks(M);
+  const int64_t chunk_rows = lora_fused::weight_grad_chunk_rows(M, in), chunks = weight_grad_chunks(M, in);
   with_16bit(type, [&](auto tag) {
     using T = decltype(tag);
     with_slabs(g.total_rank, [&](auto slabs) {
@@ -504,7 +504,7 @@ void lora_fused_weight_grad(float* const* dA, const void* dxa, const void* x, KT
       allow_smem(weight_grad_kernel<T, SLABS>, smem, "lora_fused_weight_grad (shared memory attribute)");
       const dim3 grid(static_cast<unsigned>(in / kTileK), static_cast<unsigned>(chunks));
       weight_grad_kernel<T, SLABS><<<grid, kThreads, smem, stream>>>(workspace, static_cast<const T*>(dxa),
-                                                                     static_cast<const T*>(x), g, M, in);
+                                                                     static_cast<const T*>(x), g, M, in, chunk_rows);
     });
   });
   check_launch("lora_fused_weight_grad");

@@ -13,7 +13,8 @@ inline constexpr int64_t kRankMultiple = 16;   // one mma k-step
 inline constexpr int64_t kWidthMultiple = 128; // the input-grad kernel's column tile
 inline constexpr int64_t kRows = 64;           // rows of M per step
 inline constexpr int64_t kTileK = 64;          // columns of x per step (down, weight grad)
-inline constexpr int64_t kChunkRows = 1024;    // rows of M per weight-gradient partial sum
+inline constexpr int64_t kChunkRows = 1024;    // rows of M per weight-gradient partial sum, at most
+inline constexpr int64_t kMinChunkRows = 128;  // and at least (where M has that many)
 
 // Whether the kernels take a group of `count` adapters of these ranks on an input `in` wide
 // (16-bit operands and 16-byte alignment are the launcher's to check).
@@ -40,7 +41,20 @@ inline int64_t down_splits(int64_t M, int64_t in) {
   const int64_t per = down_k_per_split(M, in);
   return (in + per - 1) / per;
 }
-inline int64_t weight_grad_chunks(int64_t M) { return (M + kChunkRows - 1) / kChunkRows; }
+// Rows of M per weight-gradient partial sum: kChunkRows, or fewer (whole 64-row steps, at least
+// kMinChunkRows) where the blocks of 128 columns of `in` times the chunks would not reach 256, two
+// for each SM of a large GPU: small batches (M 2048 at in 4096: 64 blocks of 1024 rows, or 256
+// of 256). Fixed by the sizes alone, so the sum order is the same on every GPU.
+inline int64_t weight_grad_chunk_rows(int64_t M, int64_t in) {
+  const int64_t column_blocks = in / 128 > 0 ? in / 128 : 1;
+  const int64_t want = (256 + column_blocks - 1) / column_blocks;
+  const int64_t rows = ((M + want - 1) / want + 63) / 64 * 64;
+  return rows < kMinChunkRows ? kMinChunkRows : rows > kChunkRows ? kChunkRows : rows;
+}
+inline int64_t weight_grad_chunks(int64_t M, int64_t in) {
+  const int64_t rows = weight_grad_chunk_rows(M, in);
+  return (M + rows - 1) / rows;
+}
 
 // fp32 scratch: the down kernel's split-K partial sums (none with one split), and the weight
 // gradient's per-chunk partial sums.
@@ -49,7 +63,7 @@ inline int64_t down_workspace_floats(int64_t M, int64_t in, int64_t total_rank) 
   return splits > 1 ? splits * M * total_rank : 0;
 }
 inline int64_t weight_grad_workspace_floats(int64_t M, int64_t in, int64_t total_rank) {
-  return weight_grad_chunks(M) * total_rank * in;
+  return weight_grad_chunks(M, in) * total_rank * in;
 }
 
 }  // namespace fsdpq::lora_fused

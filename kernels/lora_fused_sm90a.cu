@@ -96,6 +96,7 @@ struct Params {
   int64_t per_split;  // columns of `in` a block's split covers
   LoraFusedGroup g;
   bool copy_x = false;  // down: also store x's tiles through maps.out
+  int64_t chunk_rows = 0;  // weight gradient: rows of M per partial sum (lora_fused::weight_grad_chunk_rows)
 };
 
 // The ring stage and phase parity of a block's i-th step.
@@ -699,7 +700,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // ---- the weight gradient: dA_i += dxa_iᵀ · dropout_i(x) ----
-// One block per (128 columns of `in`, chunk of lora_fused::kChunkRows rows), the same 3
+// One block per (128 columns of `in`, chunk of p.chunk_rows rows of M), the same 3
 // warpgroups; consumer c owns columns 64c .. 64c + 63 of the block's 128 and every adapter's 64
 // rows of dA there. Per 64-row step the producer brings x's rows (the two 64-column blocks) and
 // each adapter's dxa columns into a ring; each consumer masks its block of x once per adapter
@@ -711,7 +712,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 // kernel (the same scratch).
 constexpr int kWeightColumns = 128;  // columns of `in` per block: a 64-column block per consumer
 constexpr int kWeightStages = 3;     // with two masked buffers a consumer, within shared memory at 3 adapters
-static_assert(lora_fused::kChunkRows % 64 == 0);
+static_assert(lora_fused::kChunkRows % 64 == 0 && lora_fused::kMinChunkRows % 64 == 0);
 
 template <int COUNT>
 struct WeightSmem {
@@ -865,8 +866,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* smem = aligned_1024(smem_raw);
   WeightBarriers& bar = *reinterpret_cast<WeightBarriers*>(smem + WeightSmem<COUNT>::kBarriers);
   const int c0 = static_cast<int>(blockIdx.x) * kWeightColumns;
-  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * lora_fused::kChunkRows;
-  const int64_t rows = p.M - row0 < lora_fused::kChunkRows ? p.M - row0 : lora_fused::kChunkRows;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * p.chunk_rows;
+  const int64_t rows = p.M - row0 < p.chunk_rows ? p.M - row0 : p.chunk_rows;
   const int steps = static_cast<int>((rows + 63) / 64);
   run_roles([&] { init_ring(bar.full, bar.empty); },
             [&] { produce_weight<COUNT>(maps, dxa_map, p.g, smem, bar, c0, static_cast<int>(row0), steps); },
@@ -1014,11 +1015,12 @@ void lora_weight_grad_sm90a(float* const* dA, const void* dxa, const void* x, KT
   if (M < 0 || M > (int64_t{1} << 30)) throw std::logic_error("cuda::lora_weight_grad_sm90a: unsupported row count");
   if (M == 0) return;
   if (workspace == nullptr) throw std::logic_error("cuda::lora_weight_grad_sm90a: no workspace");
-  const int64_t chunks = lora_fused::weight_grad_chunks(M);
+  const int64_t chunks = lora_fused::weight_grad_chunks(M, in);
   Maps maps{};
   maps.rows = head_tensor_map(x, 1, M, 1, in, 64);
   const CUtensorMap dxa_map = head_tensor_map(dxa, 1, M, 1, g.total_rank, 64);
-  const Params p{workspace, M, in, kWeightColumns, g};
+  Params p{workspace, M, in, kWeightColumns, g};
+  p.chunk_rows = lora_fused::weight_grad_chunk_rows(M, in);
   const dim3 grid(static_cast<unsigned>(in / kWeightColumns), static_cast<unsigned>(chunks));
   auto launch = [&](auto tag, auto count) {
     using T = decltype(tag);

@@ -44,11 +44,30 @@ TEST(LoraFusedShape, DownSplitsFillALargeGpuInWholeSteps) {
   EXPECT_EQ(lora_fused::down_workspace_floats(8192, 4096, 192), 4 * 8192 * 192);
 }
 
-TEST(LoraFusedShape, WeightGradientChunksOf1024Rows) {
-  EXPECT_EQ(lora_fused::weight_grad_chunks(8192), 8);
-  EXPECT_EQ(lora_fused::weight_grad_chunks(8193), 9);
-  EXPECT_EQ(lora_fused::weight_grad_chunks(1), 1);
+// Chunks of 1024 rows where the blocks fill a large GPU; small batches split M finer, in whole
+// 64-row steps of at least 128 rows, so that 128-column blocks times chunks reach 256.
+TEST(LoraFusedShape, WeightGradientChunks) {
+  EXPECT_EQ(lora_fused::weight_grad_chunk_rows(8192, 4096), 1024);  // 32 column blocks x 8 chunks
+  EXPECT_EQ(lora_fused::weight_grad_chunks(8192, 4096), 8);
+  EXPECT_EQ(lora_fused::weight_grad_chunks(8193, 4096), 9);
+  EXPECT_EQ(lora_fused::weight_grad_chunks(8192, 11008), 8);
+  EXPECT_EQ(lora_fused::weight_grad_chunk_rows(2048, 4096), 256);  // 32 x 8 = 256 blocks, not 32 x 2
+  EXPECT_EQ(lora_fused::weight_grad_chunks(2048, 4096), 8);
+  EXPECT_EQ(lora_fused::weight_grad_chunk_rows(2048, 11008), 704);  // 86 x 3 = 258 blocks
+  EXPECT_EQ(lora_fused::weight_grad_chunks(2048, 11008), 3);
+  EXPECT_EQ(lora_fused::weight_grad_chunk_rows(512, 4096), 128);  // the floor: 32 x 4
+  EXPECT_EQ(lora_fused::weight_grad_chunks(1, 4096), 1);
+  for (int64_t M : {1, 63, 64, 100, 512, 2048, 5000, 8192, 65536})
+    for (int64_t in : {128, 4096, 11008, 14336}) {
+      const int64_t rows = lora_fused::weight_grad_chunk_rows(M, in), chunks = lora_fused::weight_grad_chunks(M, in);
+      EXPECT_EQ(rows % 64, 0) << M << " " << in;
+      EXPECT_GE(rows, lora_fused::kMinChunkRows);
+      EXPECT_LE(rows, lora_fused::kChunkRows);
+      EXPECT_GE(rows * chunks, M);  // the chunks cover M, none empty
+      EXPECT_LT(rows * (chunks - 1), M);
+    }
   EXPECT_EQ(lora_fused::weight_grad_workspace_floats(8192, 11008, 64), 8 * 64 * 11008);
+  EXPECT_EQ(lora_fused::weight_grad_workspace_floats(2048, 4096, 192), 8 * 192 * 4096);
 }
 
 }  // namespace
