@@ -588,7 +588,7 @@ TEST(GpuOpsEmbedding, Perf) {
 struct CeCase {
   int64_t B, T, V;
 };
-constexpr CeCase kCeCases[] = {{2, 5, 11}, {3, 17, 1031}, {1, 2048, 32000}, {2, 333, 32000}};
+constexpr CeCase kCeCases[] = {{2, 5, 11}, {3, 17, 1031}, {1, 2048, 32000}, {2, 333, 32000}, {1, 48, 128256}};
 
 // Random labels with about one in five ignored.
 std::vector<int32_t> random_labels(int64_t n, int64_t V, uint32_t seed) {
