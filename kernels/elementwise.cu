@@ -1,7 +1,10 @@
 #include "kernels/elementwise.cuh"
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
+
+#include "kernels/vector8.cuh"
 
 namespace fsdpq::cuda {
 namespace {
@@ -27,6 +30,22 @@ __global__ void map_kernel(int64_t n, Op op) {
   for (; i < n; i += stride) op.store(i, op.load(i));
 }
 
+// The same map, 8 consecutive elements a thread through 16-byte accesses (Op::load8 / store8), for
+// ops over contiguous arrays whose pointers are 16-byte aligned and n a multiple of 8: the scalar
+// 2-byte accesses above left e.g. the residual add at ~2 TB/s on an H100 (ncu, bench/RESULTS.md
+// stop 40). A thread loads its group before it stores it, so outputs may alias inputs.
+template <class Op>
+__global__ void map8_kernel(int64_t groups, Op op) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; g < groups; g += stride) {
+    float v[8];
+    op.load8(8 * g, v);
+    op.store8(8 * g, v);
+  }
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 // Throws std::runtime_error("CUDA <what>: <error>") when queueing a copy or a memset failed (and
 // clears the error, as check_launch does for kernels).
 void check_queued(cudaError_t err, const char* what) {
@@ -38,6 +57,13 @@ void check_queued(cudaError_t err, const char* what) {
 template <class Op>
 void launch_map(int64_t n, const Op& op, cudaStream_t stream, const char* name) {
   if (n <= 0) return;
+  if constexpr (Op::kVector) {
+    if (n % 8 == 0 && op.aligned()) {
+      map8_kernel<<<blocks_for(n / 8, kThreads), kThreads, 0, stream>>>(n / 8, op);
+      check_launch(name);
+      return;
+    }
+  }
   map_kernel<<<blocks_for((n + kUnroll - 1) / kUnroll, kThreads), kThreads, 0, stream>>>(n, op);
   check_launch(name);
 }
@@ -49,6 +75,16 @@ struct ResidualAdd {
   const B* b;
   __device__ float load(int64_t i) const { return __fadd_rn(to_float(a[i]), to_float(b[i])); }
   __device__ void store(int64_t i, float v) const { out[i] = from_float<Y>(v); }
+  static constexpr bool kVector = true;
+  bool aligned() const { return aligned16(out) && aligned16(a) && aligned16(b); }
+  __device__ void load8(int64_t i, float (&v)[8]) const {
+    float w[8];
+    cuda::load8(v, a + i);
+    cuda::load8(w, b + i);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = __fadd_rn(v[k], w[k]);
+  }
+  __device__ void store8(int64_t i, const float (&v)[8]) const { cuda::store8(out + i, v); }
 };
 
 template <class T>
@@ -57,6 +93,14 @@ struct Scale {
   float factor;
   __device__ float load(int64_t i) const { return __fmul_rn(to_float(x[i]), factor); }
   __device__ void store(int64_t i, float v) const { x[i] = from_float<T>(v); }
+  static constexpr bool kVector = true;
+  bool aligned() const { return aligned16(x); }
+  __device__ void load8(int64_t i, float (&v)[8]) const {
+    cuda::load8(v, x + i);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = __fmul_rn(v[k], factor);
+  }
+  __device__ void store8(int64_t i, const float (&v)[8]) const { cuda::store8(x + i, v); }
 };
 
 template <class S>
@@ -65,6 +109,16 @@ struct Accumulate {
   const S* src;
   __device__ float load(int64_t i) const { return __fadd_rn(dst[i], to_float(src[i])); }
   __device__ void store(int64_t i, float v) const { dst[i] = v; }
+  static constexpr bool kVector = true;
+  bool aligned() const { return aligned16(dst) && aligned16(src); }
+  __device__ void load8(int64_t i, float (&v)[8]) const {
+    float w[8];
+    cuda::load8(v, dst + i);
+    cuda::load8(w, src + i);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = __fadd_rn(v[k], w[k]);
+  }
+  __device__ void store8(int64_t i, const float (&v)[8]) const { cuda::store8(dst + i, v); }
 };
 
 template <class Y, class X>
@@ -74,6 +128,16 @@ struct AddScaled {
   float factor;
   __device__ float load(int64_t i) const { return __fadd_rn(to_float(y[i]), __fmul_rn(factor, to_float(x[i]))); }
   __device__ void store(int64_t i, float v) const { y[i] = from_float<Y>(v); }
+  static constexpr bool kVector = true;
+  bool aligned() const { return aligned16(y) && aligned16(x); }
+  __device__ void load8(int64_t i, float (&v)[8]) const {
+    float w[8];
+    cuda::load8(v, y + i);
+    cuda::load8(w, x + i);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = __fadd_rn(v[k], __fmul_rn(factor, w[k]));
+  }
+  __device__ void store8(int64_t i, const float (&v)[8]) const { cuda::store8(y + i, v); }
 };
 
 template <class Y, class X>
@@ -82,6 +146,10 @@ struct Convert {
   const X* src;
   __device__ float load(int64_t i) const { return to_float(src[i]); }
   __device__ void store(int64_t i, float v) const { dst[i] = from_float<Y>(v); }
+  static constexpr bool kVector = true;
+  bool aligned() const { return aligned16(dst) && aligned16(src); }
+  __device__ void load8(int64_t i, float (&v)[8]) const { cuda::load8(v, src + i); }
+  __device__ void store8(int64_t i, const float (&v)[8]) const { cuda::store8(dst + i, v); }
 };
 
 // Element i of a [rows, cols] block, both sides strided.
@@ -93,6 +161,7 @@ struct ScaledBlock {
   float scale;
   __device__ float load(int64_t i) const { return __fmul_rn(to_float(src[i / cols * src_stride + i % cols]), scale); }
   __device__ void store(int64_t i, float v) const { dst[i / cols * dst_stride + i % cols] = from_float<Y>(v); }
+  static constexpr bool kVector = false;  // strided rows
 };
 
 // Block-wide sum of one double per thread, in a fixed tree order (deterministic).

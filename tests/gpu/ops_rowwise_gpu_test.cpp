@@ -87,8 +87,9 @@ void sync() { cuda_synchronize(); }
 
 TEST(GpuOpsElementwise, SingleRoundingOpsMatchTheCpuExactly) {
   use_gpu();
-  // One IEEE add, multiply or conversion per element on both devices: bit-identical.
-  for (int64_t n : {int64_t{1}, int64_t{37}, int64_t{65537}}) {
+  // One IEEE add, multiply or conversion per element on both devices: bit-identical. Sizes of
+  // whole 8-element groups take the 16-byte kernel, the others the element one.
+  for (int64_t n : {int64_t{1}, int64_t{37}, int64_t{65537}, int64_t{8}, int64_t{65536}}) {
     for (DType out_t : kFloatTypes)
       for (DType a_t : kFloatTypes)
         for (DType b_t : kFloatTypes) {
@@ -129,7 +130,9 @@ TEST(GpuOpsElementwise, SingleRoundingOpsMatchTheCpuExactly) {
 
 TEST(GpuOpsElementwise, LargeAndAliasedResidualAdd) {
   use_gpu();
-  const int64_t n = 4096 * 4096 + 3;  // a 7B residual stream (4096 tokens x 4096) and a ragged tail
+  // A 7B residual stream (4096 tokens x 4096), with and without a ragged tail (the element and the
+  // 16-byte kernels).
+  for (const int64_t n : {int64_t{4096} * 4096 + 3, int64_t{4096} * 4096})
   for (DType t : kFloatTypes) {
     Tensor a = random_tensor(Shape{n}, t, 7), b = random_tensor(Shape{n}, t, 8);
     Tensor ga = on_gpu(a), gb = on_gpu(b);
@@ -143,7 +146,7 @@ TEST(GpuOpsElementwise, AddScaled) {
   use_gpu();
   // y + f*x: two roundings in fp32 on both devices (no FMA on the GPU); 1e-6 / the 16-bit
   // tolerances only guard against a host compiler that contracts to an FMA.
-  for (int64_t n : {int64_t{1}, int64_t{1001}, int64_t{4096 * 1024 + 5}})
+  for (int64_t n : {int64_t{1}, int64_t{1001}, int64_t{4096 * 1024 + 5}, int64_t{4096 * 1024}})
     for (DType y_t : kFloatTypes)
       for (DType x_t : kFloatTypes) {
         Tensor y = random_tensor(Shape{n}, y_t, 9), x = random_tensor(Shape{n}, x_t, 10);
@@ -152,12 +155,22 @@ TEST(GpuOpsElementwise, AddScaled) {
         add_scaled(gy, gx, -0.71f);
         expect_close(gy, y, tol_for(y_t, 1e-6), fmt::format("add_scaled n={} {}+={}", n, name_of(y_t), name_of(x_t)));
       }
-  // Aliased: y += f*y.
-  Tensor y = random_tensor(Shape{333}, DType::BF16, 11);
-  Tensor gy = on_gpu(y);
-  add_scaled(y, y, 0.5f);
-  add_scaled(gy, gy, 0.5f);
-  expect_close(gy, y, 1e-2, "add_scaled aliased");
+  // Aliased: y += f*y, element and 16-byte kernels.
+  for (const int64_t n : {333, 336}) {
+    Tensor y = random_tensor(Shape{n}, DType::BF16, 11);
+    Tensor gy = on_gpu(y);
+    add_scaled(y, y, 0.5f);
+    add_scaled(gy, gy, 0.5f);
+    expect_close(gy, y, 1e-2, fmt::format("add_scaled aliased n={}", n));
+  }
+  // Whole groups at an address that is not 16-byte aligned: the element kernel.
+  Tensor a = random_tensor(Shape{1 + 4096}, DType::BF16, 12), b = random_tensor(Shape{1 + 4096}, DType::BF16, 13);
+  Tensor ga = on_gpu(a), gb = on_gpu(b);
+  const TensorView a1 = a.view().slice_rows(1, 4096), b1 = b.view().slice_rows(1, 4096);
+  const TensorView ga1 = ga.view().slice_rows(1, 4096), gb1 = gb.view().slice_rows(1, 4096);
+  add_scaled(a1, b1, 0.25f);
+  add_scaled(ga1, gb1, 0.25f);
+  expect_close(ga, a, 1e-2, "add_scaled at an unaligned address");
 }
 
 TEST(GpuOpsElementwise, FillZeroAndSumOfSquares) {
