@@ -93,6 +93,9 @@ def plan_peak_gib(fsdpq, shape, ctx, bs, ckpt, dropout, keep):
     return float(m.group(1))
 
 
+PLAN_MARGIN = 0.99  # of the peer's peak, for --fsdpq-memory-of's search (memory_matched_args)
+
+
 def kept_layers_under(fsdpq, shape, ctx, bs, ckpt, dropout, cap_gib):
     """The most layers fsdpq_qlora keeps dense (keep_dequantized_layers) with its planned peak at most
     cap_gib, or None where even none fits. The plan's peaks grow with k: a binary search."""
@@ -224,7 +227,10 @@ def memory_matched_args(a, done, shape, ctx, bs, ckpt):
     cap = peer.get("peak_allocated_gib")
     if not cap:
         return None
-    keep = kept_layers_under(a.fsdpq, shape, ctx, bs, ckpt, a.lora_dropout, cap)
+    # The plan's peaks land within ~0.5% of the measured ones, on either side (stop 41: 25.79 GiB
+    # measured at ctx 512, bs 4, 27 kept, against the peer's 25.74 that the plan had kept under):
+    # a margin keeps the measured peak at or below the peer's, which #24 asks of every point.
+    keep = kept_layers_under(a.fsdpq, shape, ctx, bs, ckpt, a.lora_dropout, cap * PLAN_MARGIN)
     return None if keep is None else ["--keep_dequantized_layers", str(keep)]
 
 
