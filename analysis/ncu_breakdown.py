@@ -1,8 +1,13 @@
 #!/usr/bin/env python3
 """Where a training step's GPU time goes, from ncu's per-kernel durations of one step.
 
-  ncu --metrics gpu__time_duration.sum --csv --print-units base fsdpq ... > ncu.csv
+  ncu --metrics gpu__time_duration.sum[,EXTRA] --csv --print-units base fsdpq ... > ncu.csv
   python3 analysis/ncu_breakdown.py ncu.csv [--layers 2] [--top 12]
+
+With the EXTRA metrics (METRICS_FOR_ROOFLINE below) the kernel table also says how close each
+kernel runs to a limit: its DRAM traffic rate and the speed-of-light percentages of the SMs and of
+memory (ncu's SpeedOfLight figures). A kernel well below both is bound by latency or its own
+serialisation, not by the hardware: the first place to look.
 
 (scripts/device_compare.sh PROFILE=label makes the CSV: one step of a 2-layer model of the 7B's
 width.) ncu runs the kernels one at a time, so the sums are busy time without overlap: compare
@@ -33,22 +38,55 @@ CATEGORIES = (
 )
 
 
+# What scripts/device_compare.sh PROFILE asks ncu for besides the duration.
+METRICS_FOR_ROOFLINE = ("dram__bytes_read.sum", "dram__bytes_write.sum",
+                        "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+                        "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed")
+
+
 def open_text(path):
     return lzma.open(path, "rt") if path.endswith(".xz") else open(path)
 
 
-def kernels(path):
-    """[(name, µs)] of every kernel in the CSV, in launch order."""
+def short_name(kernel):
+    name = re.sub(r"\(.*", "", kernel).replace("void ", "")
+    return name.replace("fsdpq::<unnamed>::", "").replace("fsdpq::cuda::", "")
+
+
+def launches(path):
+    """Every kernel launch in the CSV, in launch order: {"name", "us", and each other metric ncu
+    recorded for it, by metric name}. ncu writes one row per (launch, metric)."""
     with open_text(path) as f:
         rows = list(csv.DictReader(line for line in f if line.startswith('"')))
-    out = []
+    by_id = {}
     for r in rows:
-        if r.get("Metric Name") != "gpu__time_duration.sum":
-            continue
-        name = re.sub(r"\(.*", "", r["Kernel Name"]).replace("void ", "")
-        name = name.replace("fsdpq::<unnamed>::", "").replace("fsdpq::cuda::", "")
-        out.append((name, float(r["Metric Value"].replace(",", "")) / 1e3))
-    return out
+        launch = by_id.setdefault(r["ID"], {"name": short_name(r["Kernel Name"])})
+        value = float(r["Metric Value"].replace(",", ""))
+        if r.get("Metric Name") == "gpu__time_duration.sum":
+            launch["us"] = value / 1e3
+        else:
+            launch[r["Metric Name"]] = value
+    return [launch for launch in by_id.values() if "us" in launch]
+
+
+def kernels(path):
+    """[(name, µs)] of every kernel in the CSV, in launch order."""
+    return [(launch["name"], launch["us"]) for launch in launches(path)]
+
+
+def roofline_columns(group):
+    """For launches of one kernel: its DRAM rate (GB/s over their time) and time-weighted SM and
+    memory speed of light (%), or None where ncu did not record them."""
+    if not all(m in launch for launch in group for m in METRICS_FOR_ROOFLINE):
+        return None
+    us = sum(launch["us"] for launch in group)
+    dram = sum(launch["dram__bytes_read.sum"] + launch["dram__bytes_write.sum"] for launch in group)
+
+    def weighted(metric):
+        return sum(launch[metric] * launch["us"] for launch in group) / us if us else 0.0
+
+    return (dram / (us * 1e-6) / 1e9 if us else 0.0, weighted(METRICS_FOR_ROOFLINE[2]),
+            weighted(METRICS_FOR_ROOFLINE[3]))
 
 
 def category(name):
@@ -78,7 +116,7 @@ def phases(step):
             "optimizer": step[opt0:]}
 
 
-def report(step, layers=0, top=12):
+def report(step, layers=0, top=12, step_launches=None):
     lines = [f"kernels in the step: {len(step)}, busy {sum(us for _, us in step) / 1e3:.2f} ms", ""]
     per = f" | µs per layer (÷ {layers})" if layers else ""
     lines += [f"| phase | kernels | µs{per} |", "|---|---|---|" + ("---|" if layers else "")]
@@ -102,9 +140,21 @@ def report(step, layers=0, top=12):
     for name, us in step:
         by_kernel[name[:80]][0] += 1
         by_kernel[name[:80]][1] += us
-    lines += ["", "| kernel | launches | µs |", "|---|---|---|"]
+    groups = collections.defaultdict(list)
+    for launch in step_launches or []:
+        groups[launch["name"][:80]].append(launch)
+    roofline = {name: roofline_columns(group) for name, group in groups.items()}
+    with_roofline = any(v is not None for v in roofline.values())
+    if with_roofline:
+        lines += ["", "| kernel | launches | µs | DRAM GB/s | SM % of peak | memory % of peak |", "|---|---|---|---|---|---|"]
+    else:
+        lines += ["", "| kernel | launches | µs |", "|---|---|---|"]
     for name, (count, us) in sorted(by_kernel.items(), key=lambda kv: -kv[1][1])[:top]:
-        lines.append(f"| {name} | {count} | {us:,.0f} |")
+        row = f"| {name} | {count} | {us:,.0f} |"
+        if with_roofline:
+            r = roofline.get(name)
+            row += " | | |" if r is None else f" {r[0]:,.0f} | {r[1]:.0f} | {r[2]:.0f} |"
+        lines.append(row)
     return "\n".join(lines)
 
 
@@ -115,7 +165,9 @@ def main(argv=None):
     p.add_argument("--top", type=int, default=12, help="kernels listed by their time")
     a = p.parse_args(argv)
     try:
-        print(report(last_step(kernels(a.csv)), a.layers, a.top))
+        all_launches = launches(a.csv)
+        step = last_step([(launch["name"], launch["us"]) for launch in all_launches])
+        print(report(step, a.layers, a.top, all_launches[len(all_launches) - len(step):]))
     except (OSError, ValueError, KeyError) as e:
         print(f"ncu_breakdown.py: {a.csv}: {e}", file=sys.stderr)
         return 1

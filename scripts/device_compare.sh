@@ -63,11 +63,13 @@ fi
 
 if [ -n "${PROFILE:-}" ] && [ $(left) -gt 150 ]; then
   # ncu over one step of a 2-layer model of the 7B's width (a whole 7B step is too many kernels for
-  # ncu's replay): every kernel's name and duration, for a per-layer breakdown.
+  # ncu's replay): every kernel's name and duration, for a per-layer breakdown, and how close it runs
+  # to a limit (DRAM bytes, speed of light: analysis/ncu_breakdown.py's METRICS_FOR_ROOFLINE).
+  METRICS=$(python3 -c "import sys; sys.path.insert(0, 'analysis'); import ncu_breakdown as n; print(','.join(('gpu__time_duration.sum',) + n.METRICS_FOR_ROOFLINE))")
   for b in $BUILDS; do [ "${b%%=*}" = "$PROFILE" ] && exe=$PWD/${b#*=}/build/fsdpq; done
   W=$(mktemp -d)
   $exe init-model --preset llama2-7b --num_hidden_layers ${PROFILE_LAYERS:-2} --out $W/m > $OUT/ncu_init.log 2>&1
-  timeout $(( $(left) - 30 )) ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+  timeout $(( $(left) - 30 )) ncu --clock-control none --metrics "$METRICS" --csv --print-units base \
     $exe --model_name $W/m --tokenizer_path builtin:bytes --train_type qlora --dataset dummy \
     --dataset_samples 8 --context_length 2048 --pad_to_context_length true --batch_size 4 --max_steps 2 \
     --lora_rank 64 --lora_alpha 16 --lora_dropout 0.1 --use_gradient_checkpointing false --output_dir $W/p \

@@ -60,6 +60,33 @@ def test_the_report(tmp_path):
     assert "| loss | 60 | 0 |" in r.stdout
 
 
+def test_the_roofline_columns_where_ncu_recorded_them(tmp_path):
+    """Each launch with the duration and METRICS_FOR_ROOFLINE: the kernel table adds its DRAM rate
+    over its launches' time and the time-weighted speed-of-light percentages."""
+    lines, i = [HEADER], 0
+    extra = {  # the two launches of one kernel in the last step, and one other kernel
+        "find_bad_id_kernel": [(1000, 0, 0, 1.0, 1.0)],
+        "swiglu_forward8_kernel": [(2000, 3e6, 1e6, 10.0, 90.0), (6000, 9e6, 3e6, 20.0, 70.0)],
+    }
+    for _ in range(2):  # two steps: the first one's values must not count
+        for kernel, measurements in extra.items():
+            for ns, read, write, sm, mem in measurements:
+                values = [("gpu__time_duration.sum", ns), ("dram__bytes_read.sum", read), ("dram__bytes_write.sum", write),
+                          ("sm__throughput.avg.pct_of_peak_sustained_elapsed", sm),
+                          ("gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed", mem)]
+                for metric, value in values:
+                    lines.append(f'"{i}","1","fsdpq","h","void fsdpq::<unnamed>::{kernel}(int)","1","13","(256, 1, 1)",'
+                                 f'"(8, 1, 1)","0","9.0","Command line profiler metrics","{metric}","","{value}"\n')
+                i += 1
+    path = tmp_path / "roofline.csv"
+    path.write_text("".join(lines))
+    r = run_script("ncu_breakdown.py", str(path))
+    assert r.returncode == 0, r.stderr
+    # 16 MB over 8 µs = 2,000 GB/s; SM (10·2 + 20·6) / 8 = 17.5 %, memory (90·2 + 70·6) / 8 = 75 %
+    assert "| swiglu_forward8_kernel | 2 | 8 | 2,000 | 18 | 75 |" in r.stdout, r.stdout
+    assert "DRAM GB/s" in r.stdout
+
+
 def test_a_profile_without_a_step_is_a_clear_error(tmp_path):
     path = tmp_path / "empty.csv"
     path.write_text(HEADER)
