@@ -136,6 +136,12 @@ def report(step, layers=0, top=12, step_launches=None):
     lines += ["", f"| category | µs{per_layer} |", "|---|---|" + ("---|" if per_layer else "")]
     for label, us in sorted(totals.items(), key=lambda kv: -kv[1]):
         lines.append(f"| {label} | {us:,.0f}" + (f" | {layer_totals[label] / layers:,.0f}" if per_layer else "") + " |")
+    return "\n".join(lines + kernel_table(step, top, step_launches))
+
+
+def kernel_table(step, top, step_launches):
+    """The `top` kernels by time: launches, µs, and the roofline columns where recorded."""
+    lines = []
     by_kernel = collections.defaultdict(lambda: [0, 0.0])
     for name, us in step:
         by_kernel[name[:80]][0] += 1
@@ -155,7 +161,7 @@ def report(step, layers=0, top=12, step_launches=None):
             r = roofline.get(name)
             row += " | | |" if r is None else f" {r[0]:,.0f} | {r[1]:.0f} | {r[2]:.0f} |"
         lines.append(row)
-    return "\n".join(lines)
+    return lines
 
 
 def main(argv=None):
