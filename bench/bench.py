@@ -83,9 +83,12 @@ def fsdpq_record(a, workdir, shape, ctx, proc):
 PEERS = {name: peer_command for name in HF_PEERS} | {name: fsdpq_command for name in FSDPQ_PEERS}
 
 
-def plan_peak_gib(fsdpq, shape, ctx, bs, ckpt, dropout, keep):
-    """`fsdpq plan`'s peak allocated GiB for fsdpq_qlora at this point with `keep` kept dense layers."""
+def plan_peak_gib(fsdpq, shape, ctx, bs, ckpt, dropout, keep, activations=0):
+    """`fsdpq plan`'s peak allocated GiB for fsdpq_qlora at this point with `keep` kept dense layers
+    (and, with checkpointing, the last `activations` layers not recomputed)."""
     cmd = [fsdpq, "plan", *fsdpq_point("qlora", shape, ctx, bs, ckpt, dropout), "--keep_dequantized_layers", str(keep)]
+    if activations:
+        cmd += ["--keep_activation_layers", str(activations)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     m = re.search(r"\| \*\*peak allocated\*\* \| ([0-9.]+) \|", out)
     if not m:
@@ -96,19 +99,33 @@ def plan_peak_gib(fsdpq, shape, ctx, bs, ckpt, dropout, keep):
 PLAN_MARGIN = 0.99  # of the peer's peak, for --fsdpq-memory-of's search (memory_matched_args)
 
 
-def kept_layers_under(fsdpq, shape, ctx, bs, ckpt, dropout, cap_gib):
-    """The most layers fsdpq_qlora keeps dense (keep_dequantized_layers) with its planned peak at most
-    cap_gib, or None where even none fits. The plan's peaks grow with k: a binary search."""
-    if plan_peak_gib(fsdpq, shape, ctx, bs, ckpt, dropout, 0) > cap_gib:
+def most_layers_under(peak_with, layers, cap_gib):
+    """The largest n in 0 … layers with peak_with(n) at most cap_gib, or None where even 0 is over.
+    Peaks grow with n: a binary search."""
+    if peak_with(0) > cap_gib:
         return None
-    lo, hi = 0, shape_dict(shape)["num_hidden_layers"]  # lo fits
+    lo, hi = 0, layers  # lo fits
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if plan_peak_gib(fsdpq, shape, ctx, bs, ckpt, dropout, mid) <= cap_gib:
+        if peak_with(mid) <= cap_gib:
             lo = mid
         else:
             hi = mid - 1
     return lo
+
+
+def kept_layers_under(fsdpq, shape, ctx, bs, ckpt, dropout, cap_gib, activations=0):
+    """The most layers fsdpq_qlora keeps dense (keep_dequantized_layers) with its planned peak at most
+    cap_gib, or None where even none fits."""
+    return most_layers_under(lambda k: plan_peak_gib(fsdpq, shape, ctx, bs, ckpt, dropout, k, activations),
+                             shape_dict(shape)["num_hidden_layers"], cap_gib)
+
+
+def activation_layers_under(fsdpq, shape, ctx, bs, dropout, cap_gib):
+    """With checkpointing: the most last layers fsdpq_qlora leaves unrecomputed (keep_activation_layers)
+    with its planned peak at most cap_gib (no dense layers kept), or None where even none fits."""
+    return most_layers_under(lambda n: plan_peak_gib(fsdpq, shape, ctx, bs, True, dropout, 0, n),
+                             shape_dict(shape)["num_hidden_layers"], cap_gib)
 
 
 def last_json_line(stdout):
@@ -170,7 +187,8 @@ def main(argv=None):
     p.add_argument("--fsdpq-memory-of", default="", metavar="PEER",
                    help="fsdpq_qlora keeps as many layers' dequantised weights (keep_dequantized_layers) as "
                         "`fsdpq plan` says fit under PEER's measured peak allocated memory at the same point "
-                        "(PEER runs in the same grid, before fsdpq); recorded as keep_dequantized_layers")
+                        "(PEER runs in the same grid, before fsdpq), with checkpointing after leaving as many of "
+                        "the last layers unrecomputed as fit (keep_activation_layers); recorded as those keys")
     a = p.parse_args(argv)
     if a.quick:
         a.ctx, a.max_bs, a.warmup, a.steps = "512", min(a.max_bs, 2), 2, 4
@@ -222,7 +240,9 @@ def main(argv=None):
 
 
 def memory_matched_args(a, done, shape, ctx, bs, ckpt):
-    """fsdpq_qlora's --keep_dequantized_layers at --fsdpq-memory-of's measured peak here, or None."""
+    """fsdpq_qlora's flags at --fsdpq-memory-of's measured peak here, or None: with checkpointing first
+    as many of the last layers not recomputed as fit (each saves a layer's forward), then as many
+    layers kept dense as the rest allows (each saves a layer's dequantisation); without, the latter."""
     peer = done.get((a.fsdpq_memory_of, shape, ctx, bs, ckpt, a.lora_dropout)) or {}
     cap = peer.get("peak_allocated_gib")
     if not cap:
@@ -230,8 +250,13 @@ def memory_matched_args(a, done, shape, ctx, bs, ckpt):
     # The plan's peaks land within ~0.5% of the measured ones, on either side (stop 41: 25.79 GiB
     # measured at ctx 512, bs 4, 27 kept, against the peer's 25.74 that the plan had kept under):
     # a margin keeps the measured peak at or below the peer's, which #24 asks of every point.
-    keep = kept_layers_under(a.fsdpq, shape, ctx, bs, ckpt, a.lora_dropout, cap * PLAN_MARGIN)
-    return None if keep is None else ["--keep_dequantized_layers", str(keep)]
+    activations = activation_layers_under(a.fsdpq, shape, ctx, bs, a.lora_dropout, cap * PLAN_MARGIN) if ckpt else 0
+    if activations is None:
+        return None
+    keep = kept_layers_under(a.fsdpq, shape, ctx, bs, ckpt, a.lora_dropout, cap * PLAN_MARGIN, activations)
+    if keep is None:
+        return None
+    return ["--keep_dequantized_layers", str(keep)] + (["--keep_activation_layers", str(activations)] if activations else [])
 
 
 def run_one(a, peer, shape, ctx, bs, ckpt, start, results, logf, extra=()):
@@ -266,8 +291,9 @@ def run_one(a, peer, shape, ctx, bs, ckpt, start, results, logf, extra=()):
                lora_dropout=a.lora_dropout, rc=None if timed_out else proc.returncode, wall_s=round(time.time() - t0, 1),
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                command=shlex.join(cmd))
-    if "--keep_dequantized_layers" in extra:
-        rec["keep_dequantized_layers"] = int(extra[list(extra).index("--keep_dequantized_layers") + 1])
+    for flag in ("--keep_dequantized_layers", "--keep_activation_layers"):
+        if flag in extra:
+            rec[flag[2:]] = int(extra[list(extra).index(flag) + 1])
     results.write(json.dumps(rec) + "\n")
     results.flush()
     tps = rec.get("tokens_per_second")

@@ -81,9 +81,12 @@ def ratio_text(r, peers):
 
 
 def peer_text(r):
-    """The peer's name, and the dense layers an fsdpq run kept (bench.py --fsdpq-memory-of)."""
-    keep = r.get("keep_dequantized_layers")
-    return f"{r['peer']} ({keep} kept)" if keep else str(r["peer"])
+    """The peer's name, and what an fsdpq run kept (bench.py --fsdpq-memory-of): dense layers, and
+    with checkpointing the last layers not recomputed."""
+    keep, activations = r.get("keep_dequantized_layers"), r.get("keep_activation_layers")
+    kept = [f"{keep} kept"] if keep else []
+    kept += [f"last {activations} not recomputed"] if activations else []
+    return f"{r['peer']} ({', '.join(kept)})" if kept else str(r["peer"])
 
 
 def line(r, ratio):

@@ -42,3 +42,18 @@ def test_memory_matched_args_follow_the_peers_measured_peak():
     assert bench.memory_matched_args(A, {}, *point) is None  # the peer has no measurement there
     oom = {("hf_lora_compile", *point, 0.1): {"oom": True, "peak_allocated_gib": None}}
     assert bench.memory_matched_args(A, oom, *point) is None
+
+
+@needs_fsdpq
+def test_with_checkpointing_the_last_layers_are_not_recomputed_first():
+    """At a checkpointing point the memory goes first to layers not recomputed (each saves a forward),
+    and what is left to dense layers."""
+    class A:
+        fsdpq, fsdpq_memory_of, lora_dropout = FSDPQ, "hf_lora_compile", 0.1
+    point = ("llama2-7b", 512, 4, True)
+    three = bench.plan_peak_gib(FSDPQ, *point, 0.1, 0, 3)
+    done = {("hf_lora_compile", *point, 0.1): {"peak_allocated_gib": three / bench.PLAN_MARGIN + 0.01}}
+    args = bench.memory_matched_args(A, done, *point)
+    assert args[args.index("--keep_activation_layers") + 1] == "3"
+    keep = int(args[args.index("--keep_dequantized_layers") + 1])
+    assert bench.plan_peak_gib(FSDPQ, *point, 0.1, keep, 3) <= three / bench.PLAN_MARGIN + 0.01

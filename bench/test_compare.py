@@ -94,3 +94,12 @@ def test_kept_dense_layers_show_beside_the_peer(tmp_path):
                           write(tmp_path, rows)], capture_output=True, text=True, check=True).stdout
     fsdpq = [ln for ln in table_lines(out, "Every run") if "fsdpq_qlora" in ln]
     assert len(fsdpq) == 1 and "fsdpq_qlora (26 kept)" in fsdpq[0] and "1.04× (hf_lora_compile)" in fsdpq[0]
+
+
+def test_layers_not_recomputed_show_beside_the_peer(tmp_path):
+    rows = [rec("hf_lora_compile", 8, 11500.0),
+            rec("fsdpq_qlora", 8, 12800.0, keep_dequantized_layers=2, keep_activation_layers=3)]
+    out = subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "compare.py"),
+                          write(tmp_path, rows)], capture_output=True, text=True, check=True).stdout
+    fsdpq = [ln for ln in table_lines(out, "Every run") if "fsdpq_qlora" in ln]
+    assert len(fsdpq) == 1 and "fsdpq_qlora (2 kept, last 3 not recomputed)" in fsdpq[0], out

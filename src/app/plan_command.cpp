@@ -91,7 +91,9 @@ std::string gib(int64_t bytes) { return fmt::format("{:.2f}", static_cast<double
 
 std::string checkpointing_text(const PlanSetting& s) {
   if (!s.gradient_checkpointing) return "off";
-  return s.checkpoint_every == 1 ? "on" : fmt::format("every {}th layer", s.checkpoint_every);
+  const std::string kept =
+      s.keep_activation_layers > 0 ? fmt::format(", the last {} layers not recomputed", s.keep_activation_layers) : "";
+  return (s.checkpoint_every == 1 ? "on" : fmt::format("every {}th layer", s.checkpoint_every)) + kept;
 }
 
 std::string kept_dense_text(const PlanSetting& s) {
@@ -107,10 +109,11 @@ std::string setting_text(const PlanSetting& s) {
 
 std::string setting_flags(const PlanSetting& s) {
   return fmt::format("--sharding_strategy {} --use_gradient_checkpointing {} --checkpoint_every {} "
-                     "--recompute_elementwise {} --use_cpu_offload {} --use_activation_cpu_offload {} --batch_size {} "
-                     "--keep_dequantized_layers {}",
+                     "--keep_activation_layers {} --recompute_elementwise {} --use_cpu_offload {} "
+                     "--use_activation_cpu_offload {} --batch_size {} --keep_dequantized_layers {}",
                      sharding_strategy_name(s.strategy), s.gradient_checkpointing,
-                     s.gradient_checkpointing ? s.checkpoint_every : 1, s.recompute_elementwise, s.cpu_offload,
+                     s.gradient_checkpointing ? s.checkpoint_every : 1,
+                     s.gradient_checkpointing ? s.keep_activation_layers : 0, s.recompute_elementwise, s.cpu_offload,
                      s.activation_offload, s.batch_size, s.keep_dequantized_layers);
 }
 
@@ -161,7 +164,8 @@ std::string format_plan(const TrainConfig& c, const PlanInput& input, const Plan
 
   out += fmt::format("Practical guide (fsdp_qlora's benchmark report): the largest batch of 1, 2, 4 … {} that fits; "
                      "with checkpointing, then the fewest recomputed layers that still fit (checkpoint_every), "
-                     "each first with the kept layers whole, then trimmed (recompute_elementwise); on a quantised "
+                     "each first with the kept layers whole, then trimmed (recompute_elementwise), else the last "
+                     "layers' activations kept whole in the memory left (keep_activation_layers); on a quantised "
                      "base, then as many of the last layers kept dense as still fit (keep_dequantized_layers)\n\n",
                      flags.max_batch);
   out += "| # | step | setting | batch | GPU GiB needed | host GiB per node | fits |\n|---|---|---|---:|---:|---:|---|\n";
@@ -172,9 +176,12 @@ std::string format_plan(const TrainConfig& c, const PlanInput& input, const Plan
     out += fmt::format("| {} | {} | {} | {} | {} | {} | {} |\n", i + 1, g.name,
                        fmt::format("{}{}{}{}{}{}", sharding_strategy_name(g.setting.strategy),
                                    !g.setting.gradient_checkpointing ? ""
-                                   : g.setting.checkpoint_every == 1
-                                       ? " + ckpt"
-                                       : fmt::format(" + ckpt every {}th layer", g.setting.checkpoint_every),
+                                   : (g.setting.checkpoint_every == 1
+                                          ? std::string(" + ckpt")
+                                          : fmt::format(" + ckpt every {}th layer", g.setting.checkpoint_every)) +
+                                         (g.setting.keep_activation_layers > 0
+                                              ? fmt::format(" (last {} not recomputed)", g.setting.keep_activation_layers)
+                                              : ""),
                                    g.setting.recompute_elementwise ? " + elementwise recompute" : "",
                                    g.setting.cpu_offload ? " + cpu offload" : "",
                                    g.setting.activation_offload ? " + act offload" : "", kept_dense_text(g.setting)),

@@ -252,10 +252,15 @@ void validate_combinations(ResolvedConfig& r) {
   if (c.checkpoint_every != 1 && !c.use_gradient_checkpointing)
     contradiction("checkpoint_every", "use_gradient_checkpointing",
                   "it says which layers checkpointing recomputes, so it needs use_gradient_checkpointing = true");
-  if (c.recompute_elementwise && c.use_gradient_checkpointing && c.checkpoint_every == 1)
+  if (c.keep_activation_layers > 0 && !c.use_gradient_checkpointing)
+    contradiction("keep_activation_layers", "use_gradient_checkpointing",
+                  "it says which layers checkpointing leaves out, so it needs use_gradient_checkpointing = true "
+                  "(without checkpointing every layer keeps its activations)");
+  if (c.recompute_elementwise && c.use_gradient_checkpointing && c.checkpoint_every == 1 && c.keep_activation_layers == 0)
     contradiction("recompute_elementwise", "use_gradient_checkpointing",
                   "it trims the activations of the layers that keep theirs, and with checkpointing on every layer "
-                  "(checkpoint_every = 1) none does: turn checkpointing off, or set checkpoint_every above 1");
+                  "(checkpoint_every = 1, keep_activation_layers = 0) none does: turn checkpointing off, or set "
+                  "checkpoint_every above 1 or keep_activation_layers above 0");
   if (c.keep_dequantized_layers > 0 && !c.quantized_base())
     contradiction("keep_dequantized_layers", "train_type",
                   fmt::format("it keeps dequantised base weights, and train_type = {} has no quantised base "

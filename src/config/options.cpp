@@ -139,6 +139,13 @@ std::vector<OptionSpec> build_specs() {
        "keep the other layers' activations, trading memory for speed (torchtitan's selective layer "
        "checkpointing). 1 recomputes every layer (fsdp_qlora's); `fsdpq plan` predicts the memory.",
        {}, 1, 1 << 20},
+      {"keep_activation_layers", "sharding", OptionType::Int, &T::keep_activation_layers, "0",
+       "With use_gradient_checkpointing: the last n decoder layers keep their activations from the "
+       "forward instead of being recomputed in backward (with checkpoint_every, among the layers it "
+       "recomputes). Each costs one layer's activations and saves one layer's forward; unlike "
+       "checkpoint_every it buys the recompute back a layer at a time, to fill whatever memory is left. "
+       "`fsdpq plan` predicts the memory and fills it this way.",
+       {}, 0, 1 << 20},
       {"recompute_elementwise", "sharding", OptionType::Bool, &T::recompute_elementwise, "false",
        "Selective recompute: the decoder layers that keep their activations (all of them without "
        "use_gradient_checkpointing) drop the outputs of their two RMSNorms and of SwiGLU and recompute "

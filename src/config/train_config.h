@@ -71,6 +71,7 @@ struct TrainConfig {
   std::string sharding_strategy;
   bool use_gradient_checkpointing = false;
   int64_t checkpoint_every = 1;
+  int64_t keep_activation_layers = 0;  // with checkpointing: the last n layers keep their activations
   bool recompute_elementwise = false;
   int64_t keep_dequantized_layers = 0;  // the last k layers keep their dense base weights for the backward
   bool use_cpu_offload = false;

@@ -34,8 +34,8 @@ namespace fsdpq {
 namespace {
 
 // Which activation buffer each layer's forward writes. A layer whose activations are kept for the
-// backward has its own; the layers that checkpointing recomputes in backward (every
-// checkpoint_every-th), and every layer of a pass without backward, share one.
+// backward has its own; the layers that checkpointing recomputes in backward
+// (model/checkpoint_policy.h), and every layer of a pass without backward, share one.
 struct ActivationSlots {
   std::vector<size_t> of_layer;
   size_t count = 0;
@@ -43,10 +43,12 @@ struct ActivationSlots {
 
 ActivationSlots activation_slots(int64_t layers, bool train, const ModelOptions& o) {
   if (o.checkpoint_every < 1) throw std::logic_error("activation_slots: checkpoint_every must be at least 1");
+  if (o.keep_activation_layers < 0) throw std::logic_error("activation_slots: keep_activation_layers must be at least 0");
+  const CheckpointPolicy policy = o.checkpoint_policy();
   ActivationSlots s;
   std::optional<size_t> shared;
   for (int64_t i = 0; i < layers; ++i) {
-    const bool kept = train && !(o.gradient_checkpointing && i % o.checkpoint_every == 0);
+    const bool kept = train && !policy.recomputes(i, layers);
     if (!kept && !shared) shared = s.count++;
     s.of_layer.push_back(kept ? s.count++ : *shared);
   }
@@ -381,7 +383,8 @@ struct LlamaModel::Impl {
     const bool train = kind == PassKind::Train;
     // Checkpointing: only the layer inputs (the residual stream) are kept for the recomputed layers.
     const bool checkpointing = train && options.gradient_checkpointing;
-    auto recomputed = [&](int64_t i) { return checkpointing && i % options.checkpoint_every == 0; };
+    const CheckpointPolicy policy = options.checkpoint_policy();
+    auto recomputed = [&](int64_t i) { return checkpointing && policy.recomputes(i, L); };
     const Tensor ids_storage = copy_to(i32_view(batch.input_ids, N), device);
     const TensorView ids = ids_storage.view();
     // Packed rows: where each token's example begins and its position in it, on the device once.

@@ -13,6 +13,7 @@
 #include "backend/tensor.h"
 #include "data/collate.h"
 #include "io/model_files.h"
+#include "model/checkpoint_policy.h"
 #include "model/llama_config.h"
 #include "model/precision.h"
 
@@ -33,9 +34,14 @@ struct ModelOptions {
   bool use_dora = false;  // DoRA (bnb_dora, hqq_dora): each adapter also trains a magnitude vector (ops/dora.h)
   Precision precision = Precision::BF16;
   bool gradient_checkpointing = true;
-  // With gradient_checkpointing: layers i with i % checkpoint_every == 0 are recomputed in backward;
-  // the others keep their activations from the forward.
+  // With gradient_checkpointing: layers i with i % checkpoint_every == 0 are recomputed in backward,
+  // except the last keep_activation_layers; the others keep their activations from the forward
+  // (model/checkpoint_policy.h).
   int64_t checkpoint_every = 1;
+  int64_t keep_activation_layers = 0;
+  CheckpointPolicy checkpoint_policy() const {
+    return CheckpointPolicy{gradient_checkpointing, checkpoint_every, keep_activation_layers};
+  }
   // The layers that keep their activations drop the two norm outputs and the SwiGLU product and
   // recompute them in the backward (model/llama_layer.h, ElementwiseScratch): the same bits, ~30%
   // less activation memory per kept layer for two RMSNorms and a SwiGLU each.

@@ -314,6 +314,7 @@ PlanInput plan_input_from(const TrainConfig& c, const LlamaConfig& model, int wo
   p.setting.strategy = c.choice.sharding;
   p.setting.gradient_checkpointing = c.use_gradient_checkpointing;
   p.setting.checkpoint_every = c.checkpoint_every;
+  p.setting.keep_activation_layers = c.keep_activation_layers;
   p.setting.recompute_elementwise = c.recompute_elementwise;
   p.setting.keep_dequantized_layers = c.keep_dequantized_layers;
   p.setting.cpu_offload = c.use_cpu_offload;
@@ -334,10 +335,11 @@ ActivationBytes activation_bytes(const PlanInput& p) {
   ActivationBytes x;
 
   x.layer = layer_activation_bytes(p, lin, N);
-  // Checkpointing keeps the activations of the layers it does not recompute (every
-  // checkpoint_every-th is), plus one buffer the recomputed layers share.
-  const int64_t every = p.setting.checkpoint_every;
-  const int64_t recomputed_layers = p.setting.gradient_checkpointing ? (L + every - 1) / every : 0;
+  // Checkpointing keeps the activations of the layers it does not recompute
+  // (model/checkpoint_policy.h), plus one buffer the recomputed layers share.
+  const CheckpointPolicy policy{p.setting.gradient_checkpointing, p.setting.checkpoint_every,
+                                p.setting.keep_activation_layers};
+  const int64_t recomputed_layers = policy.recomputed_layers(L);
   x.kept_layers = L - recomputed_layers + (recomputed_layers > 0 ? 1 : 0);
   if (p.setting.recompute_elementwise) x.shared_elementwise = R(N * C * a) + R(N * m.intermediate_size * a);
 
@@ -395,8 +397,9 @@ ActivationBytes activation_bytes(const PlanInput& p) {
   const int64_t kept = x.stream_on_device + x.kept_layers * x.layer + x.shared_elementwise + x.dequantized + x.rope;
   x.forward_peak = kept + forward_temp;
   x.head_peak = kept + root_grads + normed + final_rstd + d_normed + std::max(logits, d_resid);
-  // The backward meets the forward's temporaries again only in a layer it recomputes.
-  const int64_t recompute_temp = p.setting.gradient_checkpointing ? forward_temp : 0;
+  // The backward meets the forward's temporaries again only in a layer it recomputes: the last of
+  // the recomputed layers is not, its activations still in their shared buffer from the forward.
+  const int64_t recompute_temp = recomputed_layers >= 2 ? forward_temp : 0;
   x.backward_peak = kept + root_grads + layer_grads + x.grad_scratch + std::max(recompute_temp, backward_temp);
   x.peak = std::max({x.forward_peak, x.head_peak, x.backward_peak});
   x.transient_peak = x.peak - x.dequantized - x.rope;
@@ -655,7 +658,9 @@ namespace {
 // checkpoint_every of 2, 4, 8 ... up to the layer count), since each recomputed layer costs a
 // forward; at each, the kept layers' activations whole first, then trimmed (recompute_elementwise:
 // two RMSNorms and a SwiGLU per layer cost far less than the next halving's extra recomputed
-// layers). Memory falls along that order, so the search stops at the first that fits.
+// layers). Memory falls along that order, so the search stops at the first that fits. Where even
+// checkpoint_every 2 does not fit, the memory left keeps the last layers' activations whole
+// (keep_activation_layers), one layer at a time.
 template <class Fits>
 void recompute_fewer_layers(GuideStep& g, PlanInput in, const Fits& fits) {
   in.setting = g.setting;
@@ -672,6 +677,22 @@ void recompute_fewer_layers(GuideStep& g, PlanInput in, const Fits& fits) {
       g.prediction = std::move(m);
       return;
     }
+  // None of those fits: every layer stays recomputed but the last n keep their activations, as many
+  // as fit (keep_activation_layers; memory grows with n: a binary search).
+  in.setting = g.setting;
+  int64_t lo = 0, hi = layers;  // lo fits
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    in.setting.keep_activation_layers = mid;
+    if (fits(predict_memory(in)))
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  if (lo == 0) return;
+  in.setting.keep_activation_layers = lo;
+  g.setting = in.setting;
+  g.prediction = predict_memory(in);
 }
 
 // A step that fits, on a quantised base: keep the dense weights of as many of the last layers as

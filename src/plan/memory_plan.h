@@ -34,6 +34,7 @@ struct PlanSetting {
   bool activation_offload = false;  // checkpointed layer inputs kept in host memory
   int64_t batch_size = 1;
   int64_t checkpoint_every = 1;  // with checkpointing: every k-th layer recomputed, the rest kept
+  int64_t keep_activation_layers = 0;  // with checkpointing: the last n layers never recomputed
   bool recompute_elementwise = false;  // kept layers recompute n1, n2, h (model/llama_layer.h)
   int64_t keep_dequantized_layers = 0;  // the last k layers keep their dense base weights (model/llama_model.h)
 };

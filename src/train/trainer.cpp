@@ -67,6 +67,7 @@ ModelOptions model_options_from(const TrainConfig& c) {
   o.precision = c.choice.precision;
   o.gradient_checkpointing = c.use_gradient_checkpointing;
   o.checkpoint_every = c.checkpoint_every;
+  o.keep_activation_layers = c.keep_activation_layers;
   o.recompute_elementwise = c.recompute_elementwise;
   o.keep_dequantized_layers = c.keep_dequantized_layers;
   o.activation_offload = c.use_activation_cpu_offload;

@@ -93,6 +93,26 @@ TEST(GpuModel, ElementwiseRecomputeGivesTheSameBits) {
   }
 }
 
+// keep_activation_layers on the GPU: the last layers not recomputed give the bits of full
+// checkpointing (and of none), the kept layers' activations read from the forward, with the
+// dequantisation on its side stream and the LoRA kernels of the GPU.
+TEST(GpuModel, KeptActivationLayersGiveTheSameBits) {
+  test::use_gpu();
+  const LlamaConfig config = test::tiny_llama_wide();
+  const data::Batch batch = test::random_batch(2, 64, config.vocab_size, 13);
+  ModelOptions options = test::lora_options(Precision::BF16, true, 0.1);
+  options.gradient_checkpointing = true;
+  const Outcome every_layer = run(config, options, batch, Device::CUDA);
+  for (int64_t keep : {1, 2, 4}) {
+    SCOPED_TRACE(fmt::format("the last {} layers not recomputed", keep));
+    options.keep_activation_layers = keep;
+    const Outcome kept = run(config, options, batch, Device::CUDA);
+    EXPECT_EQ(kept.loss.loss_sum, every_layer.loss.loss_sum);
+    ASSERT_EQ(kept.grads.size(), every_layer.grads.size());
+    for (size_t i = 0; i < kept.grads.size(); ++i) EXPECT_EQ(kept.grads[i], every_layer.grads[i]) << "gradient " << i;
+  }
+}
+
 // The base weights dequantised on a side stream (the default) against in line on the compute
 // stream: the same bits, or a product ran before its weight was ready (its buffer still held the
 // previous layer's module: another loss). Widths large enough that a dequantisation takes a while,

@@ -79,6 +79,17 @@ TEST(ConfigResolve, CommandLineWinsOverFileWhichWinsOverDefault) {
   EXPECT_EQ(r.sources.at("seed").describe(), "default");
 }
 
+// Elementwise recompute trims the layers that keep their activations: with checkpointing on every
+// layer that takes keep_activation_layers, which then passes to the model's options.
+TEST(ConfigResolve, ElementwiseRecomputeWithKeptActivationLayers) {
+  const ResolvedConfig r = resolve_config_text(
+      "[sharding]\nuse_gradient_checkpointing = true\nrecompute_elementwise = true\nkeep_activation_layers = 3\n" +
+          std::string(kDummy),
+      "inputs/x.ini", {});
+  EXPECT_TRUE(r.config.recompute_elementwise);
+  EXPECT_EQ(r.config.keep_activation_layers, 3);
+}
+
 TEST(ConfigResolve, ARepeatedCommandLineKeyTakesItsLastValue) {
   // As argparse (fsdp_qlora's parser) and make: scripts append overrides after their defaults.
   ResolvedConfig r = resolve_config_text("batch_size = 4\n" + std::string(kDummy), "x.ini",
@@ -282,8 +293,15 @@ INSTANTIATE_TEST_SUITE_P(
                       "dataset = dummy\nrecompute_elementwise = true\nuse_gradient_checkpointing = true\n", {},
                       "recompute_elementwise = true (cfg.ini:2) contradicts use_gradient_checkpointing = true "
                       "(cfg.ini:3): it trims the activations of the layers that keep theirs, and with checkpointing on "
-                      "every layer (checkpoint_every = 1) none does: turn checkpointing off, or set checkpoint_every "
-                      "above 1"},
+                      "every layer (checkpoint_every = 1, keep_activation_layers = 0) none does: turn checkpointing "
+                      "off, or set checkpoint_every above 1 or keep_activation_layers above 0"},
+        BadConfigCase{"KeptActivationLayersWithoutCheckpointing",
+                      "dataset = dummy\nkeep_activation_layers = 4\nuse_gradient_checkpointing = false\n", {},
+                      "keep_activation_layers = 4 (cfg.ini:2) contradicts use_gradient_checkpointing = false "
+                      "(cfg.ini:3): it says which layers checkpointing leaves out, so it needs "
+                      "use_gradient_checkpointing = true (without checkpointing every layer keeps its activations)"},
+        BadConfigCase{"KeptActivationLayersNegative", "dataset = dummy\nkeep_activation_layers = -2\n", {},
+                      "cfg.ini:2: keep_activation_layers = \"-2\": must be at least 0"},
         BadConfigCase{"KeptDequantizedLayersWithoutAQuantisedBase",
                       "dataset = dummy\ntrain_type = lora\nkeep_dequantized_layers = 4\n", {},
                       "keep_dequantized_layers = 4 (cfg.ini:3) contradicts train_type = lora (cfg.ini:2): it keeps "

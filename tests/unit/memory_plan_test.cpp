@@ -290,6 +290,44 @@ TEST(MemoryPlan, CheckpointingEveryKthLayerKeepsTheOthers) {
   }
 }
 
+// keep_activation_layers = n: the last n layers are not recomputed (with checkpoint_every, among the
+// ones it would recompute); kept layers counts the recomputed ones' shared buffer too.
+TEST(MemoryPlan, KeptActivationLayersAreNotRecomputed) {
+  PlanInput p = tiny_input(4, 64, false);
+  p.model.num_hidden_layers = 7;
+  p.setting.gradient_checkpointing = true;
+  struct Case {
+    int64_t every, keep, kept;
+  };
+  for (const Case& c : {Case{1, 0, 1}, Case{1, 2, 3}, Case{1, 6, 7}, Case{1, 7, 7}, Case{1, 100, 7}, Case{2, 1, 5},
+                        Case{2, 2, 5}, Case{3, 2, 6}}) {
+    p.setting.checkpoint_every = c.every;
+    p.setting.keep_activation_layers = c.keep;
+    EXPECT_EQ(activation_bytes(p).kept_layers, c.kept) << "checkpoint_every " << c.every << ", keep " << c.keep;
+  }
+}
+
+// Where even checkpoint_every 2 does not fit, the guide keeps as many of the last layers'
+// activations as still fit (one more would not), on the 7B at ctx 2048, bs 8 in 24 GiB.
+TEST(MemoryPlan, GuideKeepsTheLastLayersActivationsInTheMemoryLeft) {
+  PlanInput p = llama2_7b(true);
+  p.context_length = 2048;
+  const int64_t gpu = static_cast<int64_t>(24 * kGiB);
+  const GuideResult guide = walk_guide(p, gpu, 0, 8);
+  const GuideStep& ckpt = guide.steps[2];
+  ASSERT_EQ(ckpt.name, std::string("+ gradient checkpointing"));
+  ASSERT_TRUE(ckpt.fits);
+  EXPECT_EQ(ckpt.setting.batch_size, 8);
+  EXPECT_EQ(ckpt.setting.checkpoint_every, 1);
+  ASSERT_GT(ckpt.setting.keep_activation_layers, 0);
+  PlanInput at = p;
+  at.setting = ckpt.setting;
+  at.setting.keep_dequantized_layers = 0;  // what the dense layers were given came after
+  EXPECT_LE(predict_memory(at).gpu_required, gpu);
+  ++at.setting.keep_activation_layers;
+  EXPECT_GT(predict_memory(at).gpu_required, gpu);
+}
+
 // At a checkpointing step's batch the guide recomputes as few layers as still fit: the next
 // larger checkpoint_every would not.
 TEST(MemoryPlan, GuideRecomputesTheFewestLayersThatFit) {
@@ -307,6 +345,7 @@ TEST(MemoryPlan, GuideRecomputesTheFewestLayersThatFit) {
     if (2 * ckpt.setting.checkpoint_every <= p.model.num_hidden_layers) {
       at.setting.checkpoint_every *= 2;  // even with its kept layers trimmed
       at.setting.recompute_elementwise = true;
+      at.setting.keep_activation_layers = 0;  // (what the memory left kept where no halving fit)
       EXPECT_GT(predict_memory(at).gpu_required, gpu);
     }
     if (ckpt.setting.recompute_elementwise) {  // and untrimmed at the chosen k it would not fit either
@@ -476,6 +515,7 @@ struct PassCase {
   int64_t new_blocks = 0;  // Llama-Pro (quantize: the frozen layers NF4)
   bool lora_fold = false;  // FSDPQ_LORA_FOLD: wider dequantised buffers, [x | xa] in the forward
   int64_t keep_dequantized = 0;  // keep_dequantized_layers
+  int64_t keep_activations = 0;  // keep_activation_layers
 };
 
 // DoRA adds per adapted linear a magnitude [out] with its fp32 master, gradient and AdamW state,
@@ -518,6 +558,10 @@ TEST(MemoryPlan, ActivationBytesEqualWhatACpuPassAllocates) {
       {"qlora bf16 ckpt, every layer keeps its own", true, false, true, 0.1, Precision::BF16, 2, 16, 1, false, 0, false, 9},
       {"bnb_dora bf16 no ckpt, 1 layer keeps its own", true, false, false, 0.1, Precision::BF16, 2, 16, 1, true, 0, false, 1},
       {"bnb_llama_pro bf16 no ckpt, 2 layers keep theirs", true, false, false, 0.0, Precision::BF16, 2, 16, 1, false, 2, false, 2},
+      {"qlora bf16 ckpt, the last 2 layers not recomputed", true, false, true, 0.1, Precision::BF16, 2, 16, 1, false, 0, true, 0, 2},
+      {"qlora bf16 ckpt, the last 1 layer not recomputed, not folded", true, false, true, 0.1, Precision::BF16, 2, 16, 1, false, 0, false, 0, 1},
+      {"qlora bf16 ckpt, folded, the last 1 layer not recomputed", true, false, true, 0.1, Precision::BF16, 2, 16, 1, false, 0, true, 0, 1},
+      {"lora fp32 ckpt every 2nd layer, the last 1 not recomputed", false, false, true, 0.0, Precision::FP32, 2, 20, 2, false, 0, false, 0, 1},
   };
   const bool saved_fold = lora_fold();
   for (const PassCase& c : cases) {
@@ -533,6 +577,7 @@ TEST(MemoryPlan, ActivationBytesEqualWhatACpuPassAllocates) {
     o.checkpoint_every = c.checkpoint_every;
     o.use_dora = c.dora;
     o.keep_dequantized_layers = c.keep_dequantized;
+    o.keep_activation_layers = c.keep_activations;
     LlamaModel model = LlamaModel::random(config, 1, o);
     const data::Batch batch = test::random_batch(c.B, c.T, config.vocab_size, 7);
 
@@ -553,6 +598,7 @@ TEST(MemoryPlan, ActivationBytesEqualWhatACpuPassAllocates) {
     p.setting.gradient_checkpointing = c.checkpointing;
     p.setting.checkpoint_every = c.checkpoint_every;
     p.setting.keep_dequantized_layers = c.keep_dequantized;
+    p.setting.keep_activation_layers = c.keep_activations;
     const ActivationBytes predicted = activation_bytes(p);
 
     const int64_t before_first = host_tensor_bytes().live;

@@ -189,6 +189,31 @@ TEST(LlamaModel, CheckpointingEveryKthLayerGivesBitIdenticalGradients) {
   }
 }
 
+// keep_activation_layers = n: the last n layers keep their activations, the others checkpointing
+// recomputes (every layer, or every k-th): the same bits as no checkpointing, for none to all of
+// the layers (and more than there are), with elementwise recompute trimming the kept ones, with
+// activation offload, for LoRA with dropout and full fine-tuning.
+TEST(LlamaModel, KeptActivationLayersGiveBitIdenticalGradients) {
+  LlamaConfig config = test::tiny_llama();
+  config.num_hidden_layers = 5;
+  const data::Batch batch = test::random_batch(2, 16, config.vocab_size, 26);
+  for (bool full : {false, true}) {
+    ModelOptions options = full ? test::full_options(Precision::FP32) : test::lora_options(Precision::BF16, true, 0.1);
+    const GradSnapshot none = run_step(config, options, false, batch, 3);
+    for (int64_t every : {1, 2})
+      for (int64_t keep : {1, 2, 4, 5, 9})
+        for (bool trimmed : {false, true}) {
+          SCOPED_TRACE(testing::Message() << (full ? "full" : "qlora") << ", checkpoint_every " << every << ", keep "
+                                          << keep << (trimmed ? ", elementwise recompute" : ""));
+          options.checkpoint_every = every;
+          options.keep_activation_layers = keep;
+          options.recompute_elementwise = trimmed;
+          options.activation_offload = keep == 2;
+          expect_bit_identical(run_step(config, options, true, batch, 3), none);
+        }
+  }
+}
+
 // recompute_elementwise: the kept layers drop n1, n2 and h and recompute them in the backward (the
 // same ops on the same inputs): the same bits as keeping them, alone or with every-k-th-layer
 // checkpointing, for LoRA with dropout (the masks read the recomputed inputs), full fine-tuning and

@@ -1,0 +1,27 @@
+// Which decoder layers a training pass with gradient checkpointing recomputes in its backward: the
+// one rule the model (llama_model.cpp) and the memory plan (plan/memory_plan.cpp) both follow.
+// Layer i is recomputed when i % checkpoint_every == 0 (1: every layer, fsdp_qlora's), unless it
+// is among the last keep_activation_layers, which keep their forward's activations. The backward
+// meets the last layers first, so memory that fits some kept layers buys their recompute back
+// one layer at a time, where checkpoint_every halves the recomputed layers at once.
+#pragma once
+#include <cstdint>
+
+namespace fsdpq {
+
+struct CheckpointPolicy {
+  bool checkpointing = false;
+  int64_t every = 1;      // checkpoint_every, at least 1
+  int64_t keep_last = 0;  // keep_activation_layers, at least 0
+
+  bool recomputes(int64_t layer, int64_t layers) const {
+    return checkpointing && layer % every == 0 && layer < layers - keep_last;
+  }
+  int64_t recomputed_layers(int64_t layers) const {
+    int64_t n = 0;
+    for (int64_t i = 0; i < layers; ++i) n += recomputes(i, layers) ? 1 : 0;
+    return n;
+  }
+};
+
+}  // namespace fsdpq
