@@ -25,12 +25,17 @@ STEP = [  # (kernel, ns)
 ]
 
 
+def csv_row(launch, kernel, metric, value):
+    """One (launch, metric) row as ncu --csv writes it."""
+    return (f'"{launch}","1","fsdpq","h","{kernel}","1","13","(256, 1, 1)","(8, 1, 1)","0","9.0",'
+            f'"Command line profiler metrics","{metric}","","{value}"\n')
+
+
 def write_csv(tmp_path):
     lines, i = [HEADER, "==PROF== a line ncu prints that is not CSV\n"], 0
     for step in (STEP, STEP):
         for name, ns in step:
-            lines.append(f'"{i}","1","fsdpq","h","{name}","1","13","(256, 1, 1)","(8, 1, 1)","0","9.0",'
-                         f'"Command line profiler metrics","gpu__time_duration.sum","ns","{ns}"\n')
+            lines.append(csv_row(i, name, "gpu__time_duration.sum", ns))
             i += 1
     path = tmp_path / "ncu.csv"
     path.write_text("".join(lines))
@@ -74,9 +79,7 @@ def test_the_roofline_columns_where_ncu_recorded_them(tmp_path):
                 values = [("gpu__time_duration.sum", ns), ("dram__bytes_read.sum", read), ("dram__bytes_write.sum", write),
                           ("sm__throughput.avg.pct_of_peak_sustained_elapsed", sm),
                           ("gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed", mem)]
-                for metric, value in values:
-                    lines.append(f'"{i}","1","fsdpq","h","void fsdpq::<unnamed>::{kernel}(int)","1","13","(256, 1, 1)",'
-                                 f'"(8, 1, 1)","0","9.0","Command line profiler metrics","{metric}","","{value}"\n')
+                lines += [csv_row(i, f"void fsdpq::<unnamed>::{kernel}(int)", metric, value) for metric, value in values]
                 i += 1
     path = tmp_path / "roofline.csv"
     path.write_text("".join(lines))
