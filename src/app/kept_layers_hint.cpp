@@ -10,14 +10,40 @@ int64_t kept_layers_to_suggest(const TrainConfig& c, const PlanInput& input, uin
   return most_kept_dense_layers(input, static_cast<int64_t>(kKeptLayersHintShare * static_cast<double>(gpu_total_bytes)));
 }
 
+int64_t activation_layers_to_suggest(const TrainConfig& c, PlanInput input, uint64_t gpu_total_bytes) {
+  if (!c.use_gradient_checkpointing || c.checkpoint_every != 1 || c.keep_activation_layers > 0 || gpu_total_bytes == 0)
+    return 0;
+  const int64_t budget = static_cast<int64_t>(kKeptLayersHintShare * static_cast<double>(gpu_total_bytes));
+  int64_t lo = 0, hi = input.model.num_hidden_layers;  // lo fits (or is 0); memory grows with n
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    input.setting.keep_activation_layers = mid;
+    if (predict_memory(input).gpu_required <= budget)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
 void hint_kept_dense_layers(const World& world, const ResolvedConfig& resolved, const RunPlan& plan, const GpuInfo& gpu) {
   if (!gpu.has_gpu() || gpu.shared) return;  // ranks sharing a GPU share its memory too: no figure to offer
   const TrainConfig& c = resolved.config;
   PlanInput input = plan_input_from(c, plan.model.config, world.size);
   input.on_gpu = true;
+  const int64_t now = predict_memory(input).gpu_required;
+  if (const int64_t layers = activation_layers_to_suggest(c, input, gpu.total_memory); layers > 0) {
+    input.setting.keep_activation_layers = layers;
+    const int64_t then = predict_memory(input).gpu_required;
+    log::info("GPU memory: this run needs about {} of the GPU's {}; keep_activation_layers = {} would keep the last {} "
+              "layers' activations for their backward ({} more) instead of recomputing their forward each step "
+              "(docs/model.md; `fsdpq plan` weighs it against the batch size)",
+              human_bytes(static_cast<double>(now)), human_bytes(static_cast<double>(gpu.total_memory)), layers, layers,
+              human_bytes(static_cast<double>(then - now)));
+    return;  // the same memory is not offered twice
+  }
   const int64_t kept = kept_layers_to_suggest(c, input, gpu.total_memory);
   if (kept == 0) return;
-  const int64_t now = predict_memory(input).gpu_required;
   input.setting.keep_dequantized_layers = kept;
   const int64_t then = predict_memory(input).gpu_required;
   log::info("GPU memory: this run needs about {} of the GPU's {}; keep_dequantized_layers = {} would keep the last {} "

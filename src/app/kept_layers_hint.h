@@ -1,7 +1,9 @@
-// At start-up, a hint for a run that trains a quantised base on a GPU with memory to spare and keeps
-// no dense layers: how many keep_dequantized_layers would still fit (the planner's GPU figure
-// within 90% of the card), and what that costs and saves (docs/model.md, "Kept dense layers").
-// Memory for speed is the user's call (fsdp_qlora's default spends none), so it only says so.
+// At start-up, a hint for a GPU run with memory to spare: with checkpointing on every layer and
+// none kept, how many of the last layers keep_activation_layers could leave unrecomputed (each
+// saves a layer's forward); otherwise, for a quantised base that keeps no dense layers, how many
+// keep_dequantized_layers would fit (each saves a layer's dequantisation). Each within 90% of the
+// card by the planner's GPU figure, with what it costs (docs/model.md). Memory for speed is the
+// user's call (fsdp_qlora's default spends none), so it only says so.
 #pragma once
 #include <cstdint>
 
@@ -18,6 +20,10 @@ inline constexpr double kKeptLayersHintShare = 0.9;  // of the GPU's memory, lea
 // The kept dense layers the hint offers for `input` on a GPU of gpu_total_bytes: 0 unless the
 // config keeps none on a quantised base and at least one fits.
 int64_t kept_layers_to_suggest(const TrainConfig& c, const PlanInput& input, uint64_t gpu_total_bytes);
+
+// The last layers the hint offers to leave unrecomputed (keep_activation_layers): 0 unless the
+// config checkpoints every layer (checkpoint_every 1) and keeps none, and at least one fits.
+int64_t activation_layers_to_suggest(const TrainConfig& c, PlanInput input, uint64_t gpu_total_bytes);
 
 void hint_kept_dense_layers(const World& world, const ResolvedConfig& resolved, const RunPlan& plan, const GpuInfo& gpu);
 

@@ -50,5 +50,28 @@ TEST(KeptLayersHint, SilentWhereTheConfigKeepsSomeOrHasNoQuantisedBase) {
   EXPECT_EQ(kept_layers_to_suggest(lora, seven_b(lora), 80 * kGiB), 0);
 }
 
+// With checkpointing on every layer the hint offers layers not recomputed first (a layer's forward
+// saved each): as many as fit in 90% of the card (one more would not), none where the config keeps
+// some, checkpoints every k-th layer, or does not checkpoint.
+TEST(KeptLayersHint, OffersLayersNotRecomputedWhereEveryLayerIs) {
+  TrainConfig c = qlora_7b();
+  c.batch_size = 8;
+  const PlanInput p = seven_b(c);
+  const int64_t offered = activation_layers_to_suggest(c, p, 80 * kGiB);
+  ASSERT_GT(offered, 0);
+  ASSERT_LT(offered, p.model.num_hidden_layers);  // bs 8 at ctx 2048: not all of them fit in 72 GiB
+  PlanInput at = p;
+  at.setting.keep_activation_layers = offered;
+  EXPECT_LE(predict_memory(at).gpu_required, static_cast<int64_t>(0.9 * 80 * kGiB));
+  at.setting.keep_activation_layers = offered + 1;
+  EXPECT_GT(predict_memory(at).gpu_required, static_cast<int64_t>(0.9 * 80 * kGiB));
+  for (auto change : {+[](TrainConfig& t) { t.keep_activation_layers = 2; }, +[](TrainConfig& t) { t.checkpoint_every = 2; },
+                      +[](TrainConfig& t) { t.use_gradient_checkpointing = false; }}) {
+    TrainConfig other = c;
+    change(other);
+    EXPECT_EQ(activation_layers_to_suggest(other, seven_b(other), 80 * kGiB), 0);
+  }
+}
+
 }  // namespace
 }  // namespace fsdpq
