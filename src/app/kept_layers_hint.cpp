@@ -10,20 +10,11 @@ int64_t kept_layers_to_suggest(const TrainConfig& c, const PlanInput& input, uin
   return most_kept_dense_layers(input, static_cast<int64_t>(kKeptLayersHintShare * static_cast<double>(gpu_total_bytes)));
 }
 
-int64_t activation_layers_to_suggest(const TrainConfig& c, PlanInput input, uint64_t gpu_total_bytes) {
+int64_t activation_layers_to_suggest(const TrainConfig& c, const PlanInput& input, uint64_t gpu_total_bytes) {
   if (!c.use_gradient_checkpointing || c.checkpoint_every != 1 || c.keep_activation_layers > 0 || gpu_total_bytes == 0)
     return 0;
-  const int64_t budget = static_cast<int64_t>(kKeptLayersHintShare * static_cast<double>(gpu_total_bytes));
-  int64_t lo = 0, hi = input.model.num_hidden_layers;  // lo fits (or is 0); memory grows with n
-  while (lo < hi) {
-    const int64_t mid = (lo + hi + 1) / 2;
-    input.setting.keep_activation_layers = mid;
-    if (predict_memory(input).gpu_required <= budget)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  return lo;
+  return most_kept_activation_layers(input,
+                                     static_cast<int64_t>(kKeptLayersHintShare * static_cast<double>(gpu_total_bytes)));
 }
 
 void hint_kept_dense_layers(const World& world, const ResolvedConfig& resolved, const RunPlan& plan, const GpuInfo& gpu) {

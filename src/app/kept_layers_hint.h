@@ -23,7 +23,7 @@ int64_t kept_layers_to_suggest(const TrainConfig& c, const PlanInput& input, uin
 
 // The last layers the hint offers to leave unrecomputed (keep_activation_layers): 0 unless the
 // config checkpoints every layer (checkpoint_every 1) and keeps none, and at least one fits.
-int64_t activation_layers_to_suggest(const TrainConfig& c, PlanInput input, uint64_t gpu_total_bytes);
+int64_t activation_layers_to_suggest(const TrainConfig& c, const PlanInput& input, uint64_t gpu_total_bytes);
 
 void hint_kept_dense_layers(const World& world, const ResolvedConfig& resolved, const RunPlan& plan, const GpuInfo& gpu);
 

@@ -654,6 +654,21 @@ MemoryPrediction predict_memory(const PlanInput& p) {
 
 namespace {
 
+// The largest n in 0 … layers for which fits(n), given that fits(0) holds (or 0) and that memory
+// grows with n: a binary search.
+template <class Fits>
+int64_t most_last_layers(int64_t layers, const Fits& fits) {
+  int64_t lo = 0, hi = layers;  // lo fits
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (fits(mid))
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
 // A checkpointing step that fits: at its batch, recompute as few layers as still fit (the largest
 // checkpoint_every of 2, 4, 8 ... up to the layer count), since each recomputed layer costs a
 // forward; at each, the kept layers' activations whole first, then trimmed (recompute_elementwise:
@@ -678,19 +693,14 @@ void recompute_fewer_layers(GuideStep& g, PlanInput in, const Fits& fits) {
       return;
     }
   // None of those fits: every layer stays recomputed but the last n keep their activations, as many
-  // as fit (keep_activation_layers; memory grows with n: a binary search).
+  // as fit (keep_activation_layers).
   in.setting = g.setting;
-  int64_t lo = 0, hi = layers;  // lo fits
-  while (lo < hi) {
-    const int64_t mid = (lo + hi + 1) / 2;
-    in.setting.keep_activation_layers = mid;
-    if (fits(predict_memory(in)))
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  if (lo == 0) return;
-  in.setting.keep_activation_layers = lo;
+  const int64_t kept = most_last_layers(layers, [&](int64_t n) {
+    in.setting.keep_activation_layers = n;
+    return fits(predict_memory(in));
+  });
+  if (kept == 0) return;
+  in.setting.keep_activation_layers = kept;
   g.setting = in.setting;
   g.prediction = predict_memory(in);
 }
@@ -751,6 +761,14 @@ GuideResult walk_guide(const PlanInput& base, int64_t gpu_bytes, int64_t host_by
     result.steps.push_back(std::move(g));
   }
   return result;
+}
+
+int64_t most_kept_activation_layers(PlanInput input, int64_t gpu_bytes) {
+  if (!input.setting.gradient_checkpointing) return 0;
+  return most_last_layers(input.model.num_hidden_layers, [&](int64_t n) {
+    input.setting.keep_activation_layers = n;
+    return predict_memory(input).gpu_required <= gpu_bytes;
+  });
 }
 
 int64_t most_kept_dense_layers(PlanInput input, int64_t gpu_bytes) {

@@ -132,4 +132,8 @@ GuideResult walk_guide(const PlanInput& base, int64_t gpu_bytes, int64_t host_by
 // Memory grows with the count, so the search stops at the first that fits, from the most down.
 int64_t most_kept_dense_layers(PlanInput input, int64_t gpu_bytes);
 
+// The most of the last layers `input` (with checkpointing) may leave unrecomputed
+// (keep_activation_layers) with its GPU figure within gpu_bytes; 0 where none fits.
+int64_t most_kept_activation_layers(PlanInput input, int64_t gpu_bytes);
+
 }  // namespace fsdpq
