@@ -17,31 +17,37 @@ int64_t activation_layers_to_suggest(const TrainConfig& c, const PlanInput& inpu
                                      static_cast<int64_t>(kKeptLayersHintShare * static_cast<double>(gpu_total_bytes)));
 }
 
+namespace {
+
+// The hint's one line: what the run needs now, and what keeping `layers` more of `what` would cost
+// (`then`, the plan's figure with them) and save.
+void offer(const char* key, int64_t layers, const char* what, const char* instead, int64_t now, int64_t then,
+           uint64_t gpu_total) {
+  log::info("GPU memory: this run needs about {} of the GPU's {}; {} = {} would keep the last {} layers' {} for their "
+            "backward ({} more) instead of {} each step (docs/model.md; `fsdpq plan` weighs it against the batch size)",
+            human_bytes(static_cast<double>(now)), human_bytes(static_cast<double>(gpu_total)), key, layers, layers, what,
+            human_bytes(static_cast<double>(then - now)), instead);
+}
+
+}  // namespace
+
 void hint_kept_dense_layers(const World& world, const ResolvedConfig& resolved, const RunPlan& plan, const GpuInfo& gpu) {
   if (!gpu.has_gpu() || gpu.shared) return;  // ranks sharing a GPU share its memory too: no figure to offer
   const TrainConfig& c = resolved.config;
   PlanInput input = plan_input_from(c, plan.model.config, world.size);
   input.on_gpu = true;
   const int64_t now = predict_memory(input).gpu_required;
+  // Layers not recomputed first (a layer's forward saved each), else dense ones; the same memory is
+  // not offered twice.
   if (const int64_t layers = activation_layers_to_suggest(c, input, gpu.total_memory); layers > 0) {
     input.setting.keep_activation_layers = layers;
-    const int64_t then = predict_memory(input).gpu_required;
-    log::info("GPU memory: this run needs about {} of the GPU's {}; keep_activation_layers = {} would keep the last {} "
-              "layers' activations for their backward ({} more) instead of recomputing their forward each step "
-              "(docs/model.md; `fsdpq plan` weighs it against the batch size)",
-              human_bytes(static_cast<double>(now)), human_bytes(static_cast<double>(gpu.total_memory)), layers, layers,
-              human_bytes(static_cast<double>(then - now)));
-    return;  // the same memory is not offered twice
+    offer("keep_activation_layers", layers, "activations", "recomputing their forward", now,
+          predict_memory(input).gpu_required, gpu.total_memory);
+  } else if (const int64_t kept = kept_layers_to_suggest(c, input, gpu.total_memory); kept > 0) {
+    input.setting.keep_dequantized_layers = kept;
+    offer("keep_dequantized_layers", kept, "dequantised weights", "dequantising them again", now,
+          predict_memory(input).gpu_required, gpu.total_memory);
   }
-  const int64_t kept = kept_layers_to_suggest(c, input, gpu.total_memory);
-  if (kept == 0) return;
-  input.setting.keep_dequantized_layers = kept;
-  const int64_t then = predict_memory(input).gpu_required;
-  log::info("GPU memory: this run needs about {} of the GPU's {}; keep_dequantized_layers = {} would keep the last {} "
-            "layers' dequantised weights for their backward ({} more) instead of dequantising them again each step "
-            "(docs/model.md, \"Kept dense layers\"; `fsdpq plan` weighs it against the batch size)",
-            human_bytes(static_cast<double>(now)), human_bytes(static_cast<double>(gpu.total_memory)), kept, kept,
-            human_bytes(static_cast<double>(then - now)));
 }
 
 }  // namespace fsdpq

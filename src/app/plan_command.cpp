@@ -89,11 +89,17 @@ PlanFlags parse_plan_flags(const std::vector<std::string>& args) {
 
 std::string gib(int64_t bytes) { return fmt::format("{:.2f}", static_cast<double>(bytes) / kGiB); }
 
+// Which layers checkpointing recomputes: "" for every layer, else which (checkpoint_every) and
+// which not (keep_activation_layers).
+std::string recomputed_text(const PlanSetting& s) {
+  std::string text = s.checkpoint_every == 1 ? "" : fmt::format(" every {}th layer", s.checkpoint_every);
+  if (s.keep_activation_layers > 0) text += fmt::format(" (the last {} not recomputed)", s.keep_activation_layers);
+  return text;
+}
+
 std::string checkpointing_text(const PlanSetting& s) {
   if (!s.gradient_checkpointing) return "off";
-  const std::string kept =
-      s.keep_activation_layers > 0 ? fmt::format(", the last {} layers not recomputed", s.keep_activation_layers) : "";
-  return (s.checkpoint_every == 1 ? "on" : fmt::format("every {}th layer", s.checkpoint_every)) + kept;
+  return "on" + recomputed_text(s);
 }
 
 std::string kept_dense_text(const PlanSetting& s) {
@@ -175,13 +181,7 @@ std::string format_plan(const TrainConfig& c, const PlanInput& input, const Plan
     const bool host_ok = flags.host_mem_gib <= 0 || g.prediction.host_per_node <= static_cast<int64_t>(flags.host_mem_gib * kGiB);
     out += fmt::format("| {} | {} | {} | {} | {} | {} | {} |\n", i + 1, g.name,
                        fmt::format("{}{}{}{}{}{}", sharding_strategy_name(g.setting.strategy),
-                                   !g.setting.gradient_checkpointing ? ""
-                                   : (g.setting.checkpoint_every == 1
-                                          ? std::string(" + ckpt")
-                                          : fmt::format(" + ckpt every {}th layer", g.setting.checkpoint_every)) +
-                                         (g.setting.keep_activation_layers > 0
-                                              ? fmt::format(" (last {} not recomputed)", g.setting.keep_activation_layers)
-                                              : ""),
+                                   g.setting.gradient_checkpointing ? " + ckpt" + recomputed_text(g.setting) : "",
                                    g.setting.recompute_elementwise ? " + elementwise recompute" : "",
                                    g.setting.cpu_offload ? " + cpu offload" : "",
                                    g.setting.activation_offload ? " + act offload" : "", kept_dense_text(g.setting)),
