@@ -34,6 +34,7 @@
 #include "kernels/attention_sm90a.cuh"
 #include "kernels/hopper/a_operand_layout.h"
 #include "kernels/hopper/mbarrier.cuh"
+#include "kernels/hopper/shared_memory.cuh"
 #include "kernels/hopper/tensor_map.cuh"
 #include "kernels/hopper/tile_order.h"
 #include "kernels/hopper/tma.cuh"
@@ -469,9 +470,6 @@ __device__ void produce_stats(const Params& p, const KeyTile& t, uint8_t* smem, 
 // What both kernels' blocks do first and how their warpgroups split: the shared memory aligned to
 // 1024 bytes, the barriers set up, then warpgroup 0 produces (one thread: produce_tiles) with few
 // registers and the others consume (consume_tiles) with many.
-__device__ __forceinline__ uint8_t* aligned_smem(uint8_t* smem_raw) {
-  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-}
 
 // (A kernel may write shared memory before run_block: its barrier publishes that too.) A side
 // producer (kernel 2's statistics) runs on warp 1 of the producer warpgroup, arriving on the full
@@ -479,7 +477,7 @@ __device__ __forceinline__ uint8_t* aligned_smem(uint8_t* smem_raw) {
 template <int D, class Produce, class Consume, class ProduceSide>
 __device__ __forceinline__ void run_block(uint8_t* smem_raw, Produce&& produce_tiles, Consume&& consume_tiles,
                                           ProduceSide&& produce_side, int side_arrivals) {
-  uint8_t* smem = aligned_smem(smem_raw);
+  uint8_t* smem = aligned_shared_1024(smem_raw);
   Barriers& bar = *reinterpret_cast<Barriers*>(smem + Smem<D>::kBarriers);
   if (threadIdx.x == 0) {
     mbarrier_init(&bar.fixed_full, 1);
@@ -507,7 +505,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                 const __grid_constant__ CUtensorMap dk_map, const __grid_constant__ CUtensorMap dv_map,
                                 const Params p) {
   extern __shared__ uint8_t smem_raw[];
-  int* const list = reinterpret_cast<int*>(aligned_smem(smem_raw) + Smem<D>::kTileList);
+  int* const list = reinterpret_cast<int*>(aligned_shared_1024(smem_raw) + Smem<D>::kTileList);
   const KeyTile t = key_tile_of_block(p, kSegmented ? list : nullptr);
   if (kSegmented && threadIdx.x == 32) list_query_tiles(p, t, list);  // thread 0 sets up the barriers
   run_block<D>(

@@ -29,6 +29,7 @@
 
 #include "kernels/attention_sm90a.cuh"
 #include "kernels/hopper/mbarrier.cuh"
+#include "kernels/hopper/shared_memory.cuh"
 #include "kernels/hopper/sm90a_image.cuh"
 #include "kernels/hopper/tensor_map.cuh"
 #include "kernels/hopper/tma.cuh"
@@ -382,7 +383,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                            const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap out_map,
                            const Params p) {
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  uint8_t* smem = aligned_shared_1024(smem_raw);
   Barriers& bar = *reinterpret_cast<Barriers*>(smem + Smem<D>::kBarriers);
   const Tile t = tile_of_block(p, first_key_tile<kSegmented>(p));
   if (threadIdx.x == 0) {

@@ -22,6 +22,7 @@
 #include <type_traits>
 
 #include "kernels/hopper/mbarrier.cuh"
+#include "kernels/hopper/shared_memory.cuh"
 #include "kernels/hopper/sm90a_image.cuh"
 #include "kernels/hopper/tensor_map.cuh"
 #include "kernels/hopper/tma.cuh"
@@ -110,10 +111,6 @@ __device__ __forceinline__ uint32_t parity_of(int i) {
 }
 
 // ---- what both kernels' blocks start with ----
-
-__device__ __forceinline__ uint8_t* aligned_1024(uint8_t* raw) {
-  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t{1023});
-}
 
 // The columns of `in` this block's split covers: [begin, begin + steps · step_columns).
 struct Split {
@@ -393,7 +390,7 @@ template <class T, class XA, int COUNT>
 __global__ void __launch_bounds__(kThreads, 1)
     lora_down_sm90a_kernel(const __grid_constant__ Maps maps, const __grid_constant__ Params p) {
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = aligned_1024(smem_raw);
+  uint8_t* smem = aligned_shared_1024(smem_raw);
   Barriers& bar = *reinterpret_cast<Barriers*>(smem + Smem<COUNT>::kBarriers);
   const int m0 = static_cast<int>(blockIdx.x) * kBlockRows;
   const Split split = block_split(p, kStepColumns);
@@ -678,7 +675,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     lora_input_grad_sm90a_kernel(const __grid_constant__ Maps maps, const __grid_constant__ Params p) {
   extern __shared__ uint8_t smem_raw[];
   using S = GradSmem<COUNT, STAGED>;
-  uint8_t* smem = aligned_1024(smem_raw);
+  uint8_t* smem = aligned_shared_1024(smem_raw);
   GradBarriers& bar = *reinterpret_cast<GradBarriers*>(smem + S::kBarriers);
   const int m0 = static_cast<int>(blockIdx.x) * kBlockRows;
   const Split split = block_split(p, kGradColumns);
@@ -863,7 +860,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     lora_weight_grad_sm90a_kernel(const __grid_constant__ Maps maps, const __grid_constant__ CUtensorMap dxa_map,
                                   const __grid_constant__ Params p) {
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = aligned_1024(smem_raw);
+  uint8_t* smem = aligned_shared_1024(smem_raw);
   WeightBarriers& bar = *reinterpret_cast<WeightBarriers*>(smem + WeightSmem<COUNT>::kBarriers);
   const int c0 = static_cast<int>(blockIdx.x) * kWeightColumns;
   const int64_t row0 = static_cast<int64_t>(blockIdx.y) * p.chunk_rows;
