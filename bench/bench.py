@@ -83,10 +83,12 @@ def fsdpq_record(a, workdir, shape, ctx, proc):
 PEERS = {name: peer_command for name in HF_PEERS} | {name: fsdpq_command for name in FSDPQ_PEERS}
 
 
-def plan_peak_gib(fsdpq, shape, ctx, bs, ckpt, dropout, keep, activations=0):
+def plan_peak_gib(fsdpq, shape, ctx, bs, ckpt, dropout, keep, activations=0, extra=()):
     """`fsdpq plan`'s peak allocated GiB for fsdpq_qlora at this point with `keep` kept dense layers
-    (and, with checkpointing, the last `activations` layers not recomputed)."""
-    cmd = [fsdpq, "plan", *fsdpq_point("qlora", shape, ctx, bs, ckpt, dropout), "--keep_dequantized_layers", str(keep)]
+    (and, with checkpointing, the last `activations` layers not recomputed), with the run's extra
+    settings (--fsdpq-args: an offload changes what fits)."""
+    cmd = [fsdpq, "plan", *fsdpq_point("qlora", shape, ctx, bs, ckpt, dropout), *extra,
+           "--keep_dequantized_layers", str(keep)]
     if activations:
         cmd += ["--keep_activation_layers", str(activations)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
@@ -114,17 +116,17 @@ def most_layers_under(peak_with, layers, cap_gib):
     return lo
 
 
-def kept_layers_under(fsdpq, shape, ctx, bs, ckpt, dropout, cap_gib, activations=0):
+def kept_layers_under(fsdpq, shape, ctx, bs, ckpt, dropout, cap_gib, activations=0, extra=()):
     """The most layers fsdpq_qlora keeps dense (keep_dequantized_layers) with its planned peak at most
     cap_gib, or None where even none fits."""
-    return most_layers_under(lambda k: plan_peak_gib(fsdpq, shape, ctx, bs, ckpt, dropout, k, activations),
+    return most_layers_under(lambda k: plan_peak_gib(fsdpq, shape, ctx, bs, ckpt, dropout, k, activations, extra),
                              shape_dict(shape)["num_hidden_layers"], cap_gib)
 
 
-def activation_layers_under(fsdpq, shape, ctx, bs, dropout, cap_gib):
+def activation_layers_under(fsdpq, shape, ctx, bs, dropout, cap_gib, extra=()):
     """With checkpointing: the most last layers fsdpq_qlora leaves unrecomputed (keep_activation_layers)
     with its planned peak at most cap_gib (no dense layers kept), or None where even none fits."""
-    return most_layers_under(lambda n: plan_peak_gib(fsdpq, shape, ctx, bs, True, dropout, 0, n),
+    return most_layers_under(lambda n: plan_peak_gib(fsdpq, shape, ctx, bs, True, dropout, 0, n, extra),
                              shape_dict(shape)["num_hidden_layers"], cap_gib)
 
 
@@ -250,10 +252,12 @@ def memory_matched_args(a, done, shape, ctx, bs, ckpt):
     # The plan's peaks land within ~0.5% of the measured ones, on either side (stop 41: 25.79 GiB
     # measured at ctx 512, bs 4, 27 kept, against the peer's 25.74 that the plan had kept under):
     # a margin keeps the measured peak at or below the peer's, which #24 asks of every point.
-    activations = activation_layers_under(a.fsdpq, shape, ctx, bs, a.lora_dropout, cap * PLAN_MARGIN) if ckpt else 0
+    extra = shlex.split(getattr(a, "fsdpq_args", ""))  # the run's own settings, planned with it
+    activations = (activation_layers_under(a.fsdpq, shape, ctx, bs, a.lora_dropout, cap * PLAN_MARGIN, extra)
+                   if ckpt else 0)
     if activations is None:
         return None
-    keep = kept_layers_under(a.fsdpq, shape, ctx, bs, ckpt, a.lora_dropout, cap * PLAN_MARGIN, activations)
+    keep = kept_layers_under(a.fsdpq, shape, ctx, bs, ckpt, a.lora_dropout, cap * PLAN_MARGIN, activations, extra)
     if keep is None:
         return None
     return ["--keep_dequantized_layers", str(keep)] + (["--keep_activation_layers", str(activations)] if activations else [])

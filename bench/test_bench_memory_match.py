@@ -57,3 +57,21 @@ def test_with_checkpointing_the_last_layers_are_not_recomputed_first():
     assert args[args.index("--keep_activation_layers") + 1] == "3"
     keep = int(args[args.index("--keep_dequantized_layers") + 1])
     assert bench.plan_peak_gib(FSDPQ, *point, 0.1, keep, 3) <= three / bench.PLAN_MARGIN + 0.01
+
+
+@needs_fsdpq
+def test_the_runs_own_settings_are_planned_with_it():
+    """--fsdpq-args reach the plan too: with the checkpointed layer inputs offloaded to the host the
+    same peak leaves more of the last layers unrecomputed."""
+    class A:
+        fsdpq, fsdpq_memory_of, lora_dropout, fsdpq_args = FSDPQ, "hf_lora_compile", 0.1, ""
+    point = ("llama2-7b", 2048, 8, True)
+    cap = bench.plan_peak_gib(FSDPQ, *point, 0.1, 0, 3) / bench.PLAN_MARGIN + 0.01
+    done = {("hf_lora_compile", *point, 0.1): {"peak_allocated_gib": cap}}
+    plain = bench.memory_matched_args(A, done, *point)
+    A.fsdpq_args = "--use_activation_cpu_offload true"
+    offloaded = bench.memory_matched_args(A, done, *point)
+    layers = lambda args: int(args[args.index("--keep_activation_layers") + 1])  # noqa: E731
+    assert layers(plain) == 3
+    assert layers(offloaded) > layers(plain)
+    assert bench.plan_peak_gib(FSDPQ, *point, 0.1, 0, layers(offloaded), ["--use_activation_cpu_offload", "true"]) <= cap
