@@ -470,7 +470,6 @@ __device__ void produce_stats(const Params& p, const KeyTile& t, uint8_t* smem, 
 // What both kernels' blocks do first and how their warpgroups split: the shared memory aligned to
 // 1024 bytes, the barriers set up, then warpgroup 0 produces (one thread: produce_tiles) with few
 // registers and the others consume (consume_tiles) with many.
-
 // (A kernel may write shared memory before run_block: its barrier publishes that too.) A side
 // producer (kernel 2's statistics) runs on warp 1 of the producer warpgroup, arriving on the full
 // barriers with `side_arrivals` lanes.
