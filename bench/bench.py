@@ -298,6 +298,8 @@ def run_one(a, peer, shape, ctx, bs, ckpt, start, results, logf, extra=()):
     for flag in ("--keep_dequantized_layers", "--keep_activation_layers"):
         if flag in extra:
             rec[flag[2:]] = int(extra[list(extra).index(flag) + 1])
+    if peer in FSDPQ_PEERS and a.fsdpq_args:
+        rec["fsdpq_args"] = a.fsdpq_args  # a variant of its own in compare.py's tables
     results.write(json.dumps(rec) + "\n")
     results.flush()
     tps = rec.get("tokens_per_second")

@@ -46,8 +46,21 @@ def load(paths, warn):
             if missing:
                 warn(f"{path}:{n}: skipped, no {', '.join(missing)}")
                 continue
-            rows[(r["peer"],) + tuple(r[k] for k in KEY) + (dropout(r),)] = r
+            rows[(r["peer"],) + tuple(r[k] for k in KEY) + (dropout(r), variant(r))] = r
     return list(rows.values())
+
+
+# bench.py --fsdpq-args a run had, in words where they are the offloads.
+SETTING_WORDS = {"--use_activation_cpu_offload true": "act offload", "--use_cpu_offload true": "cpu offload"}
+
+
+def variant(r):
+    """The extra fsdpq settings of a run (bench.py --fsdpq-args), as its label shows them: each run of
+    another variant at the same point is a row of its own."""
+    text = " ".join(str(r.get("fsdpq_args") or "").split())
+    for flags, words in SETTING_WORDS.items():
+        text = text.replace(flags, words)
+    return text
 
 
 def is_fsdpq(r):
@@ -84,7 +97,8 @@ def peer_text(r):
     """The peer's name, and what an fsdpq run kept (bench.py --fsdpq-memory-of): dense layers, and
     with checkpointing the last layers not recomputed."""
     keep, activations = r.get("keep_dequantized_layers"), r.get("keep_activation_layers")
-    kept = [f"{keep} kept"] if keep else []
+    kept = [variant(r)] if variant(r) else []
+    kept += [f"{keep} kept"] if keep else []
     kept += [f"last {activations} not recomputed"] if activations else []
     return f"{r['peer']} ({', '.join(kept)})" if kept else str(r["peer"])
 
@@ -98,7 +112,7 @@ def line(r, ratio):
 
 def order(r):
     return (str(r["model_shape"]), r["context_length"], not r["gradient_checkpointing"], dropout(r), r["batch_size"],
-            is_fsdpq(r), r["peer"])
+            is_fsdpq(r), r["peer"], variant(r))
 
 
 def tables(rows):
@@ -106,10 +120,11 @@ def tables(rows):
     for r in sorted(rows, key=order):
         same = [p for p in rows if not is_fsdpq(p) and same_point(p, r)]
         out.append(line(r, ratio_text(r, same)))
-    # Each peer at its own best batch size: fsdpq may fit (and need) a larger batch than the peers.
+    # Each peer (and fsdpq variant) at its own best batch size: fsdpq may fit (and need) a larger
+    # batch than the peers.
     best = {}
     for r in rows:
-        k = (r["peer"],) + tuple(r[k] for k in KEY[:3]) + (dropout(r),)
+        k = (r["peer"],) + tuple(r[k] for k in KEY[:3]) + (dropout(r), variant(r))
         if tps(r) is not None and (k not in best or tps(r) > tps(best[k])):
             best[k] = r
     out += ["", "## Best batch size of each", "", HEADER]

@@ -103,3 +103,21 @@ def test_layers_not_recomputed_show_beside_the_peer(tmp_path):
                           write(tmp_path, rows)], capture_output=True, text=True, check=True).stdout
     fsdpq = [ln for ln in table_lines(out, "Every run") if "fsdpq_qlora" in ln]
     assert len(fsdpq) == 1 and "fsdpq_qlora (2 kept, last 3 not recomputed)" in fsdpq[0], out
+
+
+def test_fsdpq_variants_at_one_point_are_rows_of_their_own(tmp_path):
+    """Runs with other --fsdpq-args (bench.py records them) do not replace each other: each is a row
+    labelled with its settings, in both tables, against the same peer."""
+    rows = [rec("hf_lora_compile", 8, 11500.0),
+            rec("fsdpq_qlora", 8, 13300.0, keep_dequantized_layers=1, keep_activation_layers=4),
+            rec("fsdpq_qlora", 8, 14000.0, keep_dequantized_layers=2, keep_activation_layers=8,
+                fsdpq_args="--use_activation_cpu_offload true"),
+            rec("fsdpq_qlora", 8, 13000.0, fsdpq_args="--use_cpu_offload  true --foo 3")]
+    out = subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "compare.py"),
+                          write(tmp_path, rows)], capture_output=True, text=True, check=True).stdout
+    for section in ("Every run", "Best batch size of each"):
+        fsdpq = [ln for ln in table_lines(out, section) if "fsdpq_qlora" in ln]
+        assert len(fsdpq) == 3, out
+        assert any("fsdpq_qlora (1 kept, last 4 not recomputed)" in ln and "1.16×" in ln for ln in fsdpq), out
+        assert any("fsdpq_qlora (act offload, 2 kept, last 8 not recomputed)" in ln and "1.22×" in ln for ln in fsdpq)
+        assert any("fsdpq_qlora (cpu offload --foo 3)" in ln for ln in fsdpq), out
