@@ -252,7 +252,7 @@ def memory_matched_args(a, done, shape, ctx, bs, ckpt):
     # The plan's peaks land within ~0.5% of the measured ones, on either side (stop 41: 25.79 GiB
     # measured at ctx 512, bs 4, 27 kept, against the peer's 25.74 that the plan had kept under):
     # a margin keeps the measured peak at or below the peer's, which #24 asks of every point.
-    extra = shlex.split(getattr(a, "fsdpq_args", ""))  # the run's own settings, planned with it
+    extra = shlex.split(a.fsdpq_args)  # the run's own settings, planned with it
     activations = (activation_layers_under(a.fsdpq, shape, ctx, bs, a.lora_dropout, cap * PLAN_MARGIN, extra)
                    if ckpt else 0)
     if activations is None:

@@ -30,7 +30,7 @@ def test_the_most_kept_layers_under_the_cap():
 @needs_fsdpq
 def test_memory_matched_args_follow_the_peers_measured_peak():
     class A:
-        fsdpq, fsdpq_memory_of, lora_dropout = FSDPQ, "hf_lora_compile", 0.1
+        fsdpq, fsdpq_memory_of, lora_dropout, fsdpq_args = FSDPQ, "hf_lora_compile", 0.1, ""
     point = ("llama2-7b", 512, 4, False)
     three = bench.plan_peak_gib(FSDPQ, *point, 0.1, 3)
     # The plan must fit under the peer's peak less the margin (a kept layer here is ~0.45 GiB, the
@@ -49,7 +49,7 @@ def test_with_checkpointing_the_last_layers_are_not_recomputed_first():
     """At a checkpointing point the memory goes first to layers not recomputed (each saves a forward),
     and what is left to dense layers."""
     class A:
-        fsdpq, fsdpq_memory_of, lora_dropout = FSDPQ, "hf_lora_compile", 0.1
+        fsdpq, fsdpq_memory_of, lora_dropout, fsdpq_args = FSDPQ, "hf_lora_compile", 0.1, ""
     point = ("llama2-7b", 512, 4, True)
     three = bench.plan_peak_gib(FSDPQ, *point, 0.1, 0, 3)
     done = {("hf_lora_compile", *point, 0.1): {"peak_allocated_gib": three / bench.PLAN_MARGIN + 0.01}}
