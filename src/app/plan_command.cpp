@@ -200,7 +200,7 @@ std::string format_plan(const TrainConfig& c, const PlanInput& input, const Plan
                        guide.recommended + 1, g.name, setting_text(g.setting), gib(g.prediction.gpu_required),
                        gib(g.prediction.host_per_node), setting_flags(g.setting));
     if (g.setting.activation_offload)
-      out += "  (with use_activation_cpu_offload the layer inputs wait in host memory; not yet measured on a GPU)\n";
+      out += "  (with use_activation_cpu_offload the layer inputs wait in pinned host memory, copied beside the compute)\n";
   }
   out += packing_note(c);
   return out;

@@ -72,7 +72,10 @@ void folded_group_forward(std::span<const TensorView> ys, const TensorView& x, i
   const TensorView xa = a.xa[group];
   const int64_t C = x.shape.last(), R = xa.shape.last();
   Tensor wide = Tensor::empty(Shape{x.shape.rows(), C + R}, x.dtype, x.device);
-  {
+  if (a.xa_kept) {
+    ScopedSection section("lora: fold");
+    copy_block(MatrixView(wide.view(), 0, C), x);
+  } else {
     ScopedSection section("lora");
     lora_down_group(xa, x, g.sites, MatrixView(wide.view(), 0, C));  // x into [x | xa] too
   }
@@ -115,7 +118,10 @@ void linear_group_forward(std::span<const TensorView> ys, const TensorView& x, i
     for (size_t j = 0; j < modules.size(); ++j)
       if (g.site_of[j] >= 0) adapted.push_back(ys[j]);
     ScopedSection section("lora");
-    lora_forward_group(adapted, a.xa[group], x, g.sites, /*accumulate_ys=*/false);
+    if (a.xa_kept)
+      lora_up_group(adapted, a.xa[group], x, g.sites, /*accumulate_ys=*/false);
+    else
+      lora_forward_group(adapted, a.xa[group], x, g.sites, /*accumulate_ys=*/false);
   }
   {
     ScopedSection section("linear");
@@ -285,17 +291,26 @@ void LayerActivations::allocate(const LayerDims& d, DType dtype, const std::arra
   rstd2 = Tensor::empty(Shape{N}, DType::F32, device);
   gate = Tensor::empty(Shape{N, d.I}, dtype, device);
   up = Tensor::empty(Shape{N, d.I}, dtype, device);
-  for (int group = 0; group < kLinearGroups; ++group) {
-    int64_t rank = 0;
-    for (int m : group_modules(group)) rank += lora_ranks[m];
-    xa[group] = rank > 0 && !with_dora ? Tensor::empty(Shape{N, rank}, dtype, device) : Tensor();
-  }
+  xa = with_dora ? std::array<Tensor, kLinearGroups>{} : allocate_group_xa(d, dtype, lora_ranks, device);
+  xa_kept = false;
   for (int m = 0; m < kLinearModules; ++m) {
     const bool kept = with_dora && lora_ranks[m] > 0;
     dora[m].xa = kept ? Tensor::empty(Shape{N, lora_ranks[m]}, dtype, device) : Tensor();
     dora[m].z = kept ? Tensor::empty(Shape{N, module_out(d, m)}, dtype, device) : Tensor();
     dora[m].norm = kept ? Tensor::empty(Shape{module_out(d, m)}, DType::F32, device) : Tensor();
   }
+}
+
+std::array<Tensor, kLinearGroups> allocate_group_xa(const LayerDims& d, DType dtype,
+                                                    const std::array<int64_t, kLinearModules>& lora_ranks,
+                                                    Device device) {
+  std::array<Tensor, kLinearGroups> xa;
+  for (int group = 0; group < kLinearGroups; ++group) {
+    int64_t rank = 0;
+    for (int m : group_modules(group)) rank += lora_ranks[m];
+    if (rank > 0) xa[group] = Tensor::empty(Shape{d.N(), rank}, dtype, device);
+  }
+  return xa;
 }
 
 int64_t LayerActivations::nbytes() const {

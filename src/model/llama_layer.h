@@ -133,6 +133,10 @@ struct LayerActivations {
   Tensor own_n1, own_n2, own_h;
   // Per group, its LoRA adapters' dropout(x)·Aᵀ side by side [N, Σr] (empty where the group has none).
   std::array<Tensor, kLinearGroups> xa;
+  // xa already holds this layer's values (a checkpointed layer keeps them from its forward): the
+  // forward, as the recompute, runs only the adapters' B products, not the down products and their
+  // dropout masks. The bits are the same.
+  bool xa_kept = false;
   // Per module with a DoRA adapter, what its backward reads (ops/dora.h's DoraSaved): xa [N, r],
   // z [N, out] and the weight norm F32 [out]; empty elsewhere.
   struct Dora {
@@ -146,6 +150,12 @@ struct LayerActivations {
                 Device device = Device::CPU, const ElementwiseScratch* shared = nullptr);
   int64_t nbytes() const;
 };
+
+// Per group, an xa [N, Σr] as LayerActivations holds it (empty where the group has no adapters;
+// DoRA's adapters keep theirs per module instead).
+std::array<Tensor, kLinearGroups> allocate_group_xa(const LayerDims& d, DType dtype,
+                                                    const std::array<int64_t, kLinearModules>& lora_ranks,
+                                                    Device device = Device::CPU);
 
 // Gradient buffers one layer's backward uses (activation_grad_dtype), reused from layer to layer.
 struct LayerGradScratch {

@@ -16,6 +16,7 @@
 #include "backend/section_times.h"
 #include "backend/side_stream.h"
 #include "kernels/splitmix64.h"
+#include "model/activation_offload.h"
 #include "model/block_expansion.h"
 #include "model/llama_cached_attention.h"
 #include "model/llama_layer.h"
@@ -39,6 +40,7 @@ namespace {
 struct ActivationSlots {
   std::vector<size_t> of_layer;
   size_t count = 0;
+  std::optional<size_t> shared;  // the slot the recomputed layers share, if any
 };
 
 ActivationSlots activation_slots(int64_t layers, bool train, const ModelOptions& o) {
@@ -46,11 +48,10 @@ ActivationSlots activation_slots(int64_t layers, bool train, const ModelOptions&
   if (o.keep_activation_layers < 0) throw std::logic_error("activation_slots: keep_activation_layers must be at least 0");
   const CheckpointPolicy policy = o.checkpoint_policy();
   ActivationSlots s;
-  std::optional<size_t> shared;
   for (int64_t i = 0; i < layers; ++i) {
     const bool kept = train && !policy.recomputes(i, layers);
-    if (!kept && !shared) shared = s.count++;
-    s.of_layer.push_back(kept ? s.count++ : *shared);
+    if (!kept && !s.shared) s.shared = s.count++;
+    s.of_layer.push_back(kept ? s.count++ : *s.shared);
   }
   return s;
 }
@@ -172,8 +173,8 @@ struct LlamaModel::Impl {
   std::vector<std::array<Tensor, kLinearModules>> dora_norms;
   UnitHooks* hooks = nullptr;                      // sharding; null: weights always present
   Device device = Device::CPU;                     // where activations live and the ops run
-  // activation_offload: each layer input's host copy, kept (pinned on a GPU) from pass to pass.
-  std::vector<std::unique_ptr<HostStaging>> offloaded_inputs;
+  // activation_offload: the layer inputs' trips to host memory and back (its buffers kept from pass to pass).
+  ActivationOffload offloaded_inputs;
 
   // `checkpoint`: the config of the weights read, before any Llama-Pro expansion.
   Impl(const LlamaConfig& checkpoint, const ModelOptions& o, LlamaWeights w)
@@ -397,9 +398,14 @@ struct LlamaModel::Impl {
     }
 
     make_kept_buffers();
+    // Activation offload: the layer inputs wait in host memory between forward and backward
+    // (model/activation_offload.h), so they are made as the forward reaches them.
+    const bool offload_inputs = checkpointing && options.activation_offload;
     // The residual stream: stream[i] is layer i's input (two buffers in turn when nothing is kept).
+    const Shape stream_shape{N, config.hidden_size};
     std::vector<Tensor> stream(static_cast<size_t>(train ? L + 1 : 2));
-    for (Tensor& t : stream) t = Tensor::empty(Shape{N, config.hidden_size}, act, device);
+    for (size_t i = 0; i < stream.size(); ++i)
+      if (!offload_inputs || i == 0) stream[i] = Tensor::empty(stream_shape, act, device);
     auto stream_at = [&](int64_t i) -> Tensor& { return stream[static_cast<size_t>(train ? i : i % 2)]; };
     const bool backward_follows = train && !weights.trainables().empty();
     if (hooks) hooks->forward_begin(kRootUnit);
@@ -409,31 +415,34 @@ struct LlamaModel::Impl {
     ElementwiseScratch elementwise;  // with recompute_elementwise: the layers' n1, n2, h
     const bool share_elementwise = train && options.recompute_elementwise;
     if (share_elementwise) elementwise.allocate(d, act, device);
+    // Each recomputed layer keeps its adapters' xa (LayerActivations::xa_kept: ~1% of a layer's
+    // activations), so its recompute skips the down products and their dropout masks; the slot the
+    // recomputed layers share has none of its own.
+    const bool keep_recomputed_xa = checkpointing && !options.use_dora;
+    std::vector<std::array<Tensor, kLinearGroups>> recomputed_xa(static_cast<size_t>(L));
     std::vector<LayerActivations> activations(slots.count);
-    for (LayerActivations& a : activations)
-      a.allocate(d, act, lora_ranks(), options.use_dora, device, share_elementwise ? &elementwise : nullptr);
+    for (size_t s = 0; s < activations.size(); ++s)
+      activations[s].allocate(d, act,
+                              keep_recomputed_xa && s == slots.shared ? std::array<int64_t, kLinearModules>{}
+                                                                      : lora_ranks(),
+                              options.use_dora, device, share_elementwise ? &elementwise : nullptr);
     auto activations_of = [&](int64_t i) -> LayerActivations& { return activations[slots.of_layer[static_cast<size_t>(i)]]; };
     int64_t shared_slot_holds = -1;  // the recomputed layer whose activations the shared buffer holds
-    // Activation offload: a layer's input goes to host memory once the layer's forward is done and
-    // comes back just before its backward (the same bytes: the pass's results do not change).
-    const bool offload_inputs = checkpointing && options.activation_offload;
-    const size_t input_bytes = stream_at(0).nbytes();
-    while (offload_inputs && offloaded_inputs.size() < static_cast<size_t>(L))
-      offloaded_inputs.push_back(std::make_unique<HostStaging>());
+    if (offload_inputs) offloaded_inputs.begin_pass(L, stream_shape, act, device);
     for (int64_t i = 0; i < L; ++i) {
+      if (!stream_at(i + 1).defined()) stream_at(i + 1) = Tensor::empty(stream_shape, act, device);
       if (hooks) hooks->forward_begin(layer_unit(i));
       KeptLayer* const own = kept_layer(i);
       const LayerCompute w = layer_compute(i, train, step_key, kForwardOrder, own);
+      const bool keeps_xa = keep_recomputed_xa && recomputed(i);
+      if (keeps_xa) activations_of(i).xa = allocate_group_xa(d, act, lora_ranks(), device);
       layer_forward(stream_at(i + 1), activations_of(i), stream_at(i), w, d, rope, segments);
+      if (keeps_xa) recomputed_xa[static_cast<size_t>(i)] = std::move(activations_of(i).xa);
       w.wait_for_weights();  // before forward_end may let the unit's quantised weights go
       if (own) own->free = mark_compute();  // its last read without a backward
       if (recomputed(i)) shared_slot_holds = i;
       if (hooks) hooks->forward_end(layer_unit(i), backward_follows);
-      if (offload_inputs) {
-        void* host = offloaded_inputs[static_cast<size_t>(i)]->reserve(input_bytes);
-        copy_bytes(host, Device::CPU, stream_at(i).view().data, device, input_bytes);
-        stream_at(i) = Tensor();
-      }
+      if (offload_inputs) offloaded_inputs.forward_done(i, stream_at(i));
     }
 
     Tensor normed = Tensor::empty(Shape{N, config.hidden_size}, act, device);
@@ -473,25 +482,26 @@ struct LlamaModel::Impl {
     scratch.allocate(d, grad, device);
     Tensor recomputed_out = checkpointing ? Tensor::empty(Shape{N, config.hidden_size}, act, device) : Tensor();
     for (int64_t i = L - 1; i >= 0; --i) {
-      if (offload_inputs) {
-        stream_at(i) = Tensor::empty(Shape{N, config.hidden_size}, act, device);
-        copy_bytes(stream_at(i).view().data, device, offloaded_inputs[static_cast<size_t>(i)]->reserve(input_bytes),
-                   Device::CPU, input_bytes);
-      }
+      if (offload_inputs) offloaded_inputs.backward_begin(i, i > 0 ? stream_at(i - 1) : stream_at(i));
       if (hooks) hooks->backward_begin(layer_unit(i));
       KeptLayer* const own = kept_layer(i);  // its dense weights from the forward above
       const LayerCompute w = layer_compute(
           i, true, step_key, recomputed(i) && shared_slot_holds != i ? kForwardOrder : kBackwardOrder, own, true);
       // Checkpointing: rebuild a recomputed layer's activations (same dropout masks), unless the
       // shared buffer still holds them (the last recomputed layer's, from the forward).
+      const bool keeps_xa = keep_recomputed_xa && recomputed(i);
+      if (keeps_xa) activations_of(i).xa = std::move(recomputed_xa[static_cast<size_t>(i)]);
       if (recomputed(i) && shared_slot_holds != i) {
+        activations_of(i).xa_kept = keeps_xa;
         layer_forward(recomputed_out, activations_of(i), stream_at(i), w, d, rope, segments);
+        activations_of(i).xa_kept = false;
         shared_slot_holds = i;
       }
       layer_backward(d_resid, scratch, activations_of(i), stream_at(i), w, d, rope, segments);
+      if (keeps_xa) activations_of(i).xa = {};  // its backward is queued
       w.wait_for_weights();
       if (own) own->free = mark_compute();  // the next forward refills its buffers after this
-      if (offload_inputs && i + 1 < L) stream_at(i + 1) = Tensor();  // its layer's backward is done
+      if (offload_inputs) stream_at(i) = Tensor();  // its layer's backward is queued
       if (hooks) hooks->backward_end(layer_unit(i));
     }
     if (weights.embedding.trainable) embedding_backward(weights.embedding.trainable->grad, ids, d_resid);

@@ -313,10 +313,10 @@ void lora_dropout_backward(TensorView dx, const TensorView& g, const LoraParams&
   accumulate_dropped(dx, std::span(&g, 1), GroupMask(std::span(&site, 1)));
 }
 
-void lora_forward_group(std::span<const TensorView> ys, TensorView xa, const TensorView& x,
-                        std::span<const LoraSite> sites, bool accumulate_ys) {
-  constexpr const char* op = "lora_forward";
-  const GroupDims g = check_group(op, x, xa, sites);
+namespace {
+
+void check_outputs(const char* op, std::span<const TensorView> ys, const TensorView& x,
+                   std::span<const LoraSite> sites, const GroupDims& g) {
   check_that(ys.size() == sites.size(), "{}: {} outputs for {} adapters", op, ys.size(), sites.size());
   for (size_t i = 0; i < sites.size(); ++i) {
     check_float(op, "y", ys[i]);
@@ -324,10 +324,33 @@ void lora_forward_group(std::span<const TensorView> ys, TensorView xa, const Ten
                "{}: y {} does not match x {} and B {}", op, ys[i].shape.to_string(), x.shape.to_string(),
                sites[i].B.shape.to_string());
   }
-  down_products(xa, x, sites, g);
+}
+
+// ys[i] (+)= scaling_i · xa_i · B_iᵀ: the B products, from the group's xa.
+void up_products(std::span<const TensorView> ys, const TensorView& xa, std::span<const LoraSite> sites,
+                 const GroupDims& g, bool accumulate_ys) {
   const ScopedSection timed("lora: xa·Bᵀ");
   for (size_t i = 0; i < sites.size(); ++i)
     linear_forward(ys[i], columns_of(xa, g, i), sites[i].B, accumulate_ys, lora_scaling(sites[i].params, g.site[i].rank));
+}
+
+}  // namespace
+
+void lora_forward_group(std::span<const TensorView> ys, TensorView xa, const TensorView& x,
+                        std::span<const LoraSite> sites, bool accumulate_ys) {
+  constexpr const char* op = "lora_forward";
+  const GroupDims g = check_group(op, x, xa, sites);
+  check_outputs(op, ys, x, sites, g);
+  down_products(xa, x, sites, g);
+  up_products(ys, xa, sites, g, accumulate_ys);
+}
+
+void lora_up_group(std::span<const TensorView> ys, const TensorView& xa, const TensorView& x,
+                   std::span<const LoraSite> sites, bool accumulate_ys) {
+  constexpr const char* op = "lora_forward";
+  const GroupDims g = check_group(op, x, xa, sites);
+  check_outputs(op, ys, x, sites, g);
+  up_products(ys, xa, sites, g, accumulate_ys);
 }
 
 void lora_down_group(TensorView xa, const TensorView& x, std::span<const LoraSite> sites) {

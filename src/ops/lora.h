@@ -83,6 +83,12 @@ void use_automatic_gpu_lora_kernels();  // back to auto, whatever the environmen
 // the adapter's read of y).
 void lora_forward_group(std::span<const TensorView> ys, TensorView xa, const TensorView& x,
                         std::span<const LoraSite> sites, bool accumulate_ys = true);
+// The second half of lora_forward_group: ys[i] (+)= adapter i's output from an xa that a
+// lora_forward_group or lora_down_group over the same x and sites wrote (a checkpointed layer's
+// recompute keeps its xa from the forward instead of redrawing the dropout masks,
+// model/llama_model.cpp). x is checked, not read.
+void lora_up_group(std::span<const TensorView> ys, const TensorView& xa, const TensorView& x,
+                   std::span<const LoraSite> sites, bool accumulate_ys = true);
 // The first half of lora_forward_group: xa = [dropout_i(x) · A_iᵀ]_i only, for a caller that applies
 // the B products its own way (folded into the base GEMM, model/llama_layer.cpp).
 void lora_down_group(TensorView xa, const TensorView& x, std::span<const LoraSite> sites);

@@ -161,6 +161,7 @@ std::vector<int64_t> folded_columns(const PlanInput& p, const std::vector<Linear
 // The largest buffers the adapter ops allocate for themselves in a layer's forward and backward.
 struct OpTemporaries {
   int64_t forward = 0, backward = 0;
+  int64_t recompute = 0;  // the forward's in a checkpointed recompute that keeps its xa (only [x | xa])
 };
 
 // What LoRA's ops allocate for themselves (src/ops/lora.cpp, matmul.cpp, model/llama_layer.cpp), per
@@ -205,6 +206,7 @@ OpTemporaries lora_temporaries(const PlanInput& p, const std::vector<Linear>& li
     // A folded group's [x | xa] is allocated before its down product, which copies x into it.
     const int64_t wide = folded[static_cast<size_t>(group[0])] > 0 ? R(N * (in + rank) * a) : 0;
     t.forward = std::max(t.forward, wide + down);
+    t.recompute = std::max(t.recompute, wide);
     const int64_t dxa = R(N * rank * kF32), dxa_cast = cast ? R(N * rank * a) : 0;
     const int64_t input_phase = fused     ? R(lora_fused::weight_grad_workspace_floats(N, in, rank) * kF32)
                                 : dropout ? dropped_copies
@@ -240,7 +242,21 @@ OpTemporaries dora_temporaries(const PlanInput& p, const std::vector<Linear>& li
     const int64_t lora = dxa + (dropout ? R(N * l.in * a) : 0);
     t.backward = std::max(t.backward, scale + dy_g + std::max(base_dropped, lora));
   }
+  t.recompute = t.forward;  // DoRA's recompute draws its masks again
   return t;
+}
+
+// allocate_group_xa (model/llama_layer.h): one [N, Σr] per group of modules that share an input;
+// none under DoRA.
+int64_t group_xa_bytes(const PlanInput& p, const std::vector<Linear>& lin, int64_t N) {
+  const int64_t a = static_cast<int64_t>(dtype_size(p.activation));
+  Bytes xa{p.on_gpu};
+  for (int g = 0; g < kLinearGroups && !p.dora; ++g) {
+    int64_t rank = 0;
+    for (int module : group_modules(g)) rank += lin[static_cast<size_t>(module)].rank;  // indices into linear_module_names()
+    if (rank > 0) xa.add(N * rank * a);
+  }
+  return xa.sum;
 }
 
 // LayerActivations::allocate: what one decoder layer keeps for its backward.
@@ -261,15 +277,10 @@ int64_t layer_activation_bytes(const PlanInput& p, const std::vector<Linear>& li
   layer.add(N * C * a, own_elementwise ? 2 : 1);  // x2, n2
   layer.add(N * kF32);             // rstd2
   layer.add(N * I * a, own_elementwise ? 3 : 2);  // gate, up, h
-  // xa: one [N, Σr] per group of modules that share an input (model/llama_layer.h); under DoRA
+  // xa: one [N, Σr] per group of modules that share an input (group_xa_bytes); under DoRA
   // one [N, r] per module instead, beside its output before the magnitude scales it z [N, out]
   // and its weight norm (fp32 [out]).
-  for (int g = 0; g < kLinearGroups && !p.dora; ++g) {
-    const std::span<const int> group = group_modules(g);  // indices into linear_module_names()
-    int64_t rank = 0;
-    for (int module : group) rank += lin[static_cast<size_t>(module)].rank;
-    if (rank > 0) layer.add(N * rank * a);
-  }
+  layer.sum += group_xa_bytes(p, lin, N);
   for (const Linear& l : lin)
     if (p.dora && l.rank > 0) {
       layer.add(N * l.rank * a);
@@ -341,12 +352,15 @@ ActivationBytes activation_bytes(const PlanInput& p) {
                                 p.setting.keep_activation_layers};
   const int64_t recomputed_layers = policy.recomputed_layers(L);
   x.kept_layers = L - recomputed_layers + (recomputed_layers > 0 ? 1 : 0);
+  // Each recomputed layer keeps its xa, and the buffer the recomputed layers share has none.
+  if (recomputed_layers > 0) x.checkpointed_xa = (recomputed_layers - 1) * group_xa_bytes(p, lin, N);
   if (p.setting.recompute_elementwise) x.shared_elementwise = R(N * C * a) + R(N * m.intermediate_size * a);
 
   // The residual stream of a training pass (L + 1 layer inputs) and the token ids.
   const int64_t ids = R(N * 4), one_input = R(N * C * a);
   x.stream = ids + (L + 1) * one_input;
-  x.stream_on_device = p.setting.activation_offload ? ids + 2 * one_input : x.stream;
+  x.stream_on_device = p.setting.activation_offload ? ids + 3 * one_input : x.stream;
+  x.offloaded = p.setting.activation_offload ? (L - 1) * N * C * a : 0;
 
   if (p.quantized && !p.train_base) {
     const std::vector<int64_t> folded = folded_columns(p, lin);
@@ -394,12 +408,13 @@ ActivationBytes activation_bytes(const PlanInput& p) {
   }
   x.unit_grads = layer_grads + root_grads;
 
-  const int64_t kept = x.stream_on_device + x.kept_layers * x.layer + x.shared_elementwise + x.dequantized + x.rope;
+  const int64_t kept = x.stream_on_device + x.kept_layers * x.layer + x.checkpointed_xa + x.shared_elementwise +
+                       x.dequantized + x.rope;
   x.forward_peak = kept + forward_temp;
   x.head_peak = kept + root_grads + normed + final_rstd + d_normed + std::max(logits, d_resid);
   // The backward meets the forward's temporaries again only in a layer it recomputes: the last of
   // the recomputed layers is not, its activations still in their shared buffer from the forward.
-  const int64_t recompute_temp = recomputed_layers >= 2 ? forward_temp : 0;
+  const int64_t recompute_temp = recomputed_layers >= 2 ? temporaries.recompute : 0;
   x.backward_peak = kept + root_grads + layer_grads + x.grad_scratch + std::max(recompute_temp, backward_temp);
   x.peak = std::max({x.forward_peak, x.head_peak, x.backward_peak});
   x.transient_peak = x.peak - x.dequantized - x.rope;
@@ -618,10 +633,11 @@ MemoryPrediction predict_memory(const PlanInput& p) {
   if (state_on_host) items.add("fp32 grads + optimizer state (" + std::to_string(k) + " buffers), shards", 0, state_host);
 
   items.add("activations: residual stream (layer inputs)", act.stream_on_device, 0);
-  if (p.setting.activation_offload) items.add("activations: offloaded layer inputs (pinned)", 0, act.stream - act.stream_on_device);
+  if (p.setting.activation_offload) items.add("activations: offloaded layer inputs (pinned)", 0, act.offloaded);
   items.add("activations: " + std::to_string(act.kept_layers) + " layer" + (act.kept_layers == 1 ? "" : "s") +
                 " kept for backward",
             act.kept_layers * act.layer, 0);
+  if (act.checkpointed_xa > 0) items.add("activations: the recomputed layers' LoRA xa", act.checkpointed_xa, 0);
   if (act.shared_elementwise > 0)
     items.add("activations: norm outputs and SwiGLU product, recomputed (one set)", act.shared_elementwise, 0);
   items.add(p.setting.keep_dequantized_layers > 0
@@ -630,13 +646,14 @@ MemoryPrediction predict_memory(const PlanInput& p) {
                 : std::string("dequantised NF4 layer + RoPE tables"),
             act.dequantized + act.rope, 0);
   items.add("peak pass workspace (head / grad scratch / op temporaries / unit grads)",
-            act.peak - act.stream_on_device - act.kept_layers * act.layer - act.shared_elementwise - act.dequantized -
+            act.peak - act.stream_on_device - act.kept_layers * act.layer - act.checkpointed_xa - act.shared_elementwise -
+                act.dequantized -
                 act.rope,
             0);
   r.items = items.take();
 
   // Host-side activation copies for offload; the CPU backend holds everything there.
-  const int64_t offloaded = p.setting.activation_offload ? act.stream - act.stream_on_device : 0;
+  const int64_t offloaded = act.offloaded;
   if (gpu) {
     r.gpu_after_load = w.persistent_compute + state_dev;
     r.gpu_peak = w.persistent_compute + state_dev + w.gathered_compute + act.peak;

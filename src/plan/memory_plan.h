@@ -66,11 +66,15 @@ struct PlanInput {
 struct ActivationBytes {
   int64_t layer = 0;            // one LayerActivations (n1 … h, xa, lse, rstd; n1, n2, h not with
                                 // recompute_elementwise)
+  int64_t checkpointed_xa = 0;  // the recomputed layers' xa (LayerActivations::xa_kept), but for the one
+                                // kept_layers counts
   int64_t shared_elementwise = 0;  // recompute_elementwise: the buffers the layers share for n1 / n2, h
   int64_t kept_layers = 0;      // LayerActivations alive: L without checkpointing, else the layers not
                                 // recomputed + the one buffer the recomputed share
   int64_t stream = 0;           // the residual stream: L + 1 layer inputs (+ the token ids)
-  int64_t stream_on_device = 0; // of which on the compute device (activation offload keeps 2)
+  int64_t stream_on_device = 0; // of which on the compute device (activation offload: at most 3 at a
+                                // time, model/activation_offload.h)
+  int64_t offloaded = 0;        // activation offload: the layer inputs in host memory (all but the last)
   int64_t dequantized = 0;      // one layer's NF4 weights made dense, and keep_dequantized_layers
                                 // more (all kept between passes)
   int64_t rope = 0;             // cos / sin tables (kept between passes)

@@ -113,6 +113,52 @@ TEST(GpuModel, KeptActivationLayersGiveTheSameBits) {
   }
 }
 
+// use_activation_cpu_offload on the GPU: the layer inputs go to host memory on a side stream and
+// come back beside the next layer's backward (model/activation_offload.h). Two passes of one model
+// (the host buffers reused, gradients accumulated) give the bits of keeping the inputs on the GPU,
+// or a copy was read before it was complete or a block freed while a copy still read it. Every
+// layer or every other one recomputed, none or two of the last not recomputed; beside them, no
+// checkpointing at all (a recomputed layer's kept xa, LayerActivations::xa_kept, read by the
+// fused and folded LoRA kernels).
+TEST(GpuModel, ActivationOffloadGivesTheSameBits) {
+  test::use_gpu();
+  const LlamaConfig config = test::tiny_llama_wide();
+  const data::Batch batch = test::random_batch(2, 64, config.vocab_size, 14);
+  auto two_passes = [&](const ModelOptions& options) {
+    LlamaModel model = LlamaModel::random(config, 7, options);
+    test::randomize_lora_b(model, 8);
+    model.place_on(Device::CUDA);
+    Outcome out;
+    out.loss = model.forward_backward(batch, static_cast<double>(batch.target_tokens), 1.0f, 3);
+    const LossSum second = model.forward_backward(batch, static_cast<double>(batch.target_tokens), 1.0f, 4);
+    out.loss.loss_sum += second.loss_sum;
+    for (const TrainableParameter& p : model.trainable_parameters()) out.grads.push_back(test::values_of(*p.grad));
+    return out;
+  };
+  for (bool fold : {false, true}) {
+    const test::LoraFoldSetting folded(fold);
+    ModelOptions options = test::lora_options(Precision::BF16, true, 0.1);
+    const Outcome plain = two_passes(options);
+    options.gradient_checkpointing = true;
+    for (int64_t every : {1, 2})
+      for (int64_t keep : {0, 2}) {
+        options.checkpoint_every = every;
+        options.keep_activation_layers = keep;
+        options.activation_offload = false;
+        const Outcome on_gpu = two_passes(options);
+        options.activation_offload = true;
+        const Outcome offloaded = two_passes(options);
+        for (const Outcome* o : {&on_gpu, &offloaded}) {
+          SCOPED_TRACE(fmt::format("{}, checkpoint_every {}, keep {}{}", fold ? "folded" : "not folded", every, keep,
+                                   o == &offloaded ? ", activation offload" : ""));
+          EXPECT_EQ(o->loss.loss_sum, plain.loss.loss_sum);
+          ASSERT_EQ(o->grads.size(), plain.grads.size());
+          for (size_t i = 0; i < plain.grads.size(); ++i) EXPECT_EQ(o->grads[i], plain.grads[i]) << "gradient " << i;
+        }
+      }
+  }
+}
+
 // The base weights dequantised on a side stream (the default) against in line on the compute
 // stream: the same bits, or a product ran before its weight was ready (its buffer still held the
 // previous layer's module: another loss). Widths large enough that a dequantisation takes a while,

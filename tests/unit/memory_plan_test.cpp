@@ -106,9 +106,13 @@ TEST(MemoryPlan, CheckpointingKeepsOneLayer) {
   EXPECT_EQ(full.kept_layers, p.model.num_hidden_layers);
   EXPECT_EQ(ckpt.kept_layers, 1);
   EXPECT_EQ(full.layer, ckpt.layer);
-  // Backward peaks: L layers kept vs one layer plus the recompute's output buffer.
+  // Backward peaks: L layers kept vs one layer plus the recompute's output buffer and every other
+  // recomputed layer's xa (LayerActivations::xa_kept).
   const int64_t one_input = 4 * 64 * p.model.hidden_size * 2;
-  EXPECT_EQ(full.backward_peak - ckpt.backward_peak, (p.model.num_hidden_layers - 1) * full.layer - one_input);
+  EXPECT_GT(ckpt.checkpointed_xa, 0);
+  EXPECT_EQ(full.checkpointed_xa, 0);
+  EXPECT_EQ(full.backward_peak - ckpt.backward_peak,
+            (p.model.num_hidden_layers - 1) * full.layer - one_input - ckpt.checkpointed_xa);
   // Residual stream: L + 1 inputs and the ids, either way.
   EXPECT_EQ(ckpt.stream, (p.model.num_hidden_layers + 1) * one_input + 4 * 64 * 4);
 }
@@ -516,6 +520,7 @@ struct PassCase {
   bool lora_fold = false;  // FSDPQ_LORA_FOLD: wider dequantised buffers, [x | xa] in the forward
   int64_t keep_dequantized = 0;  // keep_dequantized_layers
   int64_t keep_activations = 0;  // keep_activation_layers
+  bool activation_offload = false;  // use_activation_cpu_offload
 };
 
 // DoRA adds per adapted linear a magnitude [out] with its fp32 master, gradient and AdamW state,
@@ -562,6 +567,8 @@ TEST(MemoryPlan, ActivationBytesEqualWhatACpuPassAllocates) {
       {"qlora bf16 ckpt, the last 1 layer not recomputed, not folded", true, false, true, 0.1, Precision::BF16, 2, 16, 1, false, 0, false, 0, 1},
       {"qlora bf16 ckpt, folded, the last 1 layer not recomputed", true, false, true, 0.1, Precision::BF16, 2, 16, 1, false, 0, true, 0, 1},
       {"lora fp32 ckpt every 2nd layer, the last 1 not recomputed", false, false, true, 0.0, Precision::FP32, 2, 20, 2, false, 0, false, 0, 1},
+      {"qlora bf16 ckpt, activation offload", true, false, true, 0.1, Precision::BF16, 2, 24, 1, false, 0, false, 0, 0, true},
+      {"qlora bf16 ckpt, folded, activation offload, the last 1 not recomputed", true, false, true, 0.1, Precision::BF16, 2, 16, 1, false, 0, true, 0, 1, true},
   };
   const bool saved_fold = lora_fold();
   for (const PassCase& c : cases) {
@@ -578,6 +585,7 @@ TEST(MemoryPlan, ActivationBytesEqualWhatACpuPassAllocates) {
     o.use_dora = c.dora;
     o.keep_dequantized_layers = c.keep_dequantized;
     o.keep_activation_layers = c.keep_activations;
+    o.activation_offload = c.activation_offload;
     LlamaModel model = LlamaModel::random(config, 1, o);
     const data::Batch batch = test::random_batch(c.B, c.T, config.vocab_size, 7);
 
@@ -599,6 +607,7 @@ TEST(MemoryPlan, ActivationBytesEqualWhatACpuPassAllocates) {
     p.setting.checkpoint_every = c.checkpoint_every;
     p.setting.keep_dequantized_layers = c.keep_dequantized;
     p.setting.keep_activation_layers = c.keep_activations;
+    p.setting.activation_offload = c.activation_offload;
     const ActivationBytes predicted = activation_bytes(p);
 
     const int64_t before_first = host_tensor_bytes().live;

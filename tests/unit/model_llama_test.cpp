@@ -304,6 +304,43 @@ TEST(LlamaModel, KeptDequantizedLayersGiveBitIdenticalGradients) {
   EXPECT_EQ(two, none - 2 * 7);
 }
 
+// A recomputed layer keeps its adapters' xa from the forward, so its recompute runs only the B
+// products: the down products (and their dropout masks) run once a layer and pass, as without
+// checkpointing, with the same bits; folded or not, with and without dropout, every layer or every
+// other one recomputed, the last one kept or not.
+TEST(LlamaModel, CheckpointedRecomputeKeepsTheAdaptersDownProducts) {
+  LlamaConfig config = test::tiny_llama();
+  config.num_hidden_layers = 4;
+  const data::Batch batch = test::random_batch(2, 16, config.vocab_size, 27);
+  auto down_products_of = [&](const ModelOptions& options, bool checkpointing, GradSnapshot* snap) {
+    set_section_times_enabled(true);
+    reset_section_times();
+    *snap = run_step(config, options, checkpointing, batch, 6);
+    int64_t count = 0;
+    for (const SectionTotal& t : section_totals())
+      if (t.name == std::string("lora: x·Aᵀ")) count = t.count;
+    set_section_times_enabled(false);
+    reset_section_times();
+    return count;
+  };
+  for (bool fold : {false, true})
+    for (double dropout : {0.0, 0.1})
+      for (int64_t every : {1, 2})
+        for (int64_t keep : {0, 1}) {
+          SCOPED_TRACE(testing::Message() << (fold ? "folded" : "not folded") << ", dropout " << dropout
+                                          << ", checkpoint_every " << every << ", keep " << keep);
+          const test::LoraFoldSetting folded(fold);
+          ModelOptions options = test::lora_options(Precision::BF16, true, dropout);
+          options.checkpoint_every = every;
+          options.keep_activation_layers = keep;
+          GradSnapshot plain, checkpointed;
+          const int64_t once = down_products_of(options, false, &plain);
+          EXPECT_GT(once, 0);
+          EXPECT_EQ(down_products_of(options, true, &checkpointed), once);
+          expect_bit_identical(checkpointed, plain);
+        }
+}
+
 // use_activation_cpu_offload moves each layer's input out and back between its forward and its
 // backward: the same bytes come back, so the gradients are the same bits.
 TEST(LlamaModel, ActivationOffloadGivesBitIdenticalGradients) {
