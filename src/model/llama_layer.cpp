@@ -351,8 +351,11 @@ void attention_inputs_forward(LayerActivations& a, const TensorView& x, const La
   rope_forward(a.k.view().reshaped(heads_shape(d, d.KV)), rope, position_offset, positions);
 }
 
-void attention_output_mlp_forward(TensorView out, LayerActivations& a, const TensorView& x, const LayerCompute& w,
-                                  const LayerDims& d) {
+namespace {
+
+// x2 = x + o_proj(att); n2 = rmsnorm(x2); h = silu(gate(n2)) * up(n2): the layer from a.att up to
+// what the down projection reads.
+void attention_output_to_h(LayerActivations& a, const TensorView& x, const LayerCompute& w, const LayerDims& d) {
   // o_proj lands in x2, then the residual is added in place (each rounded once, as HF does).
   const TensorView o[] = {a.x2};
   linear_group_forward(o, a.att, kOGroup, w, a);
@@ -362,10 +365,22 @@ void attention_output_mlp_forward(TensorView out, LayerActivations& a, const Ten
   }
   const TensorView gate_up[] = {a.gate, a.up};
   linear_group_forward(gate_up, a.n2, kGateUpGroup, w, a);
-  {
-    ScopedSection section("swiglu");
-    swiglu_forward(a.h, a.gate, a.up);
-  }
+  ScopedSection section("swiglu");
+  swiglu_forward(a.h, a.gate, a.up);
+}
+
+void attention_forward_of(LayerActivations& a, const LayerDims& d, const RowSegments& segments) {
+  ScopedSection section("attention");
+  attention_forward(a.att.view().reshaped(heads_shape(d, d.H)), a.lse, a.q.view().reshaped(heads_shape(d, d.H)),
+                    a.k.view().reshaped(heads_shape(d, d.KV)), a.v.view().reshaped(heads_shape(d, d.KV)),
+                    segments.segment_start);
+}
+
+}  // namespace
+
+void attention_output_mlp_forward(TensorView out, LayerActivations& a, const TensorView& x, const LayerCompute& w,
+                                  const LayerDims& d) {
+  attention_output_to_h(a, x, w, d);
   const TensorView down[] = {out};
   linear_group_forward(down, a.h, kDownGroup, w, a);
   ScopedSection section("residual + rmsnorm");
@@ -375,13 +390,18 @@ void attention_output_mlp_forward(TensorView out, LayerActivations& a, const Ten
 void layer_forward(TensorView out, LayerActivations& a, const TensorView& x, const LayerCompute& w,
                    const LayerDims& d, const RopeTable& rope, const RowSegments& segments) {
   attention_inputs_forward(a, x, w, d, rope, 0, segments.positions);
-  {
-    ScopedSection section("attention");
-    attention_forward(a.att.view().reshaped(heads_shape(d, d.H)), a.lse, a.q.view().reshaped(heads_shape(d, d.H)),
-                      a.k.view().reshaped(heads_shape(d, d.KV)), a.v.view().reshaped(heads_shape(d, d.KV)),
-                      segments.segment_start);
-  }
+  attention_forward_of(a, d, segments);
   attention_output_mlp_forward(out, a, x, w, d);
+}
+
+void layer_recompute(LayerActivations& a, const TensorView& x, const LayerCompute& w, const LayerDims& d,
+                     const RopeTable& rope, const RowSegments& segments) {
+  for (int m : group_modules(kDownGroup))
+    if (w.lora[m] != nullptr && (is_dora(w, m) || !a.xa_kept))
+      throw std::logic_error("layer_recompute: the down projection's adapter needs its forward's values");
+  attention_inputs_forward(a, x, w, d, rope, 0, segments.positions);
+  attention_forward_of(a, d, segments);
+  attention_output_to_h(a, x, w, d);
 }
 
 void layer_backward(TensorView d_resid, LayerGradScratch& s, LayerActivations& a, const TensorView& x,

@@ -178,6 +178,12 @@ void attention_output_mlp_forward(TensorView out, LayerActivations& a, const Ten
 // each example of a packed row.
 void layer_forward(TensorView out, LayerActivations& a, const TensorView& x, const LayerCompute& w,
                    const LayerDims& d, const RopeTable& rope, const RowSegments& segments = {});
+// A checkpointed layer's recompute: layer_forward up to h, all its backward reads. The down
+// projection (a fifth of the layer's GEMM FLOPs) and the residual add after it make the layer's
+// output, which the backward does not read, so they are skipped. The down group's adapters must
+// need nothing from it: plain LoRA with its xa kept (a.xa_kept), or none; not DoRA.
+void layer_recompute(LayerActivations& a, const TensorView& x, const LayerCompute& w, const LayerDims& d,
+                     const RopeTable& rope, const RowSegments& segments = {});
 
 // d_resid: F32 [N, C], on entry the gradient of the layer's output, on return that of its input x.
 // Adds the gradients of trainable weights and adapters of w. With a.recomputes_elementwise it

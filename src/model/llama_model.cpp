@@ -480,7 +480,9 @@ struct LlamaModel::Impl {
     normed = Tensor();
     LayerGradScratch scratch;
     scratch.allocate(d, grad, device);
-    Tensor recomputed_out = checkpointing ? Tensor::empty(Shape{N, config.hidden_size}, act, device) : Tensor();
+    // (DoRA's recompute runs the whole layer_forward, its output unread; the others stop at h.)
+    Tensor recomputed_out = checkpointing && !keep_recomputed_xa ? Tensor::empty(Shape{N, config.hidden_size}, act, device)
+                                                                 : Tensor();
     for (int64_t i = L - 1; i >= 0; --i) {
       if (offload_inputs) offloaded_inputs.backward_begin(i, i > 0 ? stream_at(i - 1) : stream_at(i));
       if (hooks) hooks->backward_begin(layer_unit(i));
@@ -493,7 +495,10 @@ struct LlamaModel::Impl {
       if (keeps_xa) activations_of(i).xa = std::move(recomputed_xa[static_cast<size_t>(i)]);
       if (recomputed(i) && shared_slot_holds != i) {
         activations_of(i).xa_kept = keeps_xa;
-        layer_forward(recomputed_out, activations_of(i), stream_at(i), w, d, rope, segments);
+        if (keeps_xa)
+          layer_recompute(activations_of(i), stream_at(i), w, d, rope, segments);
+        else
+          layer_forward(recomputed_out, activations_of(i), stream_at(i), w, d, rope, segments);
         activations_of(i).xa_kept = false;
         shared_slot_holds = i;
       }

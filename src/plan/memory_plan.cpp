@@ -161,7 +161,7 @@ std::vector<int64_t> folded_columns(const PlanInput& p, const std::vector<Linear
 // The largest buffers the adapter ops allocate for themselves in a layer's forward and backward.
 struct OpTemporaries {
   int64_t forward = 0, backward = 0;
-  int64_t recompute = 0;  // the forward's in a checkpointed recompute that keeps its xa (only [x | xa])
+  int64_t recompute = 0;  // the forward's in a checkpointed recompute that keeps its xa (only [x | xa]; no down group)
 };
 
 // What LoRA's ops allocate for themselves (src/ops/lora.cpp, matmul.cpp, model/llama_layer.cpp), per
@@ -206,7 +206,7 @@ OpTemporaries lora_temporaries(const PlanInput& p, const std::vector<Linear>& li
     // A folded group's [x | xa] is allocated before its down product, which copies x into it.
     const int64_t wide = folded[static_cast<size_t>(group[0])] > 0 ? R(N * (in + rank) * a) : 0;
     t.forward = std::max(t.forward, wide + down);
-    t.recompute = std::max(t.recompute, wide);
+    if (group_index != kDownGroup) t.recompute = std::max(t.recompute, wide);  // (layer_recompute stops at h)
     const int64_t dxa = R(N * rank * kF32), dxa_cast = cast ? R(N * rank * a) : 0;
     const int64_t input_phase = fused     ? R(lora_fused::weight_grad_workspace_floats(N, in, rank) * kF32)
                                 : dropout ? dropped_copies
@@ -390,8 +390,8 @@ ActivationBytes activation_bytes(const PlanInput& p) {
   const int64_t d_resid = R(N * C * g);
   x.lm_head = normed + final_rstd + d_normed + logits;
 
-  // LayerGradScratch::allocate, d_resid, the recompute's output.
-  const int64_t recompute = p.setting.gradient_checkpointing ? one_input : 0;
+  // LayerGradScratch::allocate, d_resid, the recompute's output (DoRA's: the others stop at h).
+  const int64_t recompute = p.setting.gradient_checkpointing && p.dora ? one_input : 0;
   x.grad_scratch = layer_grad_scratch_bytes(p, N) + d_resid + recompute + final_rstd;
 
   const OpTemporaries temporaries = p.dora ? dora_temporaries(p, lin, N) : lora_temporaries(p, lin, N);

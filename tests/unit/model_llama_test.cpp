@@ -307,21 +307,27 @@ TEST(LlamaModel, KeptDequantizedLayersGiveBitIdenticalGradients) {
 // A recomputed layer keeps its adapters' xa from the forward, so its recompute runs only the B
 // products: the down products (and their dropout masks) run once a layer and pass, as without
 // checkpointing, with the same bits; folded or not, with and without dropout, every layer or every
-// other one recomputed, the last one kept or not.
+// other one recomputed, the last one kept or not. The recompute stops at h (layer_recompute): of
+// each layer's four "linear" sections (q/k/v, o, gate/up, down) it runs three.
 TEST(LlamaModel, CheckpointedRecomputeKeepsTheAdaptersDownProducts) {
   LlamaConfig config = test::tiny_llama();
   config.num_hidden_layers = 4;
   const data::Batch batch = test::random_batch(2, 16, config.vocab_size, 27);
-  auto down_products_of = [&](const ModelOptions& options, bool checkpointing, GradSnapshot* snap) {
+  struct Counts {
+    int64_t down_products = 0, linear = 0;
+  };
+  auto counts_of = [&](const ModelOptions& options, bool checkpointing, GradSnapshot* snap) {
     set_section_times_enabled(true);
     reset_section_times();
     *snap = run_step(config, options, checkpointing, batch, 6);
-    int64_t count = 0;
-    for (const SectionTotal& t : section_totals())
-      if (t.name == std::string("lora: x·Aᵀ")) count = t.count;
+    Counts counts;
+    for (const SectionTotal& t : section_totals()) {
+      if (t.name == std::string("lora: x·Aᵀ")) counts.down_products = t.count;
+      if (t.name == std::string("linear")) counts.linear = t.count;
+    }
     set_section_times_enabled(false);
     reset_section_times();
-    return count;
+    return counts;
   };
   for (bool fold : {false, true})
     for (double dropout : {0.0, 0.1})
@@ -334,9 +340,14 @@ TEST(LlamaModel, CheckpointedRecomputeKeepsTheAdaptersDownProducts) {
           options.checkpoint_every = every;
           options.keep_activation_layers = keep;
           GradSnapshot plain, checkpointed;
-          const int64_t once = down_products_of(options, false, &plain);
-          EXPECT_GT(once, 0);
-          EXPECT_EQ(down_products_of(options, true, &checkpointed), once);
+          const Counts once = counts_of(options, false, &plain);
+          const Counts with = counts_of(options, true, &checkpointed);
+          EXPECT_GT(once.down_products, 0);
+          EXPECT_EQ(with.down_products, once.down_products);
+          EXPECT_EQ(once.linear, 4 * config.num_hidden_layers);
+          // The last recomputed layer's activations are still in the shared buffer: not recomputed.
+          const int64_t recomputed = CheckpointPolicy{true, every, keep}.recomputed_layers(config.num_hidden_layers) - 1;
+          EXPECT_EQ(with.linear, once.linear + 3 * recomputed);
           expect_bit_identical(checkpointed, plain);
         }
 }
