@@ -1,18 +1,25 @@
-// use_activation_cpu_offload: with checkpointing, each layer's input (the residual stream, kept
-// for the layer's backward) waits in host memory between the forward and the backward.
+// use_activation_cpu_offload: with checkpointing, what a layer keeps for its backward waits in host
+// memory between the forward and the backward:
+//   - each layer's input (the residual stream), all but the last layer's;
+//   - for a recomputed layer, its attention output (att, lse) and x2 = x + o_proj(att): brought
+//     back, they let the recompute skip the attention forward and o_proj (layer_recompute,
+//     LayerActivations::attention_output_kept). Not the last recomputed layer's, whose activations
+//     are still in their shared buffer when its backward begins.
 //
 // Nothing here stops the GPU. The copies run on a side stream into page-locked buffers:
-//   - forward: once a layer's forward is queued, its input leaves; its device block is let go of
+//   - forward: once a layer's forward is queued, its tensors leave. The input's block is let go of
 //     a layer later, after the compute stream has waited for the copy (which has long finished by
-//     then), so the compute stream never waits for a copy it has just queued;
-//   - backward: a layer's input comes back beside the backward of the layer after it, and the
-//     compute stream waits for it only when that layer's backward begins.
-// The last layer's input never leaves: its backward comes first. So at most three layer inputs
-// are on the device at a time (the one a copy is still reading, the layer's input and its
-// output), which is what plan/memory_plan.cpp counts.
+//     then); the attention output's buffers are swapped for a spare set, which the next recomputed
+//     layer writes while the copy reads these;
+//   - backward: a layer's tensors come back beside the backward of the layer after it (the
+//     attention output into the spare set), and the compute stream waits for them only when that
+//     layer's backward begins.
+// So at most three layer inputs are on the device at a time (the one a copy is still reading, the
+// layer's input and its output), and one spare attention output, which plan/memory_plan.cpp counts.
 //
-// The bytes are those of the layer inputs, so the pass's results are the same with or without it.
+// The bytes are the same, so the pass's results are the same with or without it.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -20,6 +27,7 @@
 #include "backend/cuda_backend.h"
 #include "backend/side_stream.h"
 #include "backend/tensor.h"
+#include "model/llama_layer.h"
 
 namespace fsdpq {
 
@@ -29,32 +37,40 @@ class ActivationOffload {
   ActivationOffload(const ActivationOffload&) = delete;
   ActivationOffload& operator=(const ActivationOffload&) = delete;
 
-  // A pass over `layers` layers whose inputs are `shape` and `dtype` each, on `device`. The host
-  // buffers and the side stream are kept from pass to pass.
-  void begin_pass(int64_t layers, const Shape& shape, DType dtype, Device device);
+  // A pass over `layers` layers whose inputs are `shape` and `dtype` each, on `device`; layer i's
+  // attention output goes too where sends_attention_output[i]. The host buffers and the side stream
+  // are kept from pass to pass.
+  void begin_pass(int64_t layers, const Shape& shape, DType dtype, Device device,
+                  std::vector<bool> sends_attention_output);
 
-  // Forward: layer i's forward is queued and reads `input` (layer i's input). The layer's input
-  // leaves for host memory (not the last layer's), and the previous layer's input, sent a layer
-  // ago, is let go of. `input` stays valid until then: the caller hands it over.
-  void forward_done(int64_t i, Tensor& input);
+  // Forward: layer i's forward is queued. Its input (not the last layer's) leaves for host memory,
+  // and the previous layer's input, sent a layer ago, is let go of: the caller hands `input` over.
+  // Where it sends layer i's attention output, a's att, lse and x2 leave too, swapped for spares.
+  void forward_done(int64_t i, Tensor& input, LayerActivations& a);
 
   // Backward, before layer i's (i = L - 1 down to 0): the compute stream waits for layer i's input
   // to be back on the device, and layer i - 1's starts coming back into `previous_input`, a new
-  // block, beside layer i's backward.
-  void backward_begin(int64_t i, Tensor& previous_input);
+  // block, beside layer i's backward. Returns whether layer i's attention output is back in a.
+  bool backward_begin(int64_t i, Tensor& previous_input, LayerActivations& a);
 
  private:
-  size_t bytes() const;
+  static constexpr int kParts = 3;  // att, lse, x2
+  static std::array<Tensor*, kParts> attention_output_of(LayerActivations& a) { return {&a.att, &a.lse, &a.x2}; }
+  size_t input_bytes() const;
 
   int64_t layers_ = 0;
   Shape shape_;
   DType dtype_ = DType::F32;
   Device device_ = Device::CPU;
+  std::vector<bool> sends_;
   std::unique_ptr<SideStream> side_;
-  std::vector<std::unique_ptr<HostStaging>> host_;
+  std::vector<std::unique_ptr<HostStaging>> host_;                           // per layer: its input
+  std::vector<std::array<std::unique_ptr<HostStaging>, kParts>> host_outputs_;  // per layer: att, lse, x2
   Tensor leaving_;          // the input a copy may still be reading, let go of a layer later
   StreamMark left_;         // the end of that copy
-  std::vector<StreamMark> arrived_;  // per layer: the end of its copy back (backward)
+  std::array<Tensor, kParts> spare_;  // an attention output's buffers a copy reads or writes
+  StreamMark spare_free_;             // the end of the copy out of the spare buffers
+  std::vector<StreamMark> arrived_, outputs_arrived_;  // per layer: the end of its copies back
 };
 
 }  // namespace fsdpq

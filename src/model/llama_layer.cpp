@@ -353,8 +353,16 @@ void attention_inputs_forward(LayerActivations& a, const TensorView& x, const La
 
 namespace {
 
-// x2 = x + o_proj(att); n2 = rmsnorm(x2); h = silu(gate(n2)) * up(n2): the layer from a.att up to
-// what the down projection reads.
+// h = silu(gate(n2)) * up(n2).
+void mlp_to_h(LayerActivations& a, const LayerCompute& w) {
+  const TensorView gate_up[] = {a.gate, a.up};
+  linear_group_forward(gate_up, a.n2, kGateUpGroup, w, a);
+  ScopedSection section("swiglu");
+  swiglu_forward(a.h, a.gate, a.up);
+}
+
+// x2 = x + o_proj(att); n2 = rmsnorm(x2); then h: the layer from a.att up to what the down
+// projection reads.
 void attention_output_to_h(LayerActivations& a, const TensorView& x, const LayerCompute& w, const LayerDims& d) {
   // o_proj lands in x2, then the residual is added in place (each rounded once, as HF does).
   const TensorView o[] = {a.x2};
@@ -363,10 +371,7 @@ void attention_output_to_h(LayerActivations& a, const TensorView& x, const Layer
     ScopedSection section("residual + rmsnorm");
     residual_rmsnorm_forward(a.x2, a.n2, a.rstd2, x, w.post_norm, d.eps);
   }
-  const TensorView gate_up[] = {a.gate, a.up};
-  linear_group_forward(gate_up, a.n2, kGateUpGroup, w, a);
-  ScopedSection section("swiglu");
-  swiglu_forward(a.h, a.gate, a.up);
+  mlp_to_h(a, w);
 }
 
 void attention_forward_of(LayerActivations& a, const LayerDims& d, const RowSegments& segments) {
@@ -400,8 +405,16 @@ void layer_recompute(LayerActivations& a, const TensorView& x, const LayerComput
     if (w.lora[m] != nullptr && (is_dora(w, m) || !a.xa_kept))
       throw std::logic_error("layer_recompute: the down projection's adapter needs its forward's values");
   attention_inputs_forward(a, x, w, d, rope, 0, segments.positions);
-  attention_forward_of(a, d, segments);
-  attention_output_to_h(a, x, w, d);
+  if (!a.attention_output_kept) {
+    attention_forward_of(a, d, segments);
+    attention_output_to_h(a, x, w, d);
+    return;
+  }
+  {
+    ScopedSection section("rmsnorm");  // residual_rmsnorm_forward's second half: the same bits
+    rmsnorm_forward(a.n2, a.rstd2, a.x2, w.post_norm, d.eps);
+  }
+  mlp_to_h(a, w);
 }
 
 void layer_backward(TensorView d_resid, LayerGradScratch& s, LayerActivations& a, const TensorView& x,

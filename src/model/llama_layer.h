@@ -137,6 +137,9 @@ struct LayerActivations {
   // forward, as the recompute, runs only the adapters' B products, not the down products and their
   // dropout masks. The bits are the same.
   bool xa_kept = false;
+  // att, lse and x2 already hold this layer's values (activation offload brought them back,
+  // model/activation_offload.h): its recompute skips the attention forward and o_proj.
+  bool attention_output_kept = false;
   // Per module with a DoRA adapter, what its backward reads (ops/dora.h's DoraSaved): xa [N, r],
   // z [N, out] and the weight norm F32 [out]; empty elsewhere.
   struct Dora {
@@ -181,7 +184,8 @@ void layer_forward(TensorView out, LayerActivations& a, const TensorView& x, con
 // A checkpointed layer's recompute: layer_forward up to h, all its backward reads. The down
 // projection (a fifth of the layer's GEMM FLOPs) and the residual add after it make the layer's
 // output, which the backward does not read, so they are skipped. The down group's adapters must
-// need nothing from it: plain LoRA with its xa kept (a.xa_kept), or none; not DoRA.
+// need nothing from it: plain LoRA with its xa kept (a.xa_kept), or none; not DoRA. With
+// a.attention_output_kept it also skips the attention forward and o_proj (n2 = rmsnorm(x2)).
 void layer_recompute(LayerActivations& a, const TensorView& x, const LayerCompute& w, const LayerDims& d,
                      const RopeTable& rope, const RowSegments& segments = {});
 

@@ -428,7 +428,16 @@ struct LlamaModel::Impl {
                               options.use_dora, device, share_elementwise ? &elementwise : nullptr);
     auto activations_of = [&](int64_t i) -> LayerActivations& { return activations[slots.of_layer[static_cast<size_t>(i)]]; };
     int64_t shared_slot_holds = -1;  // the recomputed layer whose activations the shared buffer holds
-    if (offload_inputs) offloaded_inputs.begin_pass(L, stream_shape, act, device);
+    if (offload_inputs) {
+      // A recomputed layer's attention output and x2 go to host memory too, where its recompute
+      // stops at h (layer_recompute) and its activations will not still be in the shared buffer.
+      int64_t last_recomputed = -1;
+      for (int64_t i = 0; i < L; ++i)
+        if (recomputed(i)) last_recomputed = i;
+      std::vector<bool> sends(static_cast<size_t>(L));
+      for (int64_t i = 0; i < L; ++i) sends[static_cast<size_t>(i)] = keep_recomputed_xa && recomputed(i) && i != last_recomputed;
+      offloaded_inputs.begin_pass(L, stream_shape, act, device, std::move(sends));
+    }
     for (int64_t i = 0; i < L; ++i) {
       if (!stream_at(i + 1).defined()) stream_at(i + 1) = Tensor::empty(stream_shape, act, device);
       if (hooks) hooks->forward_begin(layer_unit(i));
@@ -442,7 +451,7 @@ struct LlamaModel::Impl {
       if (own) own->free = mark_compute();  // its last read without a backward
       if (recomputed(i)) shared_slot_holds = i;
       if (hooks) hooks->forward_end(layer_unit(i), backward_follows);
-      if (offload_inputs) offloaded_inputs.forward_done(i, stream_at(i));
+      if (offload_inputs) offloaded_inputs.forward_done(i, stream_at(i), activations_of(i));
     }
 
     Tensor normed = Tensor::empty(Shape{N, config.hidden_size}, act, device);
@@ -484,7 +493,8 @@ struct LlamaModel::Impl {
     Tensor recomputed_out = checkpointing && !keep_recomputed_xa ? Tensor::empty(Shape{N, config.hidden_size}, act, device)
                                                                  : Tensor();
     for (int64_t i = L - 1; i >= 0; --i) {
-      if (offload_inputs) offloaded_inputs.backward_begin(i, i > 0 ? stream_at(i - 1) : stream_at(i));
+      const bool attention_output_back =
+          offload_inputs && offloaded_inputs.backward_begin(i, i > 0 ? stream_at(i - 1) : stream_at(i), activations_of(i));
       if (hooks) hooks->backward_begin(layer_unit(i));
       KeptLayer* const own = kept_layer(i);  // its dense weights from the forward above
       const LayerCompute w = layer_compute(
@@ -495,11 +505,13 @@ struct LlamaModel::Impl {
       if (keeps_xa) activations_of(i).xa = std::move(recomputed_xa[static_cast<size_t>(i)]);
       if (recomputed(i) && shared_slot_holds != i) {
         activations_of(i).xa_kept = keeps_xa;
+        activations_of(i).attention_output_kept = attention_output_back;
         if (keeps_xa)
           layer_recompute(activations_of(i), stream_at(i), w, d, rope, segments);
         else
           layer_forward(recomputed_out, activations_of(i), stream_at(i), w, d, rope, segments);
         activations_of(i).xa_kept = false;
+        activations_of(i).attention_output_kept = false;
         shared_slot_holds = i;
       }
       layer_backward(d_resid, scratch, activations_of(i), stream_at(i), w, d, rope, segments);

@@ -361,6 +361,15 @@ ActivationBytes activation_bytes(const PlanInput& p) {
   x.stream = ids + (L + 1) * one_input;
   x.stream_on_device = p.setting.activation_offload ? ids + 3 * one_input : x.stream;
   x.offloaded = p.setting.activation_offload ? (L - 1) * N * C * a : 0;
+  // Activation offload sends a recomputed layer's attention output and x2 too (not the last one's,
+  // nor DoRA's, whose recompute runs the whole layer), through one spare set on the device
+  // (model/activation_offload.h).
+  const int64_t H = m.num_attention_heads;
+  const int64_t sending = p.setting.activation_offload && !p.dora ? std::max<int64_t>(recomputed_layers - 1, 0) : 0;
+  if (sending > 0) {
+    x.offloaded += sending * (N * H * D * a + B * H * T * kF32 + N * C * a);
+    x.offload_spare = R(N * H * D * a) + R(B * H * T * kF32) + R(N * C * a);
+  }
 
   if (p.quantized && !p.train_base) {
     const std::vector<int64_t> folded = folded_columns(p, lin);
@@ -408,8 +417,8 @@ ActivationBytes activation_bytes(const PlanInput& p) {
   }
   x.unit_grads = layer_grads + root_grads;
 
-  const int64_t kept = x.stream_on_device + x.kept_layers * x.layer + x.checkpointed_xa + x.shared_elementwise +
-                       x.dequantized + x.rope;
+  const int64_t kept = x.stream_on_device + x.offload_spare + x.kept_layers * x.layer + x.checkpointed_xa +
+                       x.shared_elementwise + x.dequantized + x.rope;
   x.forward_peak = kept + forward_temp;
   x.head_peak = kept + root_grads + normed + final_rstd + d_normed + std::max(logits, d_resid);
   // The backward meets the forward's temporaries again only in a layer it recomputes: the last of
@@ -633,7 +642,9 @@ MemoryPrediction predict_memory(const PlanInput& p) {
   if (state_on_host) items.add("fp32 grads + optimizer state (" + std::to_string(k) + " buffers), shards", 0, state_host);
 
   items.add("activations: residual stream (layer inputs)", act.stream_on_device, 0);
-  if (p.setting.activation_offload) items.add("activations: offloaded layer inputs (pinned)", 0, act.offloaded);
+  if (p.setting.activation_offload)
+    items.add("activations: offloaded layer inputs and attention outputs (pinned; the spare on the GPU)", act.offload_spare,
+              act.offloaded);
   items.add("activations: " + std::to_string(act.kept_layers) + " layer" + (act.kept_layers == 1 ? "" : "s") +
                 " kept for backward",
             act.kept_layers * act.layer, 0);
@@ -646,7 +657,8 @@ MemoryPrediction predict_memory(const PlanInput& p) {
                 : std::string("dequantised NF4 layer + RoPE tables"),
             act.dequantized + act.rope, 0);
   items.add("peak pass workspace (head / grad scratch / op temporaries / unit grads)",
-            act.peak - act.stream_on_device - act.kept_layers * act.layer - act.checkpointed_xa - act.shared_elementwise -
+            act.peak - act.stream_on_device - act.offload_spare - act.kept_layers * act.layer - act.checkpointed_xa -
+                act.shared_elementwise -
                 act.dequantized -
                 act.rope,
             0);

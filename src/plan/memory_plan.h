@@ -74,7 +74,9 @@ struct ActivationBytes {
   int64_t stream = 0;           // the residual stream: L + 1 layer inputs (+ the token ids)
   int64_t stream_on_device = 0; // of which on the compute device (activation offload: at most 3 at a
                                 // time, model/activation_offload.h)
-  int64_t offloaded = 0;        // activation offload: the layer inputs in host memory (all but the last)
+  int64_t offloaded = 0;        // activation offload: in host memory, the layer inputs (all but the last)
+                                // and the recomputed layers' att, lse, x2 (all but the last's)
+  int64_t offload_spare = 0;    // activation offload: the spare att, lse, x2 the copies use
   int64_t dequantized = 0;      // one layer's NF4 weights made dense, and keep_dequantized_layers
                                 // more (all kept between passes)
   int64_t rope = 0;             // cos / sin tables (kept between passes)

@@ -308,13 +308,14 @@ TEST(LlamaModel, KeptDequantizedLayersGiveBitIdenticalGradients) {
 // products: the down products (and their dropout masks) run once a layer and pass, as without
 // checkpointing, with the same bits; folded or not, with and without dropout, every layer or every
 // other one recomputed, the last one kept or not. The recompute stops at h (layer_recompute): of
-// each layer's four "linear" sections (q/k/v, o, gate/up, down) it runs three.
-TEST(LlamaModel, CheckpointedRecomputeKeepsTheAdaptersDownProducts) {
+// each layer's four "linear" sections (q/k/v, o, gate/up, down) it runs three; with activation
+// offload, which brings back the attention output and x2, two, and no attention forward.
+TEST(LlamaModel, CheckpointedRecomputeRunsOnlyWhatTheBackwardReads) {
   LlamaConfig config = test::tiny_llama();
   config.num_hidden_layers = 4;
   const data::Batch batch = test::random_batch(2, 16, config.vocab_size, 27);
   struct Counts {
-    int64_t down_products = 0, linear = 0;
+    int64_t down_products = 0, linear = 0, attention = 0;
   };
   auto counts_of = [&](const ModelOptions& options, bool checkpointing, GradSnapshot* snap) {
     set_section_times_enabled(true);
@@ -324,6 +325,7 @@ TEST(LlamaModel, CheckpointedRecomputeKeepsTheAdaptersDownProducts) {
     for (const SectionTotal& t : section_totals()) {
       if (t.name == std::string("lora: x·Aᵀ")) counts.down_products = t.count;
       if (t.name == std::string("linear")) counts.linear = t.count;
+      if (t.name == std::string("attention")) counts.attention = t.count;
     }
     set_section_times_enabled(false);
     reset_section_times();
@@ -332,24 +334,28 @@ TEST(LlamaModel, CheckpointedRecomputeKeepsTheAdaptersDownProducts) {
   for (bool fold : {false, true})
     for (double dropout : {0.0, 0.1})
       for (int64_t every : {1, 2})
-        for (int64_t keep : {0, 1}) {
-          SCOPED_TRACE(testing::Message() << (fold ? "folded" : "not folded") << ", dropout " << dropout
-                                          << ", checkpoint_every " << every << ", keep " << keep);
-          const test::LoraFoldSetting folded(fold);
-          ModelOptions options = test::lora_options(Precision::BF16, true, dropout);
-          options.checkpoint_every = every;
-          options.keep_activation_layers = keep;
-          GradSnapshot plain, checkpointed;
-          const Counts once = counts_of(options, false, &plain);
-          const Counts with = counts_of(options, true, &checkpointed);
-          EXPECT_GT(once.down_products, 0);
-          EXPECT_EQ(with.down_products, once.down_products);
-          EXPECT_EQ(once.linear, 4 * config.num_hidden_layers);
-          // The last recomputed layer's activations are still in the shared buffer: not recomputed.
-          const int64_t recomputed = CheckpointPolicy{true, every, keep}.recomputed_layers(config.num_hidden_layers) - 1;
-          EXPECT_EQ(with.linear, once.linear + 3 * recomputed);
-          expect_bit_identical(checkpointed, plain);
-        }
+        for (int64_t keep : {0, 1})
+          for (bool offload : {false, true}) {
+            SCOPED_TRACE(testing::Message() << (fold ? "folded" : "not folded") << ", dropout " << dropout
+                                            << ", checkpoint_every " << every << ", keep " << keep
+                                            << (offload ? ", activation offload" : ""));
+            const test::LoraFoldSetting folded(fold);
+            ModelOptions options = test::lora_options(Precision::BF16, true, dropout);
+            options.checkpoint_every = every;
+            options.keep_activation_layers = keep;
+            options.activation_offload = offload;
+            GradSnapshot plain, checkpointed;
+            const Counts once = counts_of(options, false, &plain);
+            const Counts with = counts_of(options, true, &checkpointed);
+            EXPECT_GT(once.down_products, 0);
+            EXPECT_EQ(with.down_products, once.down_products);
+            EXPECT_EQ(once.linear, 4 * config.num_hidden_layers);
+            // The last recomputed layer's activations are still in the shared buffer: not recomputed.
+            const int64_t recomputed = CheckpointPolicy{true, every, keep}.recomputed_layers(config.num_hidden_layers) - 1;
+            EXPECT_EQ(with.linear, once.linear + (offload ? 2 : 3) * recomputed);
+            EXPECT_EQ(with.attention, once.attention + (offload ? 0 : recomputed));
+            expect_bit_identical(checkpointed, plain);
+          }
 }
 
 // use_activation_cpu_offload moves each layer's input out and back between its forward and its
