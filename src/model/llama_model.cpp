@@ -173,8 +173,8 @@ struct LlamaModel::Impl {
   std::vector<std::array<Tensor, kLinearModules>> dora_norms;
   UnitHooks* hooks = nullptr;                      // sharding; null: weights always present
   Device device = Device::CPU;                     // where activations live and the ops run
-  // activation_offload: the layer inputs' trips to host memory and back (its buffers kept from pass to pass).
-  ActivationOffload offloaded_inputs;
+  // What use_activation_cpu_offload sends to host memory and back (its buffers kept from pass to pass).
+  ActivationOffload activation_offload;
 
   // `checkpoint`: the config of the weights read, before any Llama-Pro expansion.
   Impl(const LlamaConfig& checkpoint, const ModelOptions& o, LlamaWeights w)
@@ -436,7 +436,7 @@ struct LlamaModel::Impl {
         if (recomputed(i)) last_recomputed = i;
       std::vector<bool> sends(static_cast<size_t>(L));
       for (int64_t i = 0; i < L; ++i) sends[static_cast<size_t>(i)] = keep_recomputed_xa && recomputed(i) && i != last_recomputed;
-      offloaded_inputs.begin_pass(L, stream_shape, act, device, std::move(sends));
+      activation_offload.begin_pass(L, stream_shape, act, device, std::move(sends));
     }
     for (int64_t i = 0; i < L; ++i) {
       if (!stream_at(i + 1).defined()) stream_at(i + 1) = Tensor::empty(stream_shape, act, device);
@@ -451,7 +451,7 @@ struct LlamaModel::Impl {
       if (own) own->free = mark_compute();  // its last read without a backward
       if (recomputed(i)) shared_slot_holds = i;
       if (hooks) hooks->forward_end(layer_unit(i), backward_follows);
-      if (offload_inputs) offloaded_inputs.forward_done(i, stream_at(i), activations_of(i));
+      if (offload_inputs) activation_offload.forward_done(i, stream_at(i), activations_of(i));
     }
 
     Tensor normed = Tensor::empty(Shape{N, config.hidden_size}, act, device);
@@ -494,7 +494,7 @@ struct LlamaModel::Impl {
                                                                  : Tensor();
     for (int64_t i = L - 1; i >= 0; --i) {
       const bool attention_output_back =
-          offload_inputs && offloaded_inputs.backward_begin(i, i > 0 ? stream_at(i - 1) : stream_at(i), activations_of(i));
+          offload_inputs && activation_offload.backward_begin(i, i > 0 ? stream_at(i - 1) : stream_at(i), activations_of(i));
       if (hooks) hooks->backward_begin(layer_unit(i));
       KeptLayer* const own = kept_layer(i);  // its dense weights from the forward above
       const LayerCompute w = layer_compute(
