@@ -162,6 +162,15 @@ def key(r):
             r.get("gradient_checkpointing"), r.get("lora_dropout", 0.1))
 
 
+def grid_peers(peers_arg, fsdpq):
+    """The entries a run measures: --peers, and with --fsdpq both fsdpq entries unless --peers
+    names one of them (then only those it names)."""
+    peers = [x for x in peers_arg.split(",") if x]
+    if fsdpq and not any(x in FSDPQ_PEERS for x in peers):
+        peers += list(FSDPQ_PEERS)
+    return peers
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="ctx 512, bs 1-2, 2+4 steps: does everything run?")
@@ -184,7 +193,8 @@ def main(argv=None):
     p.add_argument("--wheels", default=".device/wheels")
     p.add_argument("--lora-dropout", type=float, default=0.1, help="every peer's LoRA dropout (fsdp_qlora's 0.1)")
     p.add_argument("--peer-args", default="", help="extra flags for peer_train.py")
-    p.add_argument("--fsdpq", help="the fsdpq binary: adds the fsdpq_lora and fsdpq_qlora entries")
+    p.add_argument("--fsdpq", help="the fsdpq binary: adds the fsdpq_lora and fsdpq_qlora entries (only those of "
+                                   "them --peers names, if it names any)")
     p.add_argument("--fsdpq-args", default="", help="extra flags for fsdpq (e.g. a device setting)")
     p.add_argument("--fsdpq-memory-of", default="", metavar="PEER",
                    help="fsdpq_qlora keeps as many layers' dequantised weights (keep_dequantized_layers) as "
@@ -194,9 +204,7 @@ def main(argv=None):
     a = p.parse_args(argv)
     if a.quick:
         a.ctx, a.max_bs, a.warmup, a.steps = "512", min(a.max_bs, 2), 2, 4
-    peers = [x for x in a.peers.split(",") if x]
-    if a.fsdpq:
-        peers += [x for x in FSDPQ_PEERS if x not in peers]
+    peers = grid_peers(a.peers, a.fsdpq)
     unknown = [x for x in peers if x not in PEERS] + [s for s in a.shapes.split(",") if s not in SHAPES]
     if unknown:
         p.error(f"unknown peer or shape: {', '.join(unknown)}")

@@ -75,3 +75,10 @@ def test_the_runs_own_settings_are_planned_with_it():
     assert layers(plain) == 3
     assert layers(offloaded) > layers(plain)
     assert bench.plan_peak_gib(FSDPQ, *point, 0.1, 0, layers(offloaded), ["--use_activation_cpu_offload", "true"]) <= cap
+
+
+def test_fsdpq_entries_are_both_unless_peers_names_one():
+    assert bench.grid_peers("hf_lora_compile", None) == ["hf_lora_compile"]
+    assert bench.grid_peers("hf_lora_compile", "fsdpq") == ["hf_lora_compile", "fsdpq_lora", "fsdpq_qlora"]
+    assert bench.grid_peers("hf_lora_compile,fsdpq_qlora", "fsdpq") == ["hf_lora_compile", "fsdpq_qlora"]
+    assert bench.grid_peers("fsdpq_lora,", "fsdpq") == ["fsdpq_lora"]

@@ -20,11 +20,11 @@ case "${PART:-}" in
     timeout 150 python3 bench/attention_torch.py 2>&1 | grep -E "^PERF" | tee $OUT/attention_torch.txt
     ;;
   step)
-    # (--fsdpq adds fsdpq_lora too: the bf16-base point beside the NF4 one)
-    timeout 370 python3 bench/bench.py --peers hf_lora_compile,fsdpq_qlora --fsdpq build/fsdpq \
+    # (fsdpq_lora: the bf16-base point beside the NF4 one)
+    timeout 370 python3 bench/bench.py --peers hf_lora_compile,fsdpq_qlora,fsdpq_lora --fsdpq build/fsdpq \
       --fsdpq-memory-of hf_lora_compile --shapes llama2-7b --ctx 2048 --grad-ckpt off --bs 4,8 --budget 360 \
       --results $OUT/targets.jsonl --log $OUT/bench.log 2>&1 | grep -E "tok/s|OOM|error|skip"
-    timeout 190 python3 bench/bench.py --peers hf_lora_compile,fsdpq_qlora --fsdpq build/fsdpq \
+    timeout 190 python3 bench/bench.py --peers hf_lora_compile,fsdpq_qlora,fsdpq_lora --fsdpq build/fsdpq \
       --fsdpq-memory-of hf_lora_compile --shapes llama2-7b --ctx 2048 --grad-ckpt on --bs 8 --budget 180 \
       --results $OUT/targets.jsonl --log $OUT/bench.log 2>&1 | grep -E "tok/s|OOM|error|skip"
     python3 bench/compare.py $OUT/targets.jsonl
