@@ -22,6 +22,7 @@
 #include "model/llama_layer.h"
 #include "model/llama_lm_head.h"
 #include "model/llama_weights.h"
+#include "model/pass_activations.h"
 #include "ops/dora.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
@@ -33,28 +34,6 @@
 
 namespace fsdpq {
 namespace {
-
-// Which activation buffer each layer's forward writes. A layer whose activations are kept for the
-// backward has its own; the layers that checkpointing recomputes in backward
-// (model/checkpoint_policy.h), and every layer of a pass without backward, share one.
-struct ActivationSlots {
-  std::vector<size_t> of_layer;
-  size_t count = 0;
-  std::optional<size_t> shared;  // the slot the recomputed layers share, if any
-};
-
-ActivationSlots activation_slots(int64_t layers, bool train, const ModelOptions& o) {
-  if (o.checkpoint_every < 1) throw std::logic_error("activation_slots: checkpoint_every must be at least 1");
-  if (o.keep_activation_layers < 0) throw std::logic_error("activation_slots: keep_activation_layers must be at least 0");
-  const CheckpointPolicy policy = o.checkpoint_policy();
-  ActivationSlots s;
-  for (int64_t i = 0; i < layers; ++i) {
-    const bool kept = train && !policy.recomputes(i, layers);
-    if (!kept && !s.shared) s.shared = s.count++;
-    s.of_layer.push_back(kept ? s.count++ : *s.shared);
-  }
-  return s;
-}
 
 // One dropout key per (seed, step_key, layer, module): masks differ across steps, micro-batches,
 // layers and modules, and the checkpointed recompute regenerates the forward's exact masks.
@@ -382,10 +361,7 @@ struct LlamaModel::Impl {
     ensure_rope(T);
     const LayerDims d = layer_dims(config, B, T);
     const bool train = kind == PassKind::Train;
-    // Checkpointing: only the layer inputs (the residual stream) are kept for the recomputed layers.
     const bool checkpointing = train && options.gradient_checkpointing;
-    const CheckpointPolicy policy = options.checkpoint_policy();
-    auto recomputed = [&](int64_t i) { return checkpointing && policy.recomputes(i, L); };
     const Tensor ids_storage = copy_to(i32_view(batch.input_ids, N), device);
     const TensorView ids = ids_storage.view();
     // Packed rows: where each token's example begins and its position in it, on the device once.
@@ -411,31 +387,13 @@ struct LlamaModel::Impl {
     if (hooks) hooks->forward_begin(kRootUnit);
     embedding_forward(stream_at(0), ids, dense_of(weights.embedding));
 
-    const ActivationSlots slots = activation_slots(L, train, options);
-    ElementwiseScratch elementwise;  // with recompute_elementwise: the layers' n1, n2, h
-    const bool share_elementwise = train && options.recompute_elementwise;
-    if (share_elementwise) elementwise.allocate(d, act, device);
-    // Each recomputed layer keeps its adapters' xa (LayerActivations::xa_kept: ~1% of a layer's
-    // activations), so its recompute skips the down products and their dropout masks; the slot the
-    // recomputed layers share has none of its own.
-    const bool keep_recomputed_xa = checkpointing && !options.use_dora;
-    std::vector<std::array<Tensor, kLinearGroups>> recomputed_xa(static_cast<size_t>(L));
-    std::vector<LayerActivations> activations(slots.count);
-    for (size_t s = 0; s < activations.size(); ++s)
-      activations[s].allocate(d, act,
-                              keep_recomputed_xa && s == slots.shared ? std::array<int64_t, kLinearModules>{}
-                                                                      : lora_ranks(),
-                              options.use_dora, device, share_elementwise ? &elementwise : nullptr);
-    auto activations_of = [&](int64_t i) -> LayerActivations& { return activations[slots.of_layer[static_cast<size_t>(i)]]; };
-    int64_t shared_slot_holds = -1;  // the recomputed layer whose activations the shared buffer holds
+    // What the backward reads of each layer, kept or rebuilt by a recompute.
+    PassActivations saved(L, train, options, d, act, lora_ranks(), device);
     if (offload_inputs) {
       // A recomputed layer's attention output and x2 go to host memory too, where its recompute
-      // stops at h (layer_recompute) and its activations will not still be in the shared buffer.
-      int64_t last_recomputed = -1;
-      for (int64_t i = 0; i < L; ++i)
-        if (recomputed(i)) last_recomputed = i;
+      // stops at h (its activations will not still be in the shared buffer).
       std::vector<bool> sends(static_cast<size_t>(L));
-      for (int64_t i = 0; i < L; ++i) sends[static_cast<size_t>(i)] = keep_recomputed_xa && recomputed(i) && i != last_recomputed;
+      for (int64_t i = 0; i < L; ++i) sends[static_cast<size_t>(i)] = saved.recompute_stops_at_h(i);
       activation_offload.begin_pass(L, stream_shape, act, device, std::move(sends));
     }
     for (int64_t i = 0; i < L; ++i) {
@@ -443,15 +401,13 @@ struct LlamaModel::Impl {
       if (hooks) hooks->forward_begin(layer_unit(i));
       KeptLayer* const own = kept_layer(i);
       const LayerCompute w = layer_compute(i, train, step_key, kForwardOrder, own);
-      const bool keeps_xa = keep_recomputed_xa && recomputed(i);
-      if (keeps_xa) activations_of(i).xa = allocate_group_xa(d, act, lora_ranks(), device);
-      layer_forward(stream_at(i + 1), activations_of(i), stream_at(i), w, d, rope, segments);
-      if (keeps_xa) recomputed_xa[static_cast<size_t>(i)] = std::move(activations_of(i).xa);
+      LayerActivations& a = saved.forward_begin(i);
+      layer_forward(stream_at(i + 1), a, stream_at(i), w, d, rope, segments);
+      saved.forward_end(i);
       w.wait_for_weights();  // before forward_end may let the unit's quantised weights go
       if (own) own->free = mark_compute();  // its last read without a backward
-      if (recomputed(i)) shared_slot_holds = i;
       if (hooks) hooks->forward_end(layer_unit(i), backward_follows);
-      if (offload_inputs) activation_offload.forward_done(i, stream_at(i), activations_of(i));
+      if (offload_inputs) activation_offload.forward_done(i, stream_at(i), a);
     }
 
     Tensor normed = Tensor::empty(Shape{N, config.hidden_size}, act, device);
@@ -489,33 +445,18 @@ struct LlamaModel::Impl {
     normed = Tensor();
     LayerGradScratch scratch;
     scratch.allocate(d, grad, device);
-    // (DoRA's recompute runs the whole layer_forward, its output unread; the others stop at h.)
-    Tensor recomputed_out = checkpointing && !keep_recomputed_xa ? Tensor::empty(Shape{N, config.hidden_size}, act, device)
-                                                                 : Tensor();
+    saved.backward_prepare();
     for (int64_t i = L - 1; i >= 0; --i) {
+      LayerActivations& a = saved.backward_begin(i);
       const bool attention_output_back =
-          offload_inputs && activation_offload.backward_begin(i, i > 0 ? stream_at(i - 1) : stream_at(i), activations_of(i));
+          offload_inputs && activation_offload.backward_begin(i, i > 0 ? stream_at(i - 1) : stream_at(i), a);
       if (hooks) hooks->backward_begin(layer_unit(i));
       KeptLayer* const own = kept_layer(i);  // its dense weights from the forward above
-      const LayerCompute w = layer_compute(
-          i, true, step_key, recomputed(i) && shared_slot_holds != i ? kForwardOrder : kBackwardOrder, own, true);
-      // Checkpointing: rebuild a recomputed layer's activations (same dropout masks), unless the
-      // shared buffer still holds them (the last recomputed layer's, from the forward).
-      const bool keeps_xa = keep_recomputed_xa && recomputed(i);
-      if (keeps_xa) activations_of(i).xa = std::move(recomputed_xa[static_cast<size_t>(i)]);
-      if (recomputed(i) && shared_slot_holds != i) {
-        activations_of(i).xa_kept = keeps_xa;
-        activations_of(i).attention_output_kept = attention_output_back;
-        if (keeps_xa)
-          layer_recompute(activations_of(i), stream_at(i), w, d, rope, segments);
-        else
-          layer_forward(recomputed_out, activations_of(i), stream_at(i), w, d, rope, segments);
-        activations_of(i).xa_kept = false;
-        activations_of(i).attention_output_kept = false;
-        shared_slot_holds = i;
-      }
-      layer_backward(d_resid, scratch, activations_of(i), stream_at(i), w, d, rope, segments);
-      if (keeps_xa) activations_of(i).xa = {};  // its backward is queued
+      const bool recompute = saved.needs_recompute(i);  // (the same dropout masks and bits)
+      const LayerCompute w = layer_compute(i, true, step_key, recompute ? kForwardOrder : kBackwardOrder, own, true);
+      if (recompute) saved.recompute(i, stream_at(i), w, d, rope, segments, attention_output_back);
+      layer_backward(d_resid, scratch, a, stream_at(i), w, d, rope, segments);
+      saved.backward_end(i);
       w.wait_for_weights();
       if (own) own->free = mark_compute();  // the next forward refills its buffers after this
       if (offload_inputs) stream_at(i) = Tensor();  // its layer's backward is queued

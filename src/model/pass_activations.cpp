@@ -1,0 +1,81 @@
+#include "model/pass_activations.h"
+
+#include <optional>
+#include <stdexcept>
+#include <utility>
+
+namespace fsdpq {
+
+PassActivations::PassActivations(int64_t layers, bool train, const ModelOptions& options, const LayerDims& d,
+                                 DType dtype, const std::array<int64_t, kLinearModules>& lora_ranks, Device device)
+    : layers_(layers),
+      checkpointing_(train && options.gradient_checkpointing),
+      policy_(options.checkpoint_policy()),
+      keeps_xa_(checkpointing_ && !options.use_dora),
+      d_(d),
+      dtype_(dtype),
+      lora_ranks_(lora_ranks),
+      device_(device),
+      recomputed_xa_(static_cast<size_t>(layers)) {
+  if (options.checkpoint_every < 1) throw std::logic_error("PassActivations: checkpoint_every must be at least 1");
+  if (options.keep_activation_layers < 0)
+    throw std::logic_error("PassActivations: keep_activation_layers must be at least 0");
+  for (int64_t i = 0; i < layers; ++i)
+    if (recomputed(i)) last_recomputed_ = i;
+  // A slot of its own for each layer that keeps its activations, one shared by the rest.
+  std::optional<size_t> shared;
+  size_t count = 0;
+  for (int64_t i = 0; i < layers; ++i) {
+    const bool kept = train && !policy_.recomputes(i, layers);
+    if (!kept && !shared) shared = count++;
+    of_layer_.push_back(kept ? count++ : *shared);
+  }
+  const bool share_elementwise = train && options.recompute_elementwise;
+  if (share_elementwise) elementwise_.allocate(d, dtype, device);
+  slots_.resize(count);
+  for (size_t s = 0; s < count; ++s)  // (the shared slot holds the recomputed layers' xa in turn, none of its own)
+    slots_[s].allocate(d, dtype, keeps_xa_ && s == shared ? std::array<int64_t, kLinearModules>{} : lora_ranks,
+                       options.use_dora, device, share_elementwise ? &elementwise_ : nullptr);
+}
+
+LayerActivations& PassActivations::forward_begin(int64_t i) {
+  LayerActivations& a = of(i);
+  if (keeps_xa(i)) a.xa = allocate_group_xa(d_, dtype_, lora_ranks_, device_);
+  return a;
+}
+
+void PassActivations::forward_end(int64_t i) {
+  if (keeps_xa(i)) recomputed_xa_[static_cast<size_t>(i)] = std::move(of(i).xa);
+  if (recomputed(i)) shared_holds_ = i;
+}
+
+void PassActivations::backward_prepare() {
+  if (checkpointing_ && !keeps_xa_) recompute_output_ = Tensor::empty(Shape{d_.N(), d_.C}, dtype_, device_);
+}
+
+LayerActivations& PassActivations::backward_begin(int64_t i) {
+  LayerActivations& a = of(i);
+  if (keeps_xa(i)) a.xa = std::move(recomputed_xa_[static_cast<size_t>(i)]);
+  return a;
+}
+
+void PassActivations::recompute(int64_t i, const TensorView& x, const LayerCompute& w, const LayerDims& d,
+                                const RopeTable& rope, const RowSegments& segments, bool attention_output_kept) {
+  if (!needs_recompute(i)) throw std::logic_error("PassActivations::recompute: layer " + std::to_string(i) + " needs none");
+  LayerActivations& a = of(i);
+  a.xa_kept = keeps_xa(i);
+  a.attention_output_kept = attention_output_kept;
+  if (a.xa_kept)
+    layer_recompute(a, x, w, d, rope, segments);
+  else
+    layer_forward(recompute_output_, a, x, w, d, rope, segments);
+  a.xa_kept = false;
+  a.attention_output_kept = false;
+  shared_holds_ = i;
+}
+
+void PassActivations::backward_end(int64_t i) {
+  if (keeps_xa(i)) of(i).xa = {};
+}
+
+}  // namespace fsdpq

@@ -1,0 +1,72 @@
+// What a training pass keeps for each layer's backward, and the checkpointed recompute that
+// rebuilds the rest (the rule of which layers it recomputes: model/checkpoint_policy.h):
+//   - each layer not recomputed: a LayerActivations of its own, filled by its forward;
+//   - the recomputed layers: one LayerActivations they share, and beside it each one's adapters'
+//     xa (LayerActivations::xa_kept), so the recompute draws no dropout mask again. The last
+//     recomputed layer's activations are still in the shared one when its backward begins: it is
+//     not recomputed;
+//   - with recompute_elementwise, the buffers the layers share for n1, n2 and h.
+// An evaluation pass (no backward) runs every layer in the one shared LayerActivations.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "backend/tensor.h"
+#include "model/llama_layer.h"
+#include "model/llama_model.h"
+
+namespace fsdpq {
+
+class PassActivations {
+ public:
+  PassActivations(int64_t layers, bool train, const ModelOptions& options, const LayerDims& d, DType dtype,
+                  const std::array<int64_t, kLinearModules>& lora_ranks, Device device);
+  PassActivations(const PassActivations&) = delete;
+  PassActivations& operator=(const PassActivations&) = delete;
+
+  bool recomputed(int64_t i) const { return checkpointing_ && policy_.recomputes(i, layers_); }
+  // Recomputed layers whose activations will not still be in the shared buffer at their backward:
+  // every one but the last. Their recompute stops at h (layer_recompute) unless under DoRA.
+  bool recompute_stops_at_h(int64_t i) const { return keeps_xa_ && recomputed(i) && i != last_recomputed_; }
+
+  // Forward: layer i's buffers (a recomputed layer gets its own xa), and after its forward is queued.
+  LayerActivations& forward_begin(int64_t i);
+  void forward_end(int64_t i);
+
+  // Backward, before any reads: allocates what the recompute writes that nobody reads (DoRA's layer output).
+  void backward_prepare();
+  // Whether layer i's backward must first rebuild its activations (recomputed, and the shared
+  // buffer holds another layer's).
+  bool needs_recompute(int64_t i) const { return recomputed(i) && shared_holds_ != i; }
+  // Layer i's buffers for its backward, a recomputed layer's xa back in them.
+  LayerActivations& backward_begin(int64_t i);
+  // Rebuilds layer i's activations from its input x (the forward's masks and bits). With
+  // attention_output_kept, att, lse and x2 are already there (activation offload brought them).
+  void recompute(int64_t i, const TensorView& x, const LayerCompute& w, const LayerDims& d, const RopeTable& rope,
+                 const RowSegments& segments, bool attention_output_kept);
+  // Layer i's backward is queued: its xa goes.
+  void backward_end(int64_t i);
+
+ private:
+  LayerActivations& of(int64_t i) { return slots_[of_layer_[static_cast<size_t>(i)]]; }
+  bool keeps_xa(int64_t i) const { return keeps_xa_ && recomputed(i); }
+
+  int64_t layers_;
+  bool checkpointing_;
+  CheckpointPolicy policy_;
+  bool keeps_xa_;  // recomputed layers keep their xa (not DoRA's: its own per-module xa, z and norms)
+  int64_t last_recomputed_ = -1;
+  LayerDims d_;
+  DType dtype_;
+  std::array<int64_t, kLinearModules> lora_ranks_;
+  Device device_;
+  ElementwiseScratch elementwise_;
+  std::vector<size_t> of_layer_;           // each layer's slot
+  std::vector<LayerActivations> slots_;
+  std::vector<std::array<Tensor, kLinearGroups>> recomputed_xa_;  // per recomputed layer, between its forward and backward
+  int64_t shared_holds_ = -1;              // the layer whose activations the shared slot holds
+  Tensor recompute_output_;                // DoRA's recompute writes the layer's output here, unread
+};
+
+}  // namespace fsdpq
