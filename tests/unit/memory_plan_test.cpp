@@ -645,6 +645,15 @@ TEST(PlanCommand, PrintsTheGuideAndRecommends) {
   const auto offload = plan("inputs/dummy_70b.ini --gpus 1 --gpu-mem 24");
   ASSERT_EQ(offload.exit_code, 0) << offload.output;
   EXPECT_NE(offload.output.find("Recommended: step 6 (+ CPU offload)"), std::string::npos) << offload.output;
+  // It recomputes layers without activation offload: the plan says what the offload would free and cost.
+  EXPECT_NE(offload.output.find("With use_activation_cpu_offload = true this setting would free "), std::string::npos)
+      << offload.output;
+  // Where the host memory given is too small for it, it says so.
+  const auto small_host = plan("inputs/dummy_70b.ini --gpus 1 --gpu-mem 24 --host-mem 64");
+  ASSERT_EQ(small_host.exit_code, 0) << small_host.output;
+  EXPECT_NE(small_host.output.find("Recommended: step 6 (+ CPU offload)"), std::string::npos) << small_host.output;
+  EXPECT_NE(small_host.output.find("more than the 64 GiB given)"), std::string::npos) << small_host.output;
+  EXPECT_EQ(offload.output.find("GiB given)"), std::string::npos) << offload.output;  // (host not given there)
   const auto none = plan("inputs/dummy_70b.ini --gpus 1 --gpu-mem 4");
   ASSERT_EQ(none.exit_code, 0) << none.output;
   EXPECT_NE(none.output.find("Nothing fits in 4 GiB per GPU"), std::string::npos) << none.output;
