@@ -59,7 +59,7 @@ void ActivationOffload::forward_done(int64_t i, Tensor& input, LayerActivations&
   spare_free_ = sent;
 }
 
-bool ActivationOffload::backward_begin(int64_t i, Tensor& previous_input, LayerActivations& a) {
+ActivationOffload::Returning ActivationOffload::backward_begin(int64_t i, LayerActivations& a) {
   if (i < 0 || i >= layers_) throw std::logic_error("ActivationOffload::backward_begin: no such layer");
   const size_t at = static_cast<size_t>(i);
   arrived_[at].compute_waits();
@@ -67,14 +67,16 @@ bool ActivationOffload::backward_begin(int64_t i, Tensor& previous_input, LayerA
     outputs_arrived_[at].compute_waits();
     for (int k = 0; k < kParts; ++k) std::swap(*attention_output_of(a)[k], spare_[k]);
   }
+  Returning back;
+  back.attention_output_back = sends_[at];
   if (i == 0) {
     spare_ = {};
-    return sends_[at];
+    return back;
   }
-  previous_input = Tensor::empty(shape_, dtype_, device_);
+  back.previous_input = Tensor::empty(shape_, dtype_, device_);
   // New blocks, and spares the queued backward of the layer after this one may still read.
   side_->wait_for_compute();
-  side_->copy(previous_input.view().data, device_, host_[at - 1]->reserve(input_bytes()), Device::CPU, input_bytes());
+  side_->copy(back.previous_input.view().data, device_, host_[at - 1]->reserve(input_bytes()), Device::CPU, input_bytes());
   arrived_[at - 1] = side_->mark();
   if (sends_[at - 1]) {
     for (int k = 0; k < kParts; ++k)
@@ -82,7 +84,7 @@ bool ActivationOffload::backward_begin(int64_t i, Tensor& previous_input, LayerA
                   spare_[k].nbytes());
     outputs_arrived_[at - 1] = side_->mark();
   }
-  return sends_[at];
+  return back;
 }
 
 }  // namespace fsdpq

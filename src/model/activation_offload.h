@@ -49,9 +49,13 @@ class ActivationOffload {
   void forward_done(int64_t i, Tensor& input, LayerActivations& a);
 
   // Backward, before layer i's (i = L - 1 down to 0): the compute stream waits for layer i's input
-  // to be back on the device, and layer i - 1's starts coming back into `previous_input`, a new
-  // block, beside layer i's backward. Returns whether layer i's attention output is back in a.
-  bool backward_begin(int64_t i, Tensor& previous_input, LayerActivations& a);
+  // to be back on the device (and its attention output, swapped into a), and layer i - 1's start
+  // coming back beside layer i's backward, its input into a new block.
+  struct Returning {
+    Tensor previous_input;               // layer i - 1's input (none for layer 0)
+    bool attention_output_back = false;  // a holds layer i's att, lse and x2
+  };
+  Returning backward_begin(int64_t i, LayerActivations& a);
 
  private:
   static constexpr int kParts = 3;  // att, lse, x2

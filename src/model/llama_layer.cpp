@@ -293,6 +293,7 @@ void LayerActivations::allocate(const LayerDims& d, DType dtype, const std::arra
   up = Tensor::empty(Shape{N, d.I}, dtype, device);
   xa = with_dora ? std::array<Tensor, kLinearGroups>{} : allocate_group_xa(d, dtype, lora_ranks, device);
   xa_kept = false;
+  attention_output_kept = false;
   for (int m = 0; m < kLinearModules; ++m) {
     const bool kept = with_dora && lora_ranks[m] > 0;
     dora[m].xa = kept ? Tensor::empty(Shape{N, lora_ranks[m]}, dtype, device) : Tensor();

@@ -376,12 +376,12 @@ struct LlamaModel::Impl {
     make_kept_buffers();
     // Activation offload: the layer inputs wait in host memory between forward and backward
     // (model/activation_offload.h), so they are made as the forward reaches them.
-    const bool offload_inputs = checkpointing && options.activation_offload;
+    const bool offload_activations = checkpointing && options.activation_offload;
     // The residual stream: stream[i] is layer i's input (two buffers in turn when nothing is kept).
     const Shape stream_shape{N, config.hidden_size};
     std::vector<Tensor> stream(static_cast<size_t>(train ? L + 1 : 2));
     for (size_t i = 0; i < stream.size(); ++i)
-      if (!offload_inputs || i == 0) stream[i] = Tensor::empty(stream_shape, act, device);
+      if (!offload_activations || i == 0) stream[i] = Tensor::empty(stream_shape, act, device);
     auto stream_at = [&](int64_t i) -> Tensor& { return stream[static_cast<size_t>(train ? i : i % 2)]; };
     const bool backward_follows = train && !weights.trainables().empty();
     if (hooks) hooks->forward_begin(kRootUnit);
@@ -389,7 +389,7 @@ struct LlamaModel::Impl {
 
     // What the backward reads of each layer, kept or rebuilt by a recompute.
     PassActivations saved(L, train, options, d, act, lora_ranks(), device);
-    if (offload_inputs) {
+    if (offload_activations) {
       // A recomputed layer's attention output and x2 go to host memory too, where its recompute
       // stops at h (its activations will not still be in the shared buffer).
       std::vector<bool> sends(static_cast<size_t>(L));
@@ -407,7 +407,7 @@ struct LlamaModel::Impl {
       w.wait_for_weights();  // before forward_end may let the unit's quantised weights go
       if (own) own->free = mark_compute();  // its last read without a backward
       if (hooks) hooks->forward_end(layer_unit(i), backward_follows);
-      if (offload_inputs) activation_offload.forward_done(i, stream_at(i), a);
+      if (offload_activations) activation_offload.forward_done(i, stream_at(i), a);
     }
 
     Tensor normed = Tensor::empty(Shape{N, config.hidden_size}, act, device);
@@ -448,18 +448,22 @@ struct LlamaModel::Impl {
     saved.backward_prepare();
     for (int64_t i = L - 1; i >= 0; --i) {
       LayerActivations& a = saved.backward_begin(i);
-      const bool attention_output_back =
-          offload_inputs && activation_offload.backward_begin(i, i > 0 ? stream_at(i - 1) : stream_at(i), a);
+      bool attention_output_back = false;
+      if (offload_activations) {
+        ActivationOffload::Returning back = activation_offload.backward_begin(i, a);
+        if (i > 0) stream_at(i - 1) = std::move(back.previous_input);
+        attention_output_back = back.attention_output_back;
+      }
       if (hooks) hooks->backward_begin(layer_unit(i));
       KeptLayer* const own = kept_layer(i);  // its dense weights from the forward above
       const bool recompute = saved.needs_recompute(i);  // (the same dropout masks and bits)
       const LayerCompute w = layer_compute(i, true, step_key, recompute ? kForwardOrder : kBackwardOrder, own, true);
-      if (recompute) saved.recompute(i, stream_at(i), w, d, rope, segments, attention_output_back);
+      if (recompute) saved.recompute(i, stream_at(i), w, rope, segments, attention_output_back);
       layer_backward(d_resid, scratch, a, stream_at(i), w, d, rope, segments);
       saved.backward_end(i);
       w.wait_for_weights();
       if (own) own->free = mark_compute();  // the next forward refills its buffers after this
-      if (offload_inputs) stream_at(i) = Tensor();  // its layer's backward is queued
+      if (offload_activations) stream_at(i) = Tensor();  // its layer's backward is queued
       if (hooks) hooks->backward_end(layer_unit(i));
     }
     if (weights.embedding.trainable) embedding_backward(weights.embedding.trainable->grad, ids, d_resid);

@@ -59,16 +59,16 @@ LayerActivations& PassActivations::backward_begin(int64_t i) {
   return a;
 }
 
-void PassActivations::recompute(int64_t i, const TensorView& x, const LayerCompute& w, const LayerDims& d,
-                                const RopeTable& rope, const RowSegments& segments, bool attention_output_kept) {
+void PassActivations::recompute(int64_t i, const TensorView& x, const LayerCompute& w, const RopeTable& rope,
+                                const RowSegments& segments, bool attention_output_kept) {
   if (!needs_recompute(i)) throw std::logic_error("PassActivations::recompute: layer " + std::to_string(i) + " needs none");
   LayerActivations& a = of(i);
   a.xa_kept = keeps_xa(i);
   a.attention_output_kept = attention_output_kept;
   if (a.xa_kept)
-    layer_recompute(a, x, w, d, rope, segments);
+    layer_recompute(a, x, w, d_, rope, segments);
   else
-    layer_forward(recompute_output_, a, x, w, d, rope, segments);
+    layer_forward(recompute_output_, a, x, w, d_, rope, segments);
   a.xa_kept = false;
   a.attention_output_kept = false;
   shared_holds_ = i;

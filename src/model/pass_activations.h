@@ -10,6 +10,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "backend/tensor.h"
@@ -43,7 +44,7 @@ class PassActivations {
   LayerActivations& backward_begin(int64_t i);
   // Rebuilds layer i's activations from its input x (the forward's masks and bits). With
   // attention_output_kept, att, lse and x2 are already there (activation offload brought them).
-  void recompute(int64_t i, const TensorView& x, const LayerCompute& w, const LayerDims& d, const RopeTable& rope,
+  void recompute(int64_t i, const TensorView& x, const LayerCompute& w, const RopeTable& rope,
                  const RowSegments& segments, bool attention_output_kept);
   // Layer i's backward is queued: its xa goes.
   void backward_end(int64_t i);
