@@ -8,8 +8,9 @@
 #   bash scripts/device_pack.sh .device/lib build/fsdpq
 # Run there with carry [".device/pack.tar.xz"]:
 #   tar xJf .device/pack.tar.xz && bash scripts/device_checkpointing_settings.sh
-# Settings: SETTINGS (one fsdpq flag set a line; an empty line: fsdpq's defaults), POINT (bench.py's
-# shape, context and batch flags), FSDPQ (the binary, default build/fsdpq).
+# Settings: SETTINGS (one fsdpq flag set a line; an empty line: fsdpq's defaults; a line beginning
+# with @PATH runs the binary at PATH, e.g. a baseline's, instead of FSDPQ), POINT (bench.py's shape,
+# context and batch flags), FSDPQ (the binary, default build/fsdpq).
 export LD_LIBRARY_PATH=$PWD/.device/lib:${LD_LIBRARY_PATH:-}
 FSDPQ=${FSDPQ:-build/fsdpq}
 POINT=${POINT:---shapes llama2-7b --ctx 2048 --bs 8}
@@ -23,10 +24,15 @@ python3 bench/bench.py --peers hf_lora_compile $common --results $OUT/peer.jsonl
   grep -E "tok/s|OOM|error"
 i=0
 while IFS= read -r args; do
+  binary=$FSDPQ
+  if [[ $args == @* ]]; then
+    binary=${args%% *}; binary=${binary#@}
+    [[ $args == *" "* ]] && args=${args#* } || args=""
+  fi
   cp $OUT/peer.jsonl $OUT/setting$i.jsonl
-  python3 bench/bench.py --peers hf_lora_compile,fsdpq_qlora $common --fsdpq "$FSDPQ" --fsdpq-args "$args" --resume \
+  python3 bench/bench.py --peers hf_lora_compile,fsdpq_qlora $common --fsdpq "$binary" --fsdpq-args "$args" --resume \
     --results $OUT/setting$i.jsonl --log $OUT/setting$i.log 2>&1 | grep -E "qlora.*(tok/s|OOM|error|skip)"
-  echo "  (setting $i: ${args:-defaults}) $(date +%T)"
+  echo "  (setting $i: $binary ${args:-defaults}) $(date +%T)"
   i=$((i + 1))
 done <<< "$SETTINGS"
 for f in $OUT/setting*.jsonl; do python3 bench/compare.py "$f" 2>&1 | grep -E "fsdpq_qlora"; done

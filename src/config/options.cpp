@@ -164,9 +164,10 @@ std::vector<OptionSpec> build_specs() {
        "in just ahead of use, and each unit is stepped on a CPU thread as its backward ends. "
        "Off by default (fsdp_qlora: on): it only pays when the model does not fit on the GPUs."},
       {"use_activation_cpu_offload", "sharding", OptionType::Bool, &T::use_activation_cpu_offload, "false",
-       "With checkpointing, keep the layer inputs, and the recomputed layers' attention outputs, in pinned "
-       "host memory between forward and backward, copied beside the compute: less GPU memory, and a "
-       "recompute that skips attention and o_proj (host memory: about three layer inputs a recomputed layer)."},
+       "With checkpointing, keep the layer inputs, and most layers' attention outputs, in pinned host memory "
+       "between forward and backward, copied beside the compute: less GPU memory (the layers not recomputed "
+       "hold less too), and a recompute that skips attention and o_proj (host memory: about three layer inputs "
+       "a layer)."},
       {"low_memory", "sharding", OptionType::Bool, &T::low_memory, "true",
        "Each rank reads only its own shards from the model files (never the whole model)."},
       {"no_sync", "sharding", OptionType::Bool, &T::no_sync, "false",

@@ -25,63 +25,64 @@ void ActivationOffload::begin_pass(int64_t layers, const Shape& shape, DType dty
   arrived_.assign(static_cast<size_t>(layers), StreamMark());
   outputs_arrived_.assign(static_cast<size_t>(layers), StreamMark());
   leaving_ = Tensor();
+  leaving_outputs_ = {};
   left_ = StreamMark();
-  spare_ = {};
-  spare_free_ = StreamMark();
+  returning_ = {};
 }
 
 void ActivationOffload::forward_done(int64_t i, Tensor& input, LayerActivations& a) {
   if (i < 0 || i >= layers_) throw std::logic_error("ActivationOffload::forward_done: no such layer");
-  if (leaving_.defined()) {  // sent a layer ago: its copy is done long before the compute stream gets here
-    left_.compute_waits();
-    leaving_ = Tensor();
-  }
+  // Sent a layer ago: the copies are done long before the compute stream gets here.
+  left_.compute_waits();
+  leaving_ = Tensor();
+  leaving_outputs_ = {};
   const size_t at = static_cast<size_t>(i);
-  if (i < layers_ - 1 || sends_[at]) side_->wait_for_compute();  // the layer's tensors are complete
-  if (i < layers_ - 1) {  // (the last layer's input: the first backward reads it)
+  if (i == layers_ - 1 && !sends_[at]) return;  // (the last layer's input: the first backward reads it)
+  side_->wait_for_compute();  // the layer's tensors are complete
+  if (i < layers_ - 1) {
     if (input.nbytes() != input_bytes()) throw std::logic_error("ActivationOffload::forward_done: not a layer input");
     side_->copy(host_[at]->reserve(input_bytes()), Device::CPU, input.view().data, device_, input_bytes());
-    left_ = side_->mark();
     leaving_ = std::move(input);
     input = Tensor();
   }
-  if (!sends_[at]) return;
-  const std::array<Tensor*, kParts> parts = attention_output_of(a);
-  for (int k = 0; k < kParts; ++k)
-    side_->copy(host_outputs_[at][k]->reserve(parts[k]->nbytes()), Device::CPU, parts[k]->view().data, device_,
-                parts[k]->nbytes());
-  const StreamMark sent = side_->mark();
-  spare_free_.compute_waits();  // the spares' copy out, a recomputed layer ago
-  for (int k = 0; k < kParts; ++k) {
-    if (!spare_[k].defined()) spare_[k] = Tensor::empty(parts[k]->shape(), parts[k]->dtype(), device_);
-    std::swap(*parts[k], spare_[k]);
+  if (sends_[at]) {
+    const std::array<Tensor*, kParts> parts = attention_output_of(a);
+    for (int k = 0; k < kParts; ++k) {
+      Tensor& part = *parts[k];
+      if (!part.defined()) throw std::logic_error("ActivationOffload::forward_done: the layer has no attention output");
+      part_shapes_[k] = part.shape();
+      part_dtypes_[k] = part.dtype();
+      side_->copy(host_outputs_[at][k]->reserve(part.nbytes()), Device::CPU, part.view().data, device_, part.nbytes());
+      leaving_outputs_[k] = std::move(part);
+      part = Tensor();
+    }
   }
-  spare_free_ = sent;
+  left_ = side_->mark();
 }
 
 ActivationOffload::Returning ActivationOffload::backward_begin(int64_t i, LayerActivations& a) {
   if (i < 0 || i >= layers_) throw std::logic_error("ActivationOffload::backward_begin: no such layer");
   const size_t at = static_cast<size_t>(i);
   arrived_[at].compute_waits();
-  if (sends_[at]) {  // brought back into the spares beside the backward of the layer after it
-    outputs_arrived_[at].compute_waits();
-    for (int k = 0; k < kParts; ++k) std::swap(*attention_output_of(a)[k], spare_[k]);
-  }
   Returning back;
   back.attention_output_back = sends_[at];
-  if (i == 0) {
-    spare_ = {};
-    return back;
+  if (sends_[at]) {  // brought back beside the backward of the layer after it
+    outputs_arrived_[at].compute_waits();
+    const std::array<Tensor*, kParts> parts = attention_output_of(a);
+    for (int k = 0; k < kParts; ++k) *parts[k] = std::move(returning_[k]);  // (a shared buffer's are let go of)
   }
+  if (i == 0) return back;
   back.previous_input = Tensor::empty(shape_, dtype_, device_);
-  // New blocks, and spares the queued backward of the layer after this one may still read.
-  side_->wait_for_compute();
+  const bool outputs = sends_[at - 1];
+  if (outputs)
+    for (int k = 0; k < kParts; ++k) returning_[k] = Tensor::empty(part_shapes_[k], part_dtypes_[k], device_);
+  side_->wait_for_compute();  // new blocks, which queued work may have used before
   side_->copy(back.previous_input.view().data, device_, host_[at - 1]->reserve(input_bytes()), Device::CPU, input_bytes());
   arrived_[at - 1] = side_->mark();
-  if (sends_[at - 1]) {
+  if (outputs) {
     for (int k = 0; k < kParts; ++k)
-      side_->copy(spare_[k].view().data, device_, host_outputs_[at - 1][k]->reserve(spare_[k].nbytes()), Device::CPU,
-                  spare_[k].nbytes());
+      side_->copy(returning_[k].view().data, device_, host_outputs_[at - 1][k]->reserve(returning_[k].nbytes()),
+                  Device::CPU, returning_[k].nbytes());
     outputs_arrived_[at - 1] = side_->mark();
   }
   return back;

@@ -22,6 +22,25 @@ struct CheckpointPolicy {
     for (int64_t i = 0; i < layers; ++i) n += recomputes(i, layers) ? 1 : 0;
     return n;
   }
+  // The last layer it recomputes (-1: none). Its activations are still in the buffer the recomputed
+  // layers share when its backward begins, so it is not recomputed after all.
+  int64_t last_recomputed(int64_t layers) const {
+    for (int64_t i = layers - 1; i >= 0; --i)
+      if (recomputes(i, layers)) return i;
+    return -1;
+  }
+  // Whether layer i's recompute stops at h (model/llama_layer.h's layer_recompute): every recomputed
+  // layer's but the last one's, except under DoRA, whose recompute runs the whole layer.
+  bool recompute_stops_at_h(int64_t layer, int64_t layers, bool dora) const {
+    return !dora && recomputes(layer, layers) && layer != last_recomputed(layers);
+  }
+  // With use_activation_cpu_offload, whether layer i's att, lse and x2 wait in host memory between
+  // its forward and backward (model/activation_offload.h): a recomputed layer's whose recompute stops
+  // at h, and a kept layer's, but the last layer's (its backward comes first).
+  bool offloads_attention_output(int64_t layer, int64_t layers, bool dora) const {
+    if (!checkpointing) return false;
+    return recompute_stops_at_h(layer, layers, dora) || (!recomputes(layer, layers) && layer != layers - 1);
+  }
 };
 
 }  // namespace fsdpq

@@ -285,9 +285,7 @@ void LayerActivations::allocate(const LayerDims& d, DType dtype, const std::arra
   q = Tensor::empty(Shape{N, d.H * d.D}, dtype, device);
   k = Tensor::empty(Shape{N, d.KV * d.D}, dtype, device);
   v = Tensor::empty(Shape{N, d.KV * d.D}, dtype, device);
-  att = Tensor::empty(Shape{N, d.H * d.D}, dtype, device);
-  lse = Tensor::empty(Shape{d.B, d.H, d.T}, DType::F32, device);
-  x2 = Tensor::empty(Shape{N, d.C}, dtype, device);
+  allocate_attention_output(d, dtype, device);
   rstd2 = Tensor::empty(Shape{N}, DType::F32, device);
   gate = Tensor::empty(Shape{N, d.I}, dtype, device);
   up = Tensor::empty(Shape{N, d.I}, dtype, device);
@@ -300,6 +298,12 @@ void LayerActivations::allocate(const LayerDims& d, DType dtype, const std::arra
     dora[m].z = kept ? Tensor::empty(Shape{N, module_out(d, m)}, dtype, device) : Tensor();
     dora[m].norm = kept ? Tensor::empty(Shape{module_out(d, m)}, DType::F32, device) : Tensor();
   }
+}
+
+void LayerActivations::allocate_attention_output(const LayerDims& d, DType dtype, Device device) {
+  att = Tensor::empty(Shape{d.N(), d.H * d.D}, dtype, device);
+  lse = Tensor::empty(Shape{d.B, d.H, d.T}, DType::F32, device);
+  x2 = Tensor::empty(Shape{d.N(), d.C}, dtype, device);
 }
 
 std::array<Tensor, kLinearGroups> allocate_group_xa(const LayerDims& d, DType dtype,
@@ -316,9 +320,9 @@ std::array<Tensor, kLinearGroups> allocate_group_xa(const LayerDims& d, DType dt
 
 int64_t LayerActivations::nbytes() const {
   size_t total = 0;
-  for (const Tensor* t : {&rstd1, &q, &k, &v, &att, &lse, &x2, &rstd2, &gate, &up}) total += t->nbytes();
-  for (const Tensor* t : {&own_n1, &own_n2, &own_h})
-    if (t->defined()) total += t->nbytes();  // (the shared buffers are the pass's, not the layer's)
+  // (n1, n2 and h in shared buffers are the pass's, not the layer's; att, lse and x2 may be in host memory)
+  for (const Tensor* t : {&rstd1, &q, &k, &v, &att, &lse, &x2, &rstd2, &gate, &up, &own_n1, &own_n2, &own_h})
+    if (t->defined()) total += t->nbytes();
   for (const Tensor& t : xa)
     if (t.defined()) total += t.nbytes();  // an absent adapter's empty Tensor has rank 0, numel 1
   for (const Dora& kept : dora)
@@ -327,16 +331,27 @@ int64_t LayerActivations::nbytes() const {
   return static_cast<int64_t>(total);
 }
 
-void LayerGradScratch::allocate(const LayerDims& d, DType dtype, Device device) {
+void LayerGradScratch::allocate(const LayerDims& d, DType grad_dtype, DType activation_dtype, Device device) {
   const int64_t N = d.N();
-  d_norm = Tensor::empty(Shape{N, d.C}, dtype, device);
-  d_att = Tensor::empty(Shape{N, d.H * d.D}, dtype, device);
-  dq = Tensor::empty(Shape{N, d.H * d.D}, dtype, device);
-  dk = Tensor::empty(Shape{N, d.KV * d.D}, dtype, device);
-  dv = Tensor::empty(Shape{N, d.KV * d.D}, dtype, device);
-  dh = Tensor::empty(Shape{N, d.I}, dtype, device);
-  dgate = Tensor::empty(Shape{N, d.I}, dtype, device);
-  dup = Tensor::empty(Shape{N, d.I}, dtype, device);
+  d_norm = Tensor::empty(Shape{N, d.C}, grad_dtype, device);
+  d_att = Tensor::empty(Shape{N, d.H * d.D}, grad_dtype, device);
+  dq = Tensor::empty(Shape{N, d.H * d.D}, grad_dtype, device);
+  dk = Tensor::empty(Shape{N, d.KV * d.D}, grad_dtype, device);
+  dv = Tensor::empty(Shape{N, d.KV * d.D}, grad_dtype, device);
+  dh = Tensor::empty(Shape{N, d.I}, grad_dtype, device);
+  if (gate_up_grads_in_place(grad_dtype, activation_dtype)) {
+    dgate = Tensor();
+    dup = Tensor();
+  } else {
+    dgate = Tensor::empty(Shape{N, d.I}, grad_dtype, device);
+    dup = Tensor::empty(Shape{N, d.I}, grad_dtype, device);
+  }
+}
+
+std::pair<TensorView, TensorView> LayerGradScratch::gate_up_grads(LayerActivations& a) const {
+  if (dgate.defined()) return {dgate.view(), dup.view()};
+  if (a.gate.dtype() != dh.dtype()) throw std::logic_error("LayerGradScratch: gate's dtype is not the gradients'");
+  return {a.gate.view(), a.up.view()};
 }
 
 void attention_inputs_forward(LayerActivations& a, const TensorView& x, const LayerCompute& w, const LayerDims& d,
@@ -427,15 +442,16 @@ void layer_backward(TensorView d_resid, LayerGradScratch& s, LayerActivations& a
   }
   const TensorView d_down[] = {d_resid};
   linear_group_backward(s.dh, false, d_down, a.h, kDownGroup, w, a);
+  const auto [dgate, dup] = s.gate_up_grads(a);  // (over gate and up, where LayerGradScratch says)
   {
     ScopedSection section("swiglu bwd");
-    swiglu_backward(s.dgate, s.dup, s.dh, a.gate, a.up);
+    swiglu_backward(dgate, dup, s.dh, a.gate, a.up);
   }
   if (a.recomputes_elementwise) {
     ScopedSection section("elementwise recompute");
     rmsnorm_forward(a.n2, a.rstd2, a.x2, w.post_norm, d.eps);
   }
-  const TensorView d_gate_up[] = {s.dgate, s.dup};
+  const TensorView d_gate_up[] = {dgate, dup};
   linear_group_backward(s.d_norm, false, d_gate_up, a.n2, kGateUpGroup, w, a);
   {
     ScopedSection section("rmsnorm + residual bwd");

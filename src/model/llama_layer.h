@@ -151,7 +151,9 @@ struct LayerActivations {
   // `shared`: n1, n2 and h live there (recomputed in the backward), else in this layer's own tensors.
   void allocate(const LayerDims& d, DType dtype, const std::array<int64_t, kLinearModules>& lora_ranks, bool dora,
                 Device device = Device::CPU, const ElementwiseScratch* shared = nullptr);
-  int64_t nbytes() const;
+  // att, lse and x2 alone (activation offload takes them away between a layer's forward and backward).
+  void allocate_attention_output(const LayerDims& d, DType dtype, Device device = Device::CPU);
+  int64_t nbytes() const;  // of the tensors it holds
 };
 
 // Per group, an xa [N, Σr] as LayerActivations holds it (empty where the group has no adapters;
@@ -161,14 +163,21 @@ std::array<Tensor, kLinearGroups> allocate_group_xa(const LayerDims& d, DType dt
                                                     Device device = Device::CPU);
 
 // Gradient buffers one layer's backward uses (activation_grad_dtype), reused from layer to layer.
+// Where the gradients are in the activations' own dtype (bf16, fp32), dgate and dup have no buffers
+// of their own: SwiGLU's backward writes them over the layer's gate and up, which it is the last to
+// read, element for element (its kernels load an element's inputs before they store its outputs).
 struct LayerGradScratch {
   Tensor d_norm;            // [N, C]: at a norm's output, then at its input
   Tensor d_att;             // [N, H*D]
   Tensor dq, dk, dv;        // [N, H*D], [N, KV*D], [N, KV*D]
-  Tensor dh, dgate, dup;    // [N, I]
-  // dtype: activation_grad_dtype (model/precision.h).
-  void allocate(const LayerDims& d, DType dtype, Device device = Device::CPU);
+  Tensor dh, dgate, dup;    // [N, I]; dgate and dup empty where they overwrite gate and up
+  void allocate(const LayerDims& d, DType grad_dtype, DType activation_dtype, Device device = Device::CPU);
+  // Where SwiGLU's backward writes d(gate) and d(up) in layer a's backward.
+  std::pair<TensorView, TensorView> gate_up_grads(LayerActivations& a) const;
 };
+// Whether LayerGradScratch writes d(gate) and d(up) over gate and up: the one rule the layer and
+// the memory plan (src/plan/) both apply.
+inline bool gate_up_grads_in_place(DType grad_dtype, DType activation_dtype) { return grad_dtype == activation_dtype; }
 
 // n1 = rmsnorm(x); q, k, v = linear(n1) (+ LoRA); RoPE on q and k for positions offset + t (or
 // offset + positions[b, t] when given).

@@ -390,10 +390,8 @@ struct LlamaModel::Impl {
     // What the backward reads of each layer, kept or rebuilt by a recompute.
     PassActivations saved(L, train, options, d, act, lora_ranks(), device);
     if (offload_activations) {
-      // A recomputed layer's attention output and x2 go to host memory too, where its recompute
-      // stops at h (its activations will not still be in the shared buffer).
       std::vector<bool> sends(static_cast<size_t>(L));
-      for (int64_t i = 0; i < L; ++i) sends[static_cast<size_t>(i)] = saved.recompute_stops_at_h(i);
+      for (int64_t i = 0; i < L; ++i) sends[static_cast<size_t>(i)] = saved.offloads_attention_output(i);
       activation_offload.begin_pass(L, stream_shape, act, device, std::move(sends));
     }
     for (int64_t i = 0; i < L; ++i) {
@@ -444,7 +442,7 @@ struct LlamaModel::Impl {
     d_normed = Tensor();
     normed = Tensor();
     LayerGradScratch scratch;
-    scratch.allocate(d, grad, device);
+    scratch.allocate(d, grad, act, device);
     saved.backward_prepare();
     for (int64_t i = L - 1; i >= 0; --i) {
       LayerActivations& a = saved.backward_begin(i);

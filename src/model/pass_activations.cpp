@@ -1,6 +1,5 @@
 #include "model/pass_activations.h"
 
-#include <optional>
 #include <stdexcept>
 #include <utility>
 
@@ -10,6 +9,8 @@ PassActivations::PassActivations(int64_t layers, bool train, const ModelOptions&
                                  DType dtype, const std::array<int64_t, kLinearModules>& lora_ranks, Device device)
     : layers_(layers),
       checkpointing_(train && options.gradient_checkpointing),
+      offloads_(checkpointing_ && options.activation_offload),
+      dora_(options.use_dora),
       policy_(options.checkpoint_policy()),
       keeps_xa_(checkpointing_ && !options.use_dora),
       d_(d),
@@ -20,26 +21,28 @@ PassActivations::PassActivations(int64_t layers, bool train, const ModelOptions&
   if (options.checkpoint_every < 1) throw std::logic_error("PassActivations: checkpoint_every must be at least 1");
   if (options.keep_activation_layers < 0)
     throw std::logic_error("PassActivations: keep_activation_layers must be at least 0");
-  for (int64_t i = 0; i < layers; ++i)
-    if (recomputed(i)) last_recomputed_ = i;
   // A slot of its own for each layer that keeps its activations, one shared by the rest.
-  std::optional<size_t> shared;
   size_t count = 0;
   for (int64_t i = 0; i < layers; ++i) {
     const bool kept = train && !policy_.recomputes(i, layers);
-    if (!kept && !shared) shared = count++;
-    of_layer_.push_back(kept ? count++ : *shared);
+    if (!kept && shared_slot_ == SIZE_MAX) shared_slot_ = count++;
+    of_layer_.push_back(kept ? count++ : shared_slot_);
   }
-  const bool share_elementwise = train && options.recompute_elementwise;
-  if (share_elementwise) elementwise_.allocate(d, dtype, device);
+  if (train && options.recompute_elementwise) elementwise_.allocate(d, dtype, device);
   slots_.resize(count);
-  for (size_t s = 0; s < count; ++s)  // (the shared slot holds the recomputed layers' xa in turn, none of its own)
-    slots_[s].allocate(d, dtype, keeps_xa_ && s == shared ? std::array<int64_t, kLinearModules>{} : lora_ranks,
-                       options.use_dora, device, share_elementwise ? &elementwise_ : nullptr);
+  made_.assign(count, false);
 }
 
 LayerActivations& PassActivations::forward_begin(int64_t i) {
   LayerActivations& a = of(i);
+  const size_t slot = of_layer_[static_cast<size_t>(i)];
+  if (!made_[slot]) {  // (the shared slot holds the recomputed layers' xa in turn, none of its own)
+    a.allocate(d_, dtype_, keeps_xa_ && slot == shared_slot_ ? std::array<int64_t, kLinearModules>{} : lora_ranks_,
+               dora_, device_, elementwise_.norm.defined() ? &elementwise_ : nullptr);
+    made_[slot] = true;
+  } else if (!a.att.defined()) {  // activation offload took the previous layer's
+    a.allocate_attention_output(d_, dtype_, device_);
+  }
   if (keeps_xa(i)) a.xa = allocate_group_xa(d_, dtype_, lora_ranks_, device_);
   return a;
 }
@@ -75,7 +78,13 @@ void PassActivations::recompute(int64_t i, const TensorView& x, const LayerCompu
 }
 
 void PassActivations::backward_end(int64_t i) {
-  if (keeps_xa(i)) of(i).xa = {};
+  LayerActivations& a = of(i);
+  if (keeps_xa(i)) a.xa = {};
+  if (offloads_ && !shared(i)) {  // (nobody reads them again; the offload's may have come back)
+    a.att = Tensor();
+    a.lse = Tensor();
+    a.x2 = Tensor();
+  }
 }
 
 }  // namespace fsdpq

@@ -6,10 +6,15 @@
 //     recomputed layer's activations are still in the shared one when its backward begins: it is
 //     not recomputed;
 //   - with recompute_elementwise, the buffers the layers share for n1, n2 and h.
+// A layer's buffers are made when the forward reaches it. With activation offload
+// (model/activation_offload.h) its att, lse and x2 may leave for host memory after its forward:
+// the shared buffer gets new ones for the next layer, and a layer keeping its own lets them go
+// again after its backward.
 // An evaluation pass (no backward) runs every layer in the one shared LayerActivations.
 #pragma once
 #include <array>
 #include <cstdint>
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -29,7 +34,11 @@ class PassActivations {
   bool recomputed(int64_t i) const { return checkpointing_ && policy_.recomputes(i, layers_); }
   // Recomputed layers whose activations will not still be in the shared buffer at their backward:
   // every one but the last. Their recompute stops at h (layer_recompute) unless under DoRA.
-  bool recompute_stops_at_h(int64_t i) const { return keeps_xa_ && recomputed(i) && i != last_recomputed_; }
+  bool recompute_stops_at_h(int64_t i) const { return checkpointing_ && policy_.recompute_stops_at_h(i, layers_, dora_); }
+  // With activation offload, whether layer i's att, lse and x2 go to host memory too (CheckpointPolicy's rule).
+  bool offloads_attention_output(int64_t i) const {
+    return offloads_ && policy_.offloads_attention_output(i, layers_, dora_);
+  }
 
   // Forward: layer i's buffers (a recomputed layer gets its own xa), and after its forward is queued.
   LayerActivations& forward_begin(int64_t i);
@@ -46,25 +55,29 @@ class PassActivations {
   // attention_output_kept, att, lse and x2 are already there (activation offload brought them).
   void recompute(int64_t i, const TensorView& x, const LayerCompute& w, const RopeTable& rope,
                  const RowSegments& segments, bool attention_output_kept);
-  // Layer i's backward is queued: its xa goes.
+  // Layer i's backward is queued: its xa goes, and with activation offload its own att, lse and x2.
   void backward_end(int64_t i);
 
  private:
   LayerActivations& of(int64_t i) { return slots_[of_layer_[static_cast<size_t>(i)]]; }
   bool keeps_xa(int64_t i) const { return keeps_xa_ && recomputed(i); }
+  bool shared(int64_t i) const { return of_layer_[static_cast<size_t>(i)] == shared_slot_; }
 
   int64_t layers_;
   bool checkpointing_;
+  bool offloads_;  // activation offload may take a layer's att, lse and x2 away
+  bool dora_;
   CheckpointPolicy policy_;
   bool keeps_xa_;  // recomputed layers keep their xa (not DoRA's: its own per-module xa, z and norms)
-  int64_t last_recomputed_ = -1;
   LayerDims d_;
   DType dtype_;
   std::array<int64_t, kLinearModules> lora_ranks_;
   Device device_;
   ElementwiseScratch elementwise_;
   std::vector<size_t> of_layer_;           // each layer's slot
+  size_t shared_slot_ = SIZE_MAX;          // the one the recomputed layers share (none: SIZE_MAX)
   std::vector<LayerActivations> slots_;
+  std::vector<bool> made_;                 // per slot: allocated (the forward reached it)
   std::vector<std::array<Tensor, kLinearGroups>> recomputed_xa_;  // per recomputed layer, between its forward and backward
   int64_t shared_holds_ = -1;              // the layer whose activations the shared slot holds
   Tensor recompute_output_;                // DoRA's recompute writes the layer's output here, unread

@@ -300,7 +300,8 @@ int64_t layer_grad_scratch_bytes(const PlanInput& p, int64_t N) {
   scratch.add(N * C * g);             // d_norm
   scratch.add(N * H * D * g, 2);      // d_att, dq
   scratch.add(N * KV * D * g, 2);     // dk, dv
-  scratch.add(N * I * g, 3);          // dh, dgate, dup
+  // dh, and dgate and dup where they do not overwrite gate and up
+  scratch.add(N * I * g, gate_up_grads_in_place(activation_grad_dtype(p.activation), p.activation) ? 1 : 3);
   return scratch.sum;
 }
 
@@ -361,15 +362,23 @@ ActivationBytes activation_bytes(const PlanInput& p) {
   x.stream = ids + (L + 1) * one_input;
   x.stream_on_device = p.setting.activation_offload ? ids + 3 * one_input : x.stream;
   x.offloaded = p.setting.activation_offload ? (L - 1) * N * C * a : 0;
-  // Activation offload sends a recomputed layer's attention output and x2 too (not the last one's,
-  // nor DoRA's, whose recompute runs the whole layer), through one spare set on the device
+  // Activation offload sends some layers' attention output and x2 too (CheckpointPolicy's rule):
+  // the layers keeping their own hold the rest on the device, and one more is on its way at a time
   // (model/activation_offload.h).
   const int64_t H = m.num_attention_heads;
-  const int64_t sending = p.setting.activation_offload && !p.dora ? std::max<int64_t>(recomputed_layers - 1, 0) : 0;
-  if (sending > 0) {
-    x.offloaded += sending * (N * H * D * a + B * H * T * kF32 + N * C * a);
-    x.offload_spare = R(N * H * D * a) + R(B * H * T * kF32) + R(N * C * a);
+  const int64_t attention_output = R(N * H * D * a) + R(B * H * T * kF32) + R(N * C * a);
+  const bool offloading = p.setting.activation_offload && p.setting.gradient_checkpointing;
+  std::vector<bool> sends(static_cast<size_t>(L), false);
+  int64_t sending = 0, own_sending = 0;
+  for (int64_t i = 0; i < L && offloading; ++i) {
+    sends[static_cast<size_t>(i)] = policy.offloads_attention_output(i, L, p.dora);
+    sending += sends[static_cast<size_t>(i)] ? 1 : 0;
+    own_sending += sends[static_cast<size_t>(i)] && !policy.recomputes(i, L) ? 1 : 0;
   }
+  auto sent = [&](int64_t i) { return i >= 0 && sends[static_cast<size_t>(i)]; };
+  x.offloaded += sending * (N * H * D * a + B * H * T * kF32 + N * C * a);
+  if (sending > 0) x.offload_spare = attention_output;
+  x.kept_offloaded = own_sending * attention_output;
 
   if (p.quantized && !p.train_base) {
     const std::vector<int64_t> folded = folded_columns(p, lin);
@@ -417,14 +426,30 @@ ActivationBytes activation_bytes(const PlanInput& p) {
   }
   x.unit_grads = layer_grads + root_grads;
 
-  const int64_t kept = x.stream_on_device + x.offload_spare + x.kept_layers * x.layer + x.checkpointed_xa +
+  // What the layers hold once the forward is done (the head's time), and one attention output more
+  // where activation offload is moving one: in the forward, the previous layer's leaving beside the
+  // last layer's; in the backward, layer i - 1's coming back beside layer i's.
+  const int64_t kept = x.stream_on_device + x.kept_layers * x.layer - x.kept_offloaded + x.checkpointed_xa +
                        x.shared_elementwise + x.dequantized + x.rope;
-  x.forward_peak = kept + forward_temp;
+  x.forward_peak = kept + (sent(L - 2) ? attention_output : 0) + forward_temp;
   x.head_peak = kept + root_grads + normed + final_rstd + d_normed + std::max(logits, d_resid);
   // The backward meets the forward's temporaries again only in a layer it recomputes: the last of
   // the recomputed layers is not, its activations still in their shared buffer from the forward.
-  const int64_t recompute_temp = recomputed_layers >= 2 ? temporaries.recompute : 0;
-  x.backward_peak = kept + root_grads + layer_grads + x.grad_scratch + std::max(recompute_temp, backward_temp);
+  // Layer i's att, lse and x2 are back for its backward; a layer keeping its own lets them go after
+  // it (with activation offload), and a recomputed layer its xa.
+  const int64_t last_recomputed = policy.last_recomputed(L);
+  x.backward_peak = 0;
+  for (int64_t i = L - 1; i >= 0; --i) {
+    const bool own = !policy.recomputes(i, L);
+    int64_t held = kept + (sent(i - 1) ? attention_output : 0) + (own && sent(i) ? attention_output : 0);
+    for (int64_t j = i + 1; j < L; ++j) {  // after their backward:
+      if (offloading && !policy.recomputes(j, L) && !sent(j)) held -= attention_output;  // (never left: let go of too)
+      if (policy.recomputes(j, L)) held -= group_xa_bytes(p, lin, N);  // a recomputed layer's xa
+    }
+    const bool recomputes = policy.recomputes(i, L) && i != last_recomputed;
+    const int64_t temp = std::max(recomputes ? temporaries.recompute : 0, backward_temp);
+    x.backward_peak = std::max(x.backward_peak, held + root_grads + layer_grads + x.grad_scratch + temp);
+  }
   x.peak = std::max({x.forward_peak, x.head_peak, x.backward_peak});
   x.transient_peak = x.peak - x.dequantized - x.rope;
   return x;
@@ -643,11 +668,11 @@ MemoryPrediction predict_memory(const PlanInput& p) {
 
   items.add("activations: residual stream (layer inputs)", act.stream_on_device, 0);
   if (p.setting.activation_offload)
-    items.add("activations: offloaded layer inputs and attention outputs (pinned; the spare on the GPU)", act.offload_spare,
-              act.offloaded);
+    items.add("activations: offloaded layer inputs and attention outputs (pinned; the one in flight on the GPU)",
+              act.offload_spare, act.offloaded);
   items.add("activations: " + std::to_string(act.kept_layers) + " layer" + (act.kept_layers == 1 ? "" : "s") +
-                " kept for backward",
-            act.kept_layers * act.layer, 0);
+                " kept for backward" + (act.kept_offloaded > 0 ? " (less their offloaded attention outputs)" : ""),
+            act.kept_layers * act.layer - act.kept_offloaded, 0);
   if (act.checkpointed_xa > 0) items.add("activations: the recomputed layers' LoRA xa", act.checkpointed_xa, 0);
   if (act.shared_elementwise > 0)
     items.add("activations: norm outputs and SwiGLU product, recomputed (one set)", act.shared_elementwise, 0);
@@ -657,7 +682,8 @@ MemoryPrediction predict_memory(const PlanInput& p) {
                 : std::string("dequantised NF4 layer + RoPE tables"),
             act.dequantized + act.rope, 0);
   items.add("peak pass workspace (head / grad scratch / op temporaries / unit grads)",
-            act.peak - act.stream_on_device - act.offload_spare - act.kept_layers * act.layer - act.checkpointed_xa -
+            act.peak - act.stream_on_device - act.offload_spare - (act.kept_layers * act.layer - act.kept_offloaded) -
+                act.checkpointed_xa -
                 act.shared_elementwise -
                 act.dequantized -
                 act.rope,

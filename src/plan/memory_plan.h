@@ -75,8 +75,9 @@ struct ActivationBytes {
   int64_t stream_on_device = 0; // of which on the compute device (activation offload: at most 3 at a
                                 // time, model/activation_offload.h)
   int64_t offloaded = 0;        // activation offload: in host memory, the layer inputs (all but the last)
-                                // and the recomputed layers' att, lse, x2 (all but the last's)
-  int64_t offload_spare = 0;    // activation offload: the spare att, lse, x2 the copies use
+                                // and some layers' att, lse, x2 (CheckpointPolicy::offloads_attention_output)
+  int64_t offload_spare = 0;    // activation offload: the att, lse, x2 a copy moves beyond those the layers hold
+  int64_t kept_offloaded = 0;   // activation offload: of kept_layers × layer, the att, lse, x2 in host memory
   int64_t dequantized = 0;      // one layer's NF4 weights made dense, and keep_dequantized_layers
                                 // more (all kept between passes)
   int64_t rope = 0;             // cos / sin tables (kept between passes)

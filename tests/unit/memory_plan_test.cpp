@@ -222,10 +222,13 @@ TEST(MemoryPlan, MatchesTheMeasured7BRunsWithin10Percent) {
   const MemoryPrediction lora = predict_memory(llama2_7b(false));
   EXPECT_NEAR(lora.gpu_peak / kGiB, 16.5, 1.65);
   // use_cpu_offload on one GPU (frozen layers streamed from host memory; scripts/device_offload_ranks.sh,
-  // 2026-12-03): peak 2.72 GiB allocated.
+  // 2026-12-03): peak 2.72 GiB allocated, in the backward. That run's SwiGLU backward wrote d(gate)
+  // and d(up) into buffers of their own, [N, I] bf16 each, where they now overwrite gate and up
+  // (LayerGradScratch).
   PlanInput offload = llama2_7b(true);
   offload.setting.cpu_offload = true;
-  EXPECT_NEAR(predict_memory(offload).gpu_peak / kGiB, 2.72, 0.272);
+  const double own_gate_up_grads = 2.0 * 4 * 512 * 11008 * 2;
+  EXPECT_NEAR((predict_memory(offload).gpu_peak + own_gate_up_grads) / kGiB, 2.72, 0.272);
   // preset:llama2-70b QLoRA r64, bs 1, ctx 2048, one H200 (2026-12-03): 46.74 GiB after load,
   // 52.62 GiB peak.
   PlanInput big = llama2_7b(true);
@@ -520,6 +523,7 @@ struct PassCase {
   int64_t keep_dequantized = 0;  // keep_dequantized_layers
   int64_t keep_activations = 0;  // keep_activation_layers
   bool activation_offload = false;  // use_activation_cpu_offload
+  int64_t layers = 0;  // 0: tiny_llama's 2
 };
 
 // DoRA adds per adapted linear a magnitude [out] with its fp32 master, gradient and AdamW state,
@@ -568,12 +572,18 @@ TEST(MemoryPlan, ActivationBytesEqualWhatACpuPassAllocates) {
       {"lora fp32 ckpt every 2nd layer, the last 1 not recomputed", false, false, true, 0.0, Precision::FP32, 2, 20, 2, false, 0, false, 0, 1},
       {"qlora bf16 ckpt, activation offload", true, false, true, 0.1, Precision::BF16, 2, 24, 1, false, 0, false, 0, 0, true},
       {"qlora bf16 ckpt, folded, activation offload, the last 1 not recomputed", true, false, true, 0.1, Precision::BF16, 2, 16, 1, false, 0, true, 0, 1, true},
+      {"qlora bf16 ckpt, activation offload, 5 layers, the last 3 not recomputed", true, false, true, 0.1, Precision::BF16, 2, 24, 1, false, 0, false, 0, 3, true, 5},
+      {"qlora bf16 ckpt every 2nd layer, folded, activation offload, 6 layers", true, false, true, 0.1, Precision::BF16, 2, 16, 2, false, 0, true, 0, 0, true, 6},
+      {"bnb_dora bf16 ckpt, activation offload, 4 layers, the last 3 not recomputed", true, false, true, 0.1, Precision::BF16, 2, 16, 1, true, 0, false, 0, 3, true, 4},
+      {"lora fp32 ckpt every 3rd layer, activation offload, 7 layers, the last 1 not recomputed", false, false, true, 0.0, Precision::FP32, 2, 20, 3, false, 0, false, 0, 1, true, 7},
+      {"qlora fp16 ckpt, activation offload, 4 layers, the last 2 not recomputed", true, false, true, 0.1, Precision::FP16Autocast, 2, 16, 1, false, 0, false, 0, 2, true, 4},
   };
   const bool saved_fold = lora_fold();
   for (const PassCase& c : cases) {
     SCOPED_TRACE(c.name);
     set_lora_fold(c.lora_fold);
-    const LlamaConfig config = test::tiny_llama(300);
+    LlamaConfig config = test::tiny_llama(300);
+    if (c.layers > 0) config.num_hidden_layers = c.layers;
     ModelOptions o = c.train_base ? test::full_options(c.precision) : test::lora_options(c.precision, c.quantize, c.dropout);
     if (c.new_blocks > 0) {
       o.lora_targets = {};

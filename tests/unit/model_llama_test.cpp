@@ -358,16 +358,28 @@ TEST(LlamaModel, CheckpointedRecomputeRunsOnlyWhatTheBackwardReads) {
           }
 }
 
-// use_activation_cpu_offload moves each layer's input out and back between its forward and its
-// backward: the same bytes come back, so the gradients are the same bits.
+// use_activation_cpu_offload moves each layer's input, and some layers' attention output, out and
+// back between its forward and its backward: the same bytes come back, so the gradients are the
+// same bits. Five layers: every one or every other one recomputed, none or the last three not
+// (kept layers that send their attention output, and the last, which does not); full fine-tuning,
+// LoRA and DoRA (whose recompute runs the whole layer).
 TEST(LlamaModel, ActivationOffloadGivesBitIdenticalGradients) {
-  const LlamaConfig config = test::tiny_llama();
+  LlamaConfig config = test::tiny_llama();
+  config.num_hidden_layers = 5;
   const data::Batch batch = test::random_batch(2, 16, config.vocab_size, 22);
-  for (bool full : {false, true}) {
-    ModelOptions options = full ? test::full_options(Precision::BF16) : test::lora_options(Precision::BF16, true, 0.1);
-    const GradSnapshot plain = run_step(config, options, true, batch, 5);
-    options.activation_offload = true;
-    expect_bit_identical(run_step(config, options, true, batch, 5), plain);
+  for (const char* kind : {"full", "lora", "dora"}) {
+    ModelOptions options = std::string(kind) == "full" ? test::full_options(Precision::BF16)
+                                                       : test::lora_options(Precision::BF16, true, 0.1);
+    options.use_dora = std::string(kind) == "dora";
+    const GradSnapshot plain = run_step(config, options, false, batch, 5);
+    for (int64_t every : {1, 2})
+      for (int64_t keep : {0, 3}) {
+        SCOPED_TRACE(testing::Message() << kind << ", checkpoint_every " << every << ", keep " << keep);
+        options.checkpoint_every = every;
+        options.keep_activation_layers = keep;
+        options.activation_offload = true;
+        expect_bit_identical(run_step(config, options, true, batch, 5), plain);
+      }
   }
 }
 
