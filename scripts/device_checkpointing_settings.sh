@@ -10,7 +10,8 @@
 #   tar xJf .device/pack.tar.xz && bash scripts/device_checkpointing_settings.sh
 # Settings: SETTINGS (one fsdpq flag set a line; an empty line: fsdpq's defaults; a line beginning
 # with @PATH runs the binary at PATH, e.g. a baseline's, instead of FSDPQ), POINT (bench.py's shape,
-# context and batch flags), FSDPQ (the binary, default build/fsdpq).
+# context and batch flags), FSDPQ (the binary, default build/fsdpq), GRAD_CKPT (off: the same without
+# checkpointing).
 export LD_LIBRARY_PATH=$PWD/.device/lib:${LD_LIBRARY_PATH:-}
 FSDPQ=${FSDPQ:-build/fsdpq}
 POINT=${POINT:---shapes llama2-7b --ctx 2048 --bs 8}
@@ -19,7 +20,7 @@ SETTINGS=${SETTINGS:-"
 --use_activation_cpu_offload true --recompute_elementwise true
 --use_activation_cpu_offload true --use_cpu_offload true"}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; date +%T
-common="$POINT --grad-ckpt on --fsdpq-memory-of hf_lora_compile"
+common="$POINT --grad-ckpt ${GRAD_CKPT:-on} --fsdpq-memory-of hf_lora_compile"
 python3 bench/bench.py --peers hf_lora_compile $common --results $OUT/peer.jsonl --log $OUT/peer.log 2>&1 |
   grep -E "tok/s|OOM|error"
 i=0
