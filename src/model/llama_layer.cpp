@@ -331,14 +331,29 @@ int64_t LayerActivations::nbytes() const {
   return static_cast<int64_t>(total);
 }
 
+namespace {
+
+// `shape` elements of `memory` from element `offset` on, as a Tensor that does not own them.
+Tensor borrow_region(const Tensor& memory, int64_t offset, Shape shape) {
+  TensorView region = memory.view();
+  if (offset + shape.numel() > region.numel()) throw std::logic_error("LayerGradScratch: a region past its buffer");
+  region.data = static_cast<char*>(region.data) + static_cast<size_t>(offset) * dtype_size(region.dtype);
+  region.shape = shape;
+  return Tensor::borrow(region);
+}
+
+}  // namespace
+
 void LayerGradScratch::allocate(const LayerDims& d, DType grad_dtype, DType activation_dtype, Device device) {
-  const int64_t N = d.N();
-  d_norm = Tensor::empty(Shape{N, d.C}, grad_dtype, device);
-  d_att = Tensor::empty(Shape{N, d.H * d.D}, grad_dtype, device);
-  dq = Tensor::empty(Shape{N, d.H * d.D}, grad_dtype, device);
-  dk = Tensor::empty(Shape{N, d.KV * d.D}, grad_dtype, device);
-  dv = Tensor::empty(Shape{N, d.KV * d.D}, grad_dtype, device);
-  dh = Tensor::empty(Shape{N, d.I}, grad_dtype, device);
+  const int64_t N = d.N(), q = d.H * d.D, kv = d.KV * d.D;
+  norm_or_att_ = Tensor::empty(Shape{N, layer_grad_norm_or_att_columns(d)}, grad_dtype, device);
+  mlp_or_qkv_ = Tensor::empty(Shape{N, layer_grad_mlp_or_qkv_columns(d)}, grad_dtype, device);
+  d_norm = borrow_region(norm_or_att_, 0, Shape{N, d.C});
+  d_att = borrow_region(norm_or_att_, 0, Shape{N, q});
+  dh = borrow_region(mlp_or_qkv_, 0, Shape{N, d.I});
+  dq = borrow_region(mlp_or_qkv_, 0, Shape{N, q});
+  dk = borrow_region(mlp_or_qkv_, N * q, Shape{N, kv});
+  dv = borrow_region(mlp_or_qkv_, N * (q + kv), Shape{N, kv});
   if (gate_up_grads_in_place(grad_dtype, activation_dtype)) {
     dgate = Tensor();
     dup = Tensor();

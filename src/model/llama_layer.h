@@ -3,6 +3,7 @@
 // forward code runs in training, in the checkpointed recompute and in evaluation, so a recompute
 // reproduces the saved activations bit for bit.
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <span>
@@ -163,21 +164,29 @@ std::array<Tensor, kLinearGroups> allocate_group_xa(const LayerDims& d, DType dt
                                                     Device device = Device::CPU);
 
 // Gradient buffers one layer's backward uses (activation_grad_dtype), reused from layer to layer.
-// Where the gradients are in the activations' own dtype (bf16, fp32), dgate and dup have no buffers
-// of their own: SwiGLU's backward writes them over the layer's gate and up, which it is the last to
-// read, element for element (its kernels load an element's inputs before they store its outputs).
+// Gradients whose lives do not overlap in layer_backward share memory: d_att (from o_proj's backward
+// to attention's) lies over d_norm, whose MLP part is consumed before and attention part written
+// after; dq, dk, dv (attention's) lie over dh (the MLP's, consumed by SwiGLU's backward). Where the
+// gradients are in the activations' own dtype (bf16, fp32), dgate and dup have no buffers of their
+// own: SwiGLU's backward writes them over the layer's gate and up, which it is the last to read,
+// element for element (its kernels load an element's inputs before they store its outputs).
 struct LayerGradScratch {
   Tensor d_norm;            // [N, C]: at a norm's output, then at its input
-  Tensor d_att;             // [N, H*D]
-  Tensor dq, dk, dv;        // [N, H*D], [N, KV*D], [N, KV*D]
+  Tensor d_att;             // [N, H*D], over d_norm
+  Tensor dq, dk, dv;        // [N, H*D], [N, KV*D], [N, KV*D], over dh
   Tensor dh, dgate, dup;    // [N, I]; dgate and dup empty where they overwrite gate and up
   void allocate(const LayerDims& d, DType grad_dtype, DType activation_dtype, Device device = Device::CPU);
   // Where SwiGLU's backward writes d(gate) and d(up) in layer a's backward.
   std::pair<TensorView, TensorView> gate_up_grads(LayerActivations& a) const;
+
+ private:
+  Tensor norm_or_att_, mlp_or_qkv_;  // the memory the views above borrow
 };
-// Whether LayerGradScratch writes d(gate) and d(up) over gate and up: the one rule the layer and
-// the memory plan (src/plan/) both apply.
+// LayerGradScratch's rules, which the memory plan (src/plan/) applies too: whether it writes
+// d(gate) and d(up) over gate and up, and the widths of its two shared buffers.
 inline bool gate_up_grads_in_place(DType grad_dtype, DType activation_dtype) { return grad_dtype == activation_dtype; }
+inline int64_t layer_grad_norm_or_att_columns(const LayerDims& d) { return std::max(d.C, d.H * d.D); }
+inline int64_t layer_grad_mlp_or_qkv_columns(const LayerDims& d) { return std::max(d.I, (d.H + 2 * d.KV) * d.D); }
 
 // n1 = rmsnorm(x); q, k, v = linear(n1) (+ LoRA); RoPE on q and k for positions offset + t (or
 // offset + positions[b, t] when given).

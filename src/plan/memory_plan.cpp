@@ -296,12 +296,13 @@ int64_t layer_grad_scratch_bytes(const PlanInput& p, int64_t N) {
   const int64_t C = m.hidden_size, H = m.num_attention_heads, KV = m.num_key_value_heads, D = m.head_dim;
   const int64_t I = m.intermediate_size;
   const int64_t g = static_cast<int64_t>(dtype_size(activation_grad_dtype(p.activation)));
+  LayerDims d;
+  d.C = C, d.H = H, d.KV = KV, d.D = D, d.I = I;
   Bytes scratch{p.on_gpu};
-  scratch.add(N * C * g);             // d_norm
-  scratch.add(N * H * D * g, 2);      // d_att, dq
-  scratch.add(N * KV * D * g, 2);     // dk, dv
-  // dh, and dgate and dup where they do not overwrite gate and up
-  scratch.add(N * I * g, gate_up_grads_in_place(activation_grad_dtype(p.activation), p.activation) ? 1 : 3);
+  scratch.add(N * layer_grad_norm_or_att_columns(d) * g);  // d_norm, d_att over it
+  scratch.add(N * layer_grad_mlp_or_qkv_columns(d) * g);   // dh, dq / dk / dv over it
+  // dgate and dup where they do not overwrite gate and up
+  if (!gate_up_grads_in_place(activation_grad_dtype(p.activation), p.activation)) scratch.add(N * I * g, 2);
   return scratch.sum;
 }
 
@@ -404,7 +405,8 @@ ActivationBytes activation_bytes(const PlanInput& p) {
   // and row losses (model/llama_lm_head.cpp).
   const int64_t chunk = lm_head_chunk_rows(V, N), chunks = (N + chunk - 1) / std::max<int64_t>(chunk, 1);
   const int64_t normed = R(N * C * a), final_rstd = R(N * kF32), d_normed = R(N * C * g);
-  const int64_t logits = R((chunk + 1) * V * a) + 2 * R(chunks * (chunk + 1) * 4);
+  // (On the CPU backend the row losses' copy for the host, made while the rest is alive, counts too.)
+  const int64_t logits = R((chunk + 1) * V * a) + (gpu ? 2 : 3) * R(chunks * (chunk + 1) * 4);
   const int64_t d_resid = R(N * C * g);
   x.lm_head = normed + final_rstd + d_normed + logits;
 
