@@ -101,12 +101,12 @@ def plan_peak_gib(fsdpq, shape, ctx, bs, ckpt, dropout, keep, activations=0, ext
 PLAN_MARGIN = 0.99  # of the peer's peak, for --fsdpq-memory-of's search (memory_matched_args)
 
 
-def most_layers_under(peak_with, layers, cap_gib):
-    """The largest n in 0 … layers with peak_with(n) at most cap_gib, or None where even 0 is over.
-    Peaks grow with n: a binary search."""
-    if peak_with(0) > cap_gib:
+def most_layers_under(peak_with, layers, cap_gib, lowest=0):
+    """The largest n in lowest … layers with peak_with(n) at most cap_gib, or None where even lowest is
+    over. Peaks grow with n: a binary search."""
+    if peak_with(lowest) > cap_gib:
         return None
-    lo, hi = 0, layers  # lo fits
+    lo, hi = lowest, layers  # lo fits
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if peak_with(mid) <= cap_gib:
@@ -125,9 +125,11 @@ def kept_layers_under(fsdpq, shape, ctx, bs, ckpt, dropout, cap_gib, activations
 
 def activation_layers_under(fsdpq, shape, ctx, bs, dropout, cap_gib, extra=()):
     """With checkpointing: the most last layers fsdpq_qlora leaves unrecomputed (keep_activation_layers)
-    with its planned peak at most cap_gib (no dense layers kept), or None where even none fits."""
+    with its planned peak at most cap_gib (no dense layers kept), or None where even none fits (one,
+    with recompute_elementwise, which trims the layers kept and refuses a run that keeps none)."""
+    trims = "--recompute_elementwise" in extra and extra[extra.index("--recompute_elementwise") + 1:][:1] == ["true"]
     return most_layers_under(lambda n: plan_peak_gib(fsdpq, shape, ctx, bs, True, dropout, 0, n, extra),
-                             shape_dict(shape)["num_hidden_layers"], cap_gib)
+                             shape_dict(shape)["num_hidden_layers"], cap_gib, lowest=1 if trims else 0)
 
 
 def last_json_line(stdout):
