@@ -1,9 +1,31 @@
 #include "model/activation_offload.h"
 
+#include <optional>
 #include <stdexcept>
 #include <utility>
 
+#include "backend/section_times.h"
+
 namespace fsdpq {
+
+namespace {
+
+// FSDPQ_SECTION_TIMES: a section on the side stream around a layer's copies, their own time (how
+// busy the host link is beside the compute), as the dequantisation's side stream is timed.
+class CopiesTimed {
+ public:
+  CopiesTimed(SideStream& side, const char* name) {
+    if (!section_times_enabled()) return;
+    on_side_.emplace(side);
+    section_.emplace(name);
+  }
+
+ private:
+  std::optional<OnSideStream> on_side_;
+  std::optional<ScopedSection> section_;  // (ends before the stream is the compute stream again)
+};
+
+}  // namespace
 
 size_t ActivationOffload::input_bytes() const { return static_cast<size_t>(shape_.numel()) * dtype_size(dtype_); }
 
@@ -39,6 +61,7 @@ void ActivationOffload::forward_done(int64_t i, Tensor& input, LayerActivations&
   const size_t at = static_cast<size_t>(i);
   if (i == layers_ - 1 && !sends_[at]) return;  // (the last layer's input: the first backward reads it)
   side_->wait_for_compute();  // the layer's tensors are complete
+  const CopiesTimed timed(*side_, "activation offload: out");
   if (i < layers_ - 1) {
     if (input.nbytes() != input_bytes()) throw std::logic_error("ActivationOffload::forward_done: not a layer input");
     side_->copy(host_[at]->reserve(input_bytes()), Device::CPU, input.view().data, device_, input_bytes());
@@ -77,6 +100,7 @@ ActivationOffload::Returning ActivationOffload::backward_begin(int64_t i, LayerA
   if (outputs)
     for (int k = 0; k < kParts; ++k) returning_[k] = Tensor::empty(part_shapes_[k], part_dtypes_[k], device_);
   side_->wait_for_compute();  // new blocks, which queued work may have used before
+  const CopiesTimed timed(*side_, "activation offload: in");
   side_->copy(back.previous_input.view().data, device_, host_[at - 1]->reserve(input_bytes()), Device::CPU, input_bytes());
   arrived_[at - 1] = side_->mark();
   if (outputs) {
