@@ -192,8 +192,9 @@ std::string format_plan(const TrainConfig& c, const PlanInput& input, const Plan
   out += fmt::format("Practical guide (fsdp_qlora's benchmark report): the largest batch of 1, 2, 4 … {} that fits; "
                      "with checkpointing, then the fewest recomputed layers that still fit (checkpoint_every), "
                      "each first with the kept layers whole, then trimmed (recompute_elementwise), else the last "
-                     "layers' activations kept whole in the memory left (keep_activation_layers); on a quantised "
-                     "base, then as many of the last layers kept dense as still fit (keep_dequantized_layers)\n\n",
+                     "layers' activations kept in the memory left (keep_activation_layers), trimmed where that "
+                     "keeps more; on a quantised base, then as many of the last layers kept dense as still fit "
+                     "(keep_dequantized_layers)\n\n",
                      flags.max_batch);
   out += "| # | step | setting | batch | GPU GiB needed | host GiB per node | fits |\n|---|---|---|---:|---:|---:|---|\n";
   for (size_t i = 0; i < guide.steps.size(); ++i) {
