@@ -733,9 +733,10 @@ int64_t most_last_layers(int64_t layers, const Fits& fits) {
 // layers). Memory falls along that order, so the search stops at the first that fits. Where even
 // checkpoint_every 2 does not fit, the memory left keeps the last layers' activations
 // (keep_activation_layers), one layer at a time: whole, or trimmed where that keeps more of them,
-// by more than one layer in 20 (a trimmed layer's SwiGLU and two RMSNorms cost ~5% of a layer's
-// recompute: −2% on a 7B step for all 32 layers, bench/RESULTS.md 2026-12-05; each layer not
-// recomputed +0.6% at ctx 2048, bs 8, stop 44).
+// by more than one layer in 10 (a trimmed layer's SwiGLU and two RMSNorms cost at most ~10% of a
+// layer's recompute: −2% on a 7B step for all 32 layers, ~0.36 ms a layer at 8k tokens against
+// ~3.6 ms, bench/RESULTS.md 2026-12-05, before SwiGLU's faster kernels; each layer not recomputed
+// is +0.6% at ctx 2048, bs 8, stop 44).
 template <class Fits>
 void recompute_fewer_layers(GuideStep& g, PlanInput in, const Fits& fits) {
   in.setting = g.setting;
@@ -763,7 +764,7 @@ void recompute_fewer_layers(GuideStep& g, PlanInput in, const Fits& fits) {
     });
   };
   const int64_t whole = most_kept(false), trimmed = most_kept(true);
-  const bool trims = (trimmed - whole) * 20 > trimmed;
+  const bool trims = (trimmed - whole) * 10 > trimmed;
   const int64_t kept = trims ? trimmed : whole;
   if (kept == 0) return;
   in.setting = g.setting;
