@@ -390,8 +390,8 @@ struct LlamaModel::Impl {
     // What the backward reads of each layer, kept or rebuilt by a recompute.
     PassActivations saved(L, train, options, d, act, lora_ranks(), device);
     if (offload_activations) {
-      std::vector<bool> sends(static_cast<size_t>(L));
-      for (int64_t i = 0; i < L; ++i) sends[static_cast<size_t>(i)] = saved.offloads_attention_output(i);
+      std::vector<ActivationOffload::Sends> sends(static_cast<size_t>(L));
+      for (int64_t i = 0; i < L; ++i) sends[static_cast<size_t>(i)] = {saved.offloads_attention_output(i), saved.offloads_gate_up(i)};
       activation_offload.begin_pass(L, stream_shape, act, device, std::move(sends));
     }
     for (int64_t i = 0; i < L; ++i) {
@@ -446,17 +446,16 @@ struct LlamaModel::Impl {
     saved.backward_prepare();
     for (int64_t i = L - 1; i >= 0; --i) {
       LayerActivations& a = saved.backward_begin(i);
-      bool attention_output_back = false;
+      ActivationOffload::Returning back;
       if (offload_activations) {
-        ActivationOffload::Returning back = activation_offload.backward_begin(i, a);
+        back = activation_offload.backward_begin(i, a);
         if (i > 0) stream_at(i - 1) = std::move(back.previous_input);
-        attention_output_back = back.attention_output_back;
       }
       if (hooks) hooks->backward_begin(layer_unit(i));
       KeptLayer* const own = kept_layer(i);  // its dense weights from the forward above
       const bool recompute = saved.needs_recompute(i);  // (the same dropout masks and bits)
       const LayerCompute w = layer_compute(i, true, step_key, recompute ? kForwardOrder : kBackwardOrder, own, true);
-      if (recompute) saved.recompute(i, stream_at(i), w, rope, segments, attention_output_back);
+      if (recompute) saved.recompute(i, stream_at(i), w, rope, segments, back.attention_output_back, back.gate_up_back);
       layer_backward(d_resid, scratch, a, stream_at(i), w, d, rope, segments);
       saved.backward_end(i);
       w.wait_for_weights();

@@ -7,9 +7,9 @@
 //     not recomputed;
 //   - with recompute_elementwise, the buffers the layers share for n1, n2 and h.
 // A layer's buffers are made when the forward reaches it. With activation offload
-// (model/activation_offload.h) its att, lse and x2 may leave for host memory after its forward:
-// the shared buffer gets new ones for the next layer, and a layer keeping its own lets them go
-// again after its backward.
+// (model/activation_offload.h) its att, lse and x2 (and a recomputed layer's gate and up) may
+// leave for host memory after its forward: the shared buffer gets new ones for the next layer. A
+// layer keeping its own activations lets them go after its backward.
 // An evaluation pass (no backward) runs every layer in the one shared LayerActivations.
 #pragma once
 #include <array>
@@ -39,6 +39,8 @@ class PassActivations {
   bool offloads_attention_output(int64_t i) const {
     return offloads_ && policy_.offloads_attention_output(i, layers_, dora_);
   }
+  // With activation offload and offload_mlp_every, whether layer i's gate and up go too.
+  bool offloads_gate_up(int64_t i) const { return offloads_ && policy_.offloads_gate_up(i, layers_, dora_, mlp_every_); }
 
   // Forward: layer i's buffers (a recomputed layer gets its own xa), and after its forward is queued.
   LayerActivations& forward_begin(int64_t i);
@@ -51,11 +53,12 @@ class PassActivations {
   bool needs_recompute(int64_t i) const { return recomputed(i) && shared_holds_ != i; }
   // Layer i's buffers for its backward, a recomputed layer's xa back in them.
   LayerActivations& backward_begin(int64_t i);
-  // Rebuilds layer i's activations from its input x (the forward's masks and bits). With
-  // attention_output_kept, att, lse and x2 are already there (activation offload brought them).
+  // Rebuilds layer i's activations from its input x (the forward's masks and bits). What activation
+  // offload brought back is already there: att, lse and x2 (attention_output_kept), gate and up
+  // (gate_up_kept).
   void recompute(int64_t i, const TensorView& x, const LayerCompute& w, const RopeTable& rope,
-                 const RowSegments& segments, bool attention_output_kept);
-  // Layer i's backward is queued: its xa goes, and with activation offload its own att, lse and x2.
+                 const RowSegments& segments, bool attention_output_kept, bool gate_up_kept);
+  // Layer i's backward is queued: its xa goes, and a layer keeping its own activations lets them go.
   void backward_end(int64_t i);
 
  private:
@@ -65,8 +68,9 @@ class PassActivations {
 
   int64_t layers_;
   bool checkpointing_;
-  bool offloads_;  // activation offload may take a layer's att, lse and x2 away
+  bool offloads_;  // activation offload may take a layer's att, lse and x2 (and gate, up) away
   bool dora_;
+  int64_t mlp_every_;  // offload_mlp_every
   CheckpointPolicy policy_;
   bool keeps_xa_;  // recomputed layers keep their xa (not DoRA's: its own per-module xa, z and norms)
   LayerDims d_;

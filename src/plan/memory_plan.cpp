@@ -332,6 +332,7 @@ PlanInput plan_input_from(const TrainConfig& c, const LlamaConfig& model, int wo
   p.setting.keep_dequantized_layers = c.keep_dequantized_layers;
   p.setting.cpu_offload = c.use_cpu_offload;
   p.setting.activation_offload = c.use_activation_cpu_offload;
+  p.setting.offload_mlp_every = c.use_activation_cpu_offload ? c.offload_mlp_every : 0;
   p.setting.batch_size = c.batch_size;
   return p;
 }
@@ -378,8 +379,18 @@ ActivationBytes activation_bytes(const PlanInput& p) {
   }
   auto sent = [&](int64_t i) { return i >= 0 && sends[static_cast<size_t>(i)]; };
   x.offloaded += sending * (N * H * D * a + B * H * T * kF32 + N * C * a);
-  if (sending > 0) x.offload_spare = attention_output;
   x.kept_offloaded = own_sending * attention_output;
+  // With offload_mlp_every, some recomputed layers' gate and up go too.
+  const int64_t I = m.intermediate_size, gate_up = 2 * R(N * I * a);
+  auto sent_gate_up = [&](int64_t i) {
+    return offloading && i >= 0 && policy.offloads_gate_up(i, L, p.dora, p.setting.offload_mlp_every);
+  };
+  // What layer i sends besides its input: one copy moves it in each direction at a time.
+  auto parts = [&](int64_t i) { return (sent(i) ? attention_output : 0) + (sent_gate_up(i) ? gate_up : 0); };
+  for (int64_t i = 0; i < L; ++i) {
+    x.offloaded += sent_gate_up(i) ? 2 * N * I * a : 0;
+    x.offload_spare = std::max(x.offload_spare, parts(i));
+  }
 
   if (p.quantized && !p.train_base) {
     const std::vector<int64_t> folded = folded_columns(p, lin);
@@ -433,20 +444,42 @@ ActivationBytes activation_bytes(const PlanInput& p) {
   // last layer's; in the backward, layer i - 1's coming back beside layer i's.
   const int64_t kept = x.stream_on_device + x.kept_layers * x.layer - x.kept_offloaded + x.checkpointed_xa +
                        x.shared_elementwise + x.dequantized + x.rope;
-  x.forward_peak = kept + (sent(L - 2) ? attention_output : 0) + forward_temp;
+  // The forward, layer by layer: a layer's buffers are made as it reaches them (the shared one's, at
+  // a recomputed layer, anew for what the previous one sent; each recomputed layer's xa of its own),
+  // a kept layer's attention output leaves after its forward, and the previous layer's sent parts
+  // are on their way out.
+  const int64_t xa_bytes = group_xa_bytes(p, lin, N);
+  int64_t own_bytes = 0, xa_made = 0, shared_lacks = 0;
+  bool shared_made = false;
+  x.forward_peak = 0;
+  for (int64_t j = 0; j < L; ++j) {
+    const bool own = !policy.recomputes(j, L);
+    if (own) {
+      own_bytes += x.layer;
+    } else {
+      shared_made = true;
+      shared_lacks = 0;
+      xa_made += xa_bytes;
+    }
+    const int64_t held = x.stream_on_device + x.shared_elementwise + x.dequantized + x.rope + own_bytes +
+                         (shared_made ? x.layer - xa_bytes - shared_lacks : 0) + xa_made + parts(j - 1);
+    x.forward_peak = std::max(x.forward_peak, held + forward_temp);
+    if (own && sent(j)) own_bytes -= attention_output;
+    if (!own) shared_lacks = parts(j);
+  }
   x.head_peak = kept + root_grads + normed + final_rstd + d_normed + std::max(logits, d_resid);
   // The backward meets the forward's temporaries again only in a layer it recomputes: the last of
   // the recomputed layers is not, its activations still in their shared buffer from the forward.
-  // Layer i's att, lse and x2 are back for its backward; a layer keeping its own lets them go after
-  // it (with activation offload), and a recomputed layer its xa.
+  // Layer i's att, lse and x2 are back for its backward; a layer keeping its own activations lets
+  // them go after it, and a recomputed layer its xa.
   const int64_t last_recomputed = policy.last_recomputed(L);
   x.backward_peak = 0;
   for (int64_t i = L - 1; i >= 0; --i) {
     const bool own = !policy.recomputes(i, L);
-    int64_t held = kept + (sent(i - 1) ? attention_output : 0) + (own && sent(i) ? attention_output : 0);
-    for (int64_t j = i + 1; j < L; ++j) {  // after their backward:
-      if (offloading && !policy.recomputes(j, L) && !sent(j)) held -= attention_output;  // (never left: let go of too)
-      if (policy.recomputes(j, L)) held -= group_xa_bytes(p, lin, N);  // a recomputed layer's xa
+    int64_t held = kept + parts(i - 1) + (own && sent(i) ? attention_output : 0);
+    for (int64_t j = i + 1; j < L; ++j) {  // let go of after their backward:
+      if (!policy.recomputes(j, L)) held -= x.layer - (sent(j) ? attention_output : 0);  // a kept layer's own
+      if (policy.recomputes(j, L)) held -= xa_bytes;                                      // a recomputed layer's xa
     }
     const bool recomputes = policy.recomputes(i, L) && i != last_recomputed;
     const int64_t temp = std::max(recomputes ? temporaries.recompute : 0, backward_temp);

@@ -285,6 +285,11 @@ INSTANTIATE_TEST_SUITE_P(
                       "use_activation_cpu_offload = true (cfg.ini:2) contradicts use_gradient_checkpointing = false "
                       "(cfg.ini:3): activation offload moves the checkpointed layer inputs, so it needs gradient "
                       "checkpointing"},
+        BadConfigCase{"MlpOffloadWithoutActivationOffload",
+                      "dataset = dummy\noffload_mlp_every = 2\n", {},
+                      "offload_mlp_every = 2 (cfg.ini:2) contradicts use_activation_cpu_offload = false (default): it "
+                      "sends some recomputed layers' gate and up to host memory beside what activation offload sends, "
+                      "so it needs use_activation_cpu_offload = true"},
         BadConfigCase{"CheckpointEveryWithoutCheckpointing",
                       "dataset = dummy\ncheckpoint_every = 2\nuse_gradient_checkpointing = false\n", {},
                       "checkpoint_every = 2 (cfg.ini:2) contradicts use_gradient_checkpointing = false (cfg.ini:3): it "
