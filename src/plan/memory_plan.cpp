@@ -439,9 +439,7 @@ ActivationBytes activation_bytes(const PlanInput& p) {
   }
   x.unit_grads = layer_grads + root_grads;
 
-  // What the layers hold once the forward is done (the head's time), and one attention output more
-  // where activation offload is moving one: in the forward, the previous layer's leaving beside the
-  // last layer's; in the backward, layer i - 1's coming back beside layer i's.
+  // What the layers hold once the forward is done (the head's time; nothing is on its way then).
   const int64_t kept = x.stream_on_device + x.kept_layers * x.layer - x.kept_offloaded + x.checkpointed_xa +
                        x.shared_elementwise + x.dequantized + x.rope;
   // The forward, layer by layer: a layer's buffers are made as it reaches them (the shared one's, at
@@ -470,8 +468,9 @@ ActivationBytes activation_bytes(const PlanInput& p) {
   x.head_peak = kept + root_grads + normed + final_rstd + d_normed + std::max(logits, d_resid);
   // The backward meets the forward's temporaries again only in a layer it recomputes: the last of
   // the recomputed layers is not, its activations still in their shared buffer from the forward.
-  // Layer i's att, lse and x2 are back for its backward; a layer keeping its own activations lets
-  // them go after it, and a recomputed layer its xa.
+  // Layer i's att, lse and x2 are back for its backward, and layer i - 1's sent parts on their way
+  // back beside it; a layer keeping its own activations lets them go after it, and a recomputed
+  // layer its xa.
   const int64_t last_recomputed = policy.last_recomputed(L);
   x.backward_peak = 0;
   for (int64_t i = L - 1; i >= 0; --i) {
