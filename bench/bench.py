@@ -127,7 +127,7 @@ def activation_layers_under(fsdpq, shape, ctx, bs, dropout, cap_gib, extra=()):
     """With checkpointing: the most last layers fsdpq_qlora leaves unrecomputed (keep_activation_layers)
     with its planned peak at most cap_gib (no dense layers kept), or None where even none fits (one,
     with recompute_elementwise, which trims the layers kept and refuses a run that keeps none)."""
-    trims = "--recompute_elementwise" in extra and extra[extra.index("--recompute_elementwise") + 1:][:1] == ["true"]
+    trims = any(flag == "--recompute_elementwise" and value == "true" for flag, value in zip(extra, extra[1:]))
     return most_layers_under(lambda n: plan_peak_gib(fsdpq, shape, ctx, bs, True, dropout, 0, n, extra),
                              shape_dict(shape)["num_hidden_layers"], cap_gib, lowest=1 if trims else 0)
 

@@ -32,9 +32,6 @@ class PassActivations {
   PassActivations& operator=(const PassActivations&) = delete;
 
   bool recomputed(int64_t i) const { return checkpointing_ && policy_.recomputes(i, layers_); }
-  // Recomputed layers whose activations will not still be in the shared buffer at their backward:
-  // every one but the last. Their recompute stops at h (layer_recompute) unless under DoRA.
-  bool recompute_stops_at_h(int64_t i) const { return checkpointing_ && policy_.recompute_stops_at_h(i, layers_, dora_); }
   // With activation offload, whether layer i's att, lse and x2 go to host memory too (CheckpointPolicy's rule).
   bool offloads_attention_output(int64_t i) const {
     return offloads_ && policy_.offloads_attention_output(i, layers_, dora_);

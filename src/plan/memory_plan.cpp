@@ -369,26 +369,19 @@ ActivationBytes activation_bytes(const PlanInput& p) {
   // (model/activation_offload.h).
   const int64_t H = m.num_attention_heads;
   const int64_t attention_output = R(N * H * D * a) + R(B * H * T * kF32) + R(N * C * a);
-  const bool offloading = p.setting.activation_offload && p.setting.gradient_checkpointing;
-  std::vector<bool> sends(static_cast<size_t>(L), false);
-  int64_t sending = 0, own_sending = 0;
-  for (int64_t i = 0; i < L && offloading; ++i) {
-    sends[static_cast<size_t>(i)] = policy.offloads_attention_output(i, L, p.dora);
-    sending += sends[static_cast<size_t>(i)] ? 1 : 0;
-    own_sending += sends[static_cast<size_t>(i)] && !policy.recomputes(i, L) ? 1 : 0;
-  }
-  auto sent = [&](int64_t i) { return i >= 0 && sends[static_cast<size_t>(i)]; };
-  x.offloaded += sending * (N * H * D * a + B * H * T * kF32 + N * C * a);
-  x.kept_offloaded = own_sending * attention_output;
   // With offload_mlp_every, some recomputed layers' gate and up go too.
-  const int64_t I = m.intermediate_size, gate_up = 2 * R(N * I * a);
+  const bool offloading = p.setting.activation_offload && p.setting.gradient_checkpointing;
+  auto sent = [&](int64_t i) { return offloading && i >= 0 && policy.offloads_attention_output(i, L, p.dora); };
   auto sent_gate_up = [&](int64_t i) {
     return offloading && i >= 0 && policy.offloads_gate_up(i, L, p.dora, p.setting.offload_mlp_every);
   };
+  const int64_t I = m.intermediate_size, gate_up = 2 * R(N * I * a);
   // What layer i sends besides its input: one copy moves it in each direction at a time.
   auto parts = [&](int64_t i) { return (sent(i) ? attention_output : 0) + (sent_gate_up(i) ? gate_up : 0); };
   for (int64_t i = 0; i < L; ++i) {
-    x.offloaded += sent_gate_up(i) ? 2 * N * I * a : 0;
+    if (sent(i)) x.offloaded += N * H * D * a + B * H * T * kF32 + N * C * a;
+    if (sent(i) && !policy.recomputes(i, L)) x.kept_offloaded += attention_output;
+    if (sent_gate_up(i)) x.offloaded += 2 * N * I * a;
     x.offload_spare = std::max(x.offload_spare, parts(i));
   }
 
@@ -473,16 +466,14 @@ ActivationBytes activation_bytes(const PlanInput& p) {
   // layer its xa.
   const int64_t last_recomputed = policy.last_recomputed(L);
   x.backward_peak = 0;
+  int64_t let_go = 0;  // by the layers whose backward is done
   for (int64_t i = L - 1; i >= 0; --i) {
     const bool own = !policy.recomputes(i, L);
-    int64_t held = kept + parts(i - 1) + (own && sent(i) ? attention_output : 0);
-    for (int64_t j = i + 1; j < L; ++j) {  // let go of after their backward:
-      if (!policy.recomputes(j, L)) held -= x.layer - (sent(j) ? attention_output : 0);  // a kept layer's own
-      if (policy.recomputes(j, L)) held -= xa_bytes;                                      // a recomputed layer's xa
-    }
-    const bool recomputes = policy.recomputes(i, L) && i != last_recomputed;
+    const int64_t held = kept - let_go + parts(i - 1) + (own && sent(i) ? attention_output : 0);
+    const bool recomputes = !own && i != last_recomputed;
     const int64_t temp = std::max(recomputes ? temporaries.recompute : 0, backward_temp);
     x.backward_peak = std::max(x.backward_peak, held + root_grads + layer_grads + x.grad_scratch + temp);
+    let_go += own ? x.layer - (sent(i) ? attention_output : 0) : xa_bytes;  // a kept layer's own, a recomputed one's xa
   }
   x.peak = std::max({x.forward_peak, x.head_peak, x.backward_peak});
   x.transient_peak = x.peak - x.dequantized - x.rope;
