@@ -185,9 +185,9 @@ void linear_group_backward(TensorView dx, bool accumulate, std::span<const Tenso
     }
     Tensor dy_storage;
     const TensorView dy = gemm_ready(dys[j], m, w, dy_storage);
-    {
+    if (dx.data != nullptr || w.d_weight[m].data != nullptr) {  // (no dx: the first layer's q/k/v)
       ScopedSection section("linear bwd");
-      linear_backward_input(dx, dy, w.weight(m), accumulate || j > 0);
+      if (dx.data) linear_backward_input(dx, dy, w.weight(m), accumulate || j > 0);
       if (w.d_weight[m].data) linear_backward_weight(w.d_weight[m], dy, x, /*accumulate=*/true);
     }
     if (g.site_of[j] < 0) continue;
@@ -454,7 +454,8 @@ void layer_recompute(LayerActivations& a, const TensorView& x, const LayerComput
 }
 
 void layer_backward(TensorView d_resid, LayerGradScratch& s, LayerActivations& a, const TensorView& x,
-                    const LayerCompute& w, const LayerDims& d, const RopeTable& rope, const RowSegments& segments) {
+                    const LayerCompute& w, const LayerDims& d, const RopeTable& rope, const RowSegments& segments,
+                    bool input_gradient) {
   // MLP: out = x2 + down(h), h = silu(gate) * up, gate/up = linear(n2), n2 = rmsnorm(x2).
   if (a.recomputes_elementwise) {
     ScopedSection section("elementwise recompute");
@@ -498,7 +499,8 @@ void layer_backward(TensorView d_resid, LayerGradScratch& s, LayerActivations& a
     rmsnorm_forward(a.n1, a.rstd1, x, w.input_norm, d.eps);
   }
   const TensorView d_qkv[] = {s.dq, s.dk, s.dv};
-  linear_group_backward(s.d_norm, false, d_qkv, a.n1, kQkvGroup, w, a);
+  linear_group_backward(input_gradient ? s.d_norm.view() : TensorView{}, false, d_qkv, a.n1, kQkvGroup, w, a);
+  if (!input_gradient) return;
   ScopedSection section("rmsnorm + residual bwd");
   rmsnorm_backward_add(d_resid, w.d_input_norm, s.d_norm, x, w.input_norm, a.rstd1);  // the layer input's gradient
 }

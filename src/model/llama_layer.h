@@ -215,7 +215,11 @@ void layer_recompute(LayerActivations& a, const TensorView& x, const LayerComput
 // d_resid: F32 [N, C], on entry the gradient of the layer's output, on return that of its input x.
 // Adds the gradients of trainable weights and adapters of w. With a.recomputes_elementwise it
 // first recomputes n1, n2 and h into the shared buffers (and rstd1, rstd2: the same values).
+// Without input_gradient (nothing below the layer trains, nor its input norm: the first layer of a
+// LoRA model) d_resid is left as it is on return, and the q/k/v input-gradient GEMMs, their
+// adapters' part and the input norm's backward are skipped: every trainable gradient is the same.
 void layer_backward(TensorView d_resid, LayerGradScratch& s, LayerActivations& a, const TensorView& x,
-                    const LayerCompute& w, const LayerDims& d, const RopeTable& rope, const RowSegments& segments = {});
+                    const LayerCompute& w, const LayerDims& d, const RopeTable& rope, const RowSegments& segments = {},
+                    bool input_gradient = true);
 
 }  // namespace fsdpq

@@ -456,7 +456,9 @@ struct LlamaModel::Impl {
       const bool recompute = saved.needs_recompute(i);  // (the same dropout masks and bits)
       const LayerCompute w = layer_compute(i, true, step_key, recompute ? kForwardOrder : kBackwardOrder, own, true);
       if (recompute) saved.recompute(i, stream_at(i), w, rope, segments, back.attention_output_back, back.gate_up_back);
-      layer_backward(d_resid, scratch, a, stream_at(i), w, d, rope, segments);
+      // The first layer's input gradient feeds only the embedding's and its input norm's.
+      const bool input_gradient = i > 0 || weights.embedding.trainable || w.d_input_norm.data != nullptr;
+      layer_backward(d_resid, scratch, a, stream_at(i), w, d, rope, segments, input_gradient);
       saved.backward_end(i);
       w.wait_for_weights();
       if (own) own->free = mark_compute();  // the next forward refills its buffers after this

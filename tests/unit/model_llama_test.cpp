@@ -361,6 +361,38 @@ TEST(LlamaModel, CheckpointedRecomputeRunsOnlyWhatTheBackwardReads) {
           }
 }
 
+// Nothing below the first layer trains in LoRA or DoRA (the embedding is frozen, as is the input
+// norm), so its backward skips its input's gradient: of a layer's seven "linear bwd" sections (q, k,
+// v, o, gate, up, down) the first layer runs four, and of its two norm backwards one. Full
+// fine-tuning trains the embedding: every layer runs all of them. The gradients themselves are the
+// finite-difference tests' (LoraGradientsMatchFiniteDifferences and the like).
+TEST(LlamaModel, TheFirstLayerSkipsItsInputGradientWhereNothingBelowTrains) {
+  LlamaConfig config = test::tiny_llama();
+  config.num_hidden_layers = 3;
+  const data::Batch batch = test::random_batch(2, 16, config.vocab_size, 31);
+  for (const char* kind : {"full", "lora", "dora"}) {
+    SCOPED_TRACE(kind);
+    ModelOptions options = std::string(kind) == "full" ? test::full_options(Precision::BF16)
+                                                       : test::lora_options(Precision::BF16, true, 0.1);
+    options.use_dora = std::string(kind) == "dora";
+    set_section_times_enabled(true);
+    reset_section_times();
+    const GradSnapshot snap = run_step(config, options, false, batch, 3);
+    int64_t linear_bwd = 0, norm_bwd = 0;
+    for (const SectionTotal& t : section_totals()) {
+      if (t.name == std::string("linear bwd")) linear_bwd = t.count;
+      if (t.name == std::string("rmsnorm + residual bwd")) norm_bwd = t.count;
+    }
+    set_section_times_enabled(false);
+    reset_section_times();
+    const bool skips = std::string(kind) != "full";
+    // DoRA's modules run their base GEMMs inside "dora bwd"
+    if (std::string(kind) != "dora") EXPECT_EQ(linear_bwd, 7 * config.num_hidden_layers - (skips ? 3 : 0));
+    EXPECT_EQ(norm_bwd, 2 * config.num_hidden_layers - (skips ? 1 : 0));
+    EXPECT_TRUE(std::isfinite(snap.loss.loss_sum));
+  }
+}
+
 // use_activation_cpu_offload moves each layer's input, and some layers' attention output (and with
 // offload_mlp_every some recomputed layers' gate and up), out and back between its forward and its
 // backward: the same bytes come back, so the gradients are the same bits. Five layers: every one or
