@@ -648,6 +648,93 @@ TEST(LlamaModelHead, ChunkedLossEqualsOneChunk) {
   EXPECT_EQ(lm_head_chunk_rows(int64_t{1} << 20, 4096), 16);  // under one tile: as many rows as fit
 }
 
+// Where most rows are ignored (prompts, padding) the training head gathers the rows that score and
+// runs its GEMMs over them alone, scattering their gradients back (lm_head_gather_chunk_rows): the loss, the
+// gradient of every scoring row and the head's gradient are those of the plain formula (computed
+// here in double: tolerances 1e-6 normwise, 1e-6 relative for the loss), the ignored rows' gradient
+// is exactly zero whatever d_normed held, and the head's gradient is added to what it held.
+TEST(LlamaModelHead, ScoringRowsAloneGiveTheSameLossAndGradients) {
+  const int64_t B = 3, T = 40, C = 64, V = 50, N = B * T, chunk = 8;
+  std::mt19937 rng(13);
+  auto uniform = [&](Shape shape) {
+    Tensor t = Tensor::empty(shape, DType::F32);
+    std::uniform_real_distribution<float> dist(-1, 1);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = dist(rng);
+    return t;
+  };
+  Tensor normed = uniform(Shape{N, C}), head = uniform(Shape{V, C});
+  std::vector<int32_t> labels(static_cast<size_t>(N), kIgnoreIndex);
+  for (int64_t b = 0; b < B; ++b)  // a prompt of 25 tokens, then 10 scored, then padding
+    for (int64_t t = 25; t < 35; ++t) labels[static_cast<size_t>(b * T + t)] = static_cast<int32_t>(rng() % V);
+  const TensorView label_view{labels.data(), DType::I32, Shape{N}, Device::CPU};
+  int64_t scoring = 0;
+  for (int64_t r = 0; r < N; ++r) scoring += r % T + 1 < T && labels[static_cast<size_t>(r + 1)] != kIgnoreIndex;
+  const LmHeadDtypes f32{DType::F32, DType::F32, DType::F32};
+  const int64_t gathered = lm_head_gather_chunk_rows(N, scoring, C, V, chunk, f32);  // what fits where 8 rows' logits do
+  ASSERT_GT(gathered, 0);
+  ASSERT_LT(gathered, chunk);
+
+  Tensor d_normed = Tensor::empty(Shape{N, C}, DType::F32);
+  for (int64_t i = 0; i < N * C; ++i) d_normed.data<float>()[i] = 7.0f;  // not what the head leaves
+  Tensor d_head = uniform(Shape{V, C}), d_head_before = Tensor::empty(Shape{V, C}, DType::F32);
+  copy_convert(d_head_before, d_head);
+  const float scale = 0.25f;
+  const CrossEntropyResult got = lm_head_loss(normed, head, label_view, B, T, scale, d_normed, d_head, DType::F32, chunk);
+
+  // The plain formula, every row: loss = logsumexp(z) - z[target], dz = scale · (softmax(z) - onehot).
+  const float* x = normed.data<float>();
+  const float* w = head.data<float>();
+  double loss = 0.0;
+  int64_t count = 0;
+  std::vector<double> dn(static_cast<size_t>(N * C), 0.0), dh(static_cast<size_t>(V * C), 0.0);
+  for (int64_t r = 0; r < N; ++r) {
+    const int32_t target = r % T + 1 < T ? labels[static_cast<size_t>(r + 1)] : kIgnoreIndex;
+    if (target == kIgnoreIndex) continue;
+    std::vector<double> z(static_cast<size_t>(V));
+    double top = -1e300, sum = 0.0;
+    for (int64_t v = 0; v < V; ++v) {
+      double dot = 0.0;
+      for (int64_t c = 0; c < C; ++c) dot += static_cast<double>(x[r * C + c]) * w[v * C + c];
+      z[static_cast<size_t>(v)] = dot;
+      top = std::max(top, dot);
+    }
+    for (double zv : z) sum += std::exp(zv - top);
+    loss += top + std::log(sum) - z[static_cast<size_t>(target)];
+    ++count;
+    for (int64_t v = 0; v < V; ++v) {
+      const double dz = scale * (std::exp(z[static_cast<size_t>(v)] - top) / sum - (v == target ? 1.0 : 0.0));
+      for (int64_t c = 0; c < C; ++c) {
+        dn[static_cast<size_t>(r * C + c)] += dz * w[v * C + c];
+        dh[static_cast<size_t>(v * C + c)] += dz * x[r * C + c];
+      }
+    }
+  }
+  EXPECT_EQ(got.count, count);
+  EXPECT_NEAR(got.loss_sum, loss, 1e-6 * loss);
+  std::vector<double> got_dn(static_cast<size_t>(N * C)), got_dh(static_cast<size_t>(V * C));
+  for (int64_t i = 0; i < N * C; ++i) got_dn[static_cast<size_t>(i)] = d_normed.data<float>()[i];
+  for (int64_t i = 0; i < V * C; ++i)
+    got_dh[static_cast<size_t>(i)] = static_cast<double>(d_head.data<float>()[i]) - d_head_before.data<float>()[i];
+  EXPECT_LE(test::normwise_error(got_dn, dn), 1e-6);
+  EXPECT_LE(test::normwise_error(got_dh, dh), 1e-6);
+  for (int64_t r = 0; r < N; ++r)
+    if (r % T + 1 == T || labels[static_cast<size_t>(r + 1)] == kIgnoreIndex)
+      for (int64_t c = 0; c < C; ++c) ASSERT_EQ(d_normed.data<float>()[r * C + c], 0.0f) << "ignored row " << r;
+
+  // Every row scoring, or fewer ignored than a chunk's rows: no gathering. At the 7B's width
+  // (bf16, chunks of 512 rows' logits) the gathered chunks are whole row tiles.
+  EXPECT_EQ(lm_head_gather_chunk_rows(N, N, C, V, chunk, f32), 0);
+  EXPECT_EQ(lm_head_gather_chunk_rows(N, N - chunk + 1, C, V, chunk, f32), 0);
+  const LmHeadDtypes bf16{DType::BF16, DType::BF16, DType::BF16};
+  EXPECT_EQ(lm_head_gather_chunk_rows(16384, 16376, 4096, 32000, 512, bf16), 0);  // only the sequences' last rows
+  for (const auto& [rows, scoring] : {std::pair<int64_t, int64_t>{16384, 6000}, {4096, 1600}, {4096, 3500}}) {
+    const int64_t gathered = lm_head_gather_chunk_rows(rows, scoring, 4096, 32000, 512, bf16);
+    EXPECT_GE(gathered, 256) << rows << " rows, " << scoring << " scoring";
+    EXPECT_LE(gathered, 512);
+    EXPECT_EQ(gathered % 128, 0);
+  }
+}
+
 TEST(LlamaModelHead, LabelOutsideVocabularyNamesBatchAndPosition) {
   const LlamaConfig config = test::tiny_llama();
   data::Batch batch = test::random_batch(2, 8, config.vocab_size, 5);
