@@ -108,6 +108,23 @@ GpuDequantizeStream& gpu_dequantize_choice() {
   return choice;
 }
 
+// The lowest layer whose backward is needed: 0 where the embedding trains, else the first layer
+// with a trainable tensor (the layer count where none has one). The layers below it have no
+// gradient of their own and nothing below them trains, so they skip their backward and its
+// recompute: Llama-Pro's frozen layers under its first new block (fsdp_qlora's default expansion of
+// 32 layers: the first 10 of 35).
+int64_t first_backward_layer(const LlamaWeights& w) {
+  if (w.embedding.trainable) return 0;
+  const int64_t L = static_cast<int64_t>(w.layers.size());
+  for (int64_t i = 0; i < L; ++i) {
+    const LayerWeights& layer = w.layers[static_cast<size_t>(i)];
+    bool trains = layer.input_norm.trainable || layer.post_norm.trainable;
+    for (int m = 0; m < kLinearModules; ++m) trains = trains || layer.linear[m].trainable || layer.lora[m];
+    if (trains) return i;
+  }
+  return L;
+}
+
 bool& lora_fold_choice() {
   static bool choice = [] {
     const char* env = std::getenv("FSDPQ_LORA_FOLD");  // runtime/environment.cpp checks the value
@@ -444,6 +461,7 @@ struct LlamaModel::Impl {
     LayerGradScratch scratch;
     scratch.allocate(d, grad, act, device);
     saved.backward_prepare();
+    const int64_t first_backward = first_backward_layer(weights);
     for (int64_t i = L - 1; i >= 0; --i) {
       LayerActivations& a = saved.backward_begin(i);
       ActivationOffload::Returning back;
@@ -452,16 +470,20 @@ struct LlamaModel::Impl {
         if (i > 0) stream_at(i - 1) = std::move(back.previous_input);
       }
       if (hooks) hooks->backward_begin(layer_unit(i));
-      KeptLayer* const own = kept_layer(i);  // its dense weights from the forward above
-      const bool recompute = saved.needs_recompute(i);  // (the same dropout masks and bits)
-      const LayerCompute w = layer_compute(i, true, step_key, recompute ? kForwardOrder : kBackwardOrder, own, true);
-      if (recompute) saved.recompute(i, stream_at(i), w, rope, segments, back.attention_output_back, back.gate_up_back);
-      // The first layer's input gradient feeds only the embedding's and its input norm's.
-      const bool input_gradient = i > 0 || weights.embedding.trainable || w.d_input_norm.data != nullptr;
-      layer_backward(d_resid, scratch, a, stream_at(i), w, d, rope, segments, input_gradient);
-      saved.backward_end(i);
-      w.wait_for_weights();
-      if (own) own->free = mark_compute();  // the next forward refills its buffers after this
+      if (i >= first_backward) {
+        KeptLayer* const own = kept_layer(i);  // its dense weights from the forward above
+        const bool recompute = saved.needs_recompute(i);  // (the same dropout masks and bits)
+        const LayerCompute w = layer_compute(i, true, step_key, recompute ? kForwardOrder : kBackwardOrder, own, true);
+        if (recompute) saved.recompute(i, stream_at(i), w, rope, segments, back.attention_output_back, back.gate_up_back);
+        // The lowest such layer's input gradient feeds nothing that trains but its own input norm.
+        const bool input_gradient = i > first_backward || weights.embedding.trainable || w.d_input_norm.data != nullptr;
+        layer_backward(d_resid, scratch, a, stream_at(i), w, d, rope, segments, input_gradient);
+        saved.backward_end(i);
+        w.wait_for_weights();
+        if (own) own->free = mark_compute();  // the next forward refills its buffers after this
+      } else {
+        saved.backward_end(i);  // frozen, and nothing below it trains: no backward, no recompute
+      }
       if (offload_activations) stream_at(i) = Tensor();  // its layer's backward is queued
       if (hooks) hooks->backward_end(layer_unit(i));
     }

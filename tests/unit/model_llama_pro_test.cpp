@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/section_times.h"
 #include "model/block_expansion.h"
 #include "model/llama_model.h"
 #include "model/llama_weights.h"
@@ -209,6 +210,37 @@ TEST_P(LlamaPro, OnlyTheNewBlocksTrainAndEveryFrozenByteStays) {
   EXPECT_EQ(frozen_bytes(model), frozen_before);
   for (const TrainableParameter& p : model.trainable_parameters())
     EXPECT_NE(test::floats_of(*p.master), initial.at(p.name)) << p.name << " did not train";
+}
+
+// The frozen layers under the first new block have no gradient of their own and nothing below them
+// trains: their backward (and, checkpointed, its recompute) is not run. 4 layers + 2 new blocks
+// (layers 2 and 5): of each layer's seven "linear bwd" sections (q, k, v, o, gate, up, down) only
+// layers 2 to 5 run theirs, and the recompute (three "linear" sections a layer: it stops at h)
+// runs in layers 2 to 4 alone (layer 5, the last, is not recomputed), beside the forward's four a layer. The new blocks' gradients are what
+// OnlyTheNewBlocksTrainAndEveryFrozenByteStays trains with, and the rank-equivalence suites compare.
+TEST_P(LlamaPro, TheLayersUnderTheFirstNewBlockRunNoBackward) {
+  const LlamaConfig config = four_layers();
+  for (bool checkpointing : {false, true}) {
+    SCOPED_TRACE(checkpointing ? "checkpointing" : "no checkpointing");
+    ModelOptions options = llama_pro_options(GetParam(), 2);
+    options.gradient_checkpointing = checkpointing;
+    LlamaModel model = LlamaModel::random(config, 17, options);
+    const data::Batch batch = test::random_batch(2, 16, config.vocab_size, 19);
+    set_section_times_enabled(true);
+    reset_section_times();
+    model.forward_backward(batch, 1.0, 1.0f, 0);
+    int64_t linear = 0, linear_bwd = 0, norm_bwd = 0;
+    for (const SectionTotal& t : section_totals()) {
+      if (t.name == std::string("linear")) linear = t.count;
+      if (t.name == std::string("linear bwd")) linear_bwd = t.count;
+      if (t.name == std::string("rmsnorm + residual bwd")) norm_bwd = t.count;
+    }
+    set_section_times_enabled(false);
+    reset_section_times();
+    EXPECT_EQ(linear_bwd, 7 * 4);
+    EXPECT_EQ(norm_bwd, 2 * 4);
+    EXPECT_EQ(linear, 4 * 6 + (checkpointing ? 3 * 3 : 0));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Bases, LlamaPro,
