@@ -242,6 +242,14 @@ void validate_combinations(ResolvedConfig& r) {
   if (c.eval_every_steps > 0 && c.eval_data_path.empty() && c.eval_fraction == 0)
     fail("{}: there is no eval data: set eval_data_path or eval_fraction", r.cite("eval_every_steps"));
 
+  if (c.padding_free && c.packing)
+    contradiction("padding_free", "packing",
+                  "packing already lays examples end to end (batch_size counting rows); padding_free does it for "
+                  "the batch_size examples of an unpacked batch: choose one");
+  if (c.padding_free && c.pad_to_context_length)
+    contradiction("padding_free", "pad_to_context_length",
+                  "padding_free computes no padding, pad_to_context_length pads every row to context_length");
+
   // Training.
   if (c.max_steps == 0) fail("{}: must be -1 (no limit) or at least 1", r.cite("max_steps"));
 

@@ -92,6 +92,10 @@ std::vector<OptionSpec> build_specs() {
        "1024 examples of the shuffled order), each example with its own positions and causal attention; "
        "batch_size then counts rows. Pays when examples are much shorter than context_length "
        "(docs/packing.md). false: one example per row, as fsdp_qlora."},
+      {"padding_free", "data", OptionType::Bool, &T::padding_free, "false",
+       "Without packing: lay each batch's examples end to end in one row instead of padding each to the longest, "
+       "each with its own positions and causal attention. The same examples per step and the same loss as "
+       "fsdp_qlora's padded rows, with no padding computed (docs/packing.md)."},
       {"skip_bad_records", "data", OptionType::Bool, &T::skip_bad_records, "false",
        "Skip and count malformed records instead of stopping at the first one."},
       {"eval_data_path", "data", OptionType::InputFile, &T::eval_data_path, "",

@@ -50,6 +50,7 @@ struct TrainConfig {
   int64_t context_length = 0;
   bool pad_to_context_length = false;
   bool packing = false;  // several examples per row (docs/packing.md)
+  bool padding_free = false;  // unpacked batches' examples in one row, no padding (docs/packing.md)
   bool skip_bad_records = false;
   std::string eval_data_path;
   double eval_fraction = 0;

@@ -38,20 +38,28 @@ Batch collate(const std::vector<const Example*>& examples, int32_t pad_id, int64
   return batch;
 }
 
-Batch collate_packed(const std::vector<std::vector<const Example*>>& rows, int32_t pad_id, int64_t context_length,
-                     bool pad_to_context_length) {
+namespace {
+
+// Rows of examples laid end to end (each example at most context_length tokens, a row at most
+// row_limit), padded to the longest row or to pad_to tokens (0: the longest).
+Batch lay_out_rows(const std::vector<std::vector<const Example*>>& rows, int32_t pad_id, int64_t context_length,
+                   int64_t row_limit, int64_t pad_to) {
   if (context_length < 1) fail("context_length is {}; expected a positive number of tokens", context_length);
   Batch batch;
   batch.batch_size = static_cast<int64_t>(rows.size());
   for (const auto& row : rows) {
     int64_t used = 0;
-    for (const Example* e : row) used += static_cast<int64_t>(e->input_ids.size());
-    if (used > context_length)
-      throw std::logic_error(fmt::format("collate_packed: a row of {} tokens exceeds context_length {}", used,
-                                         context_length));
+    for (const Example* e : row) {
+      if (static_cast<int64_t>(e->input_ids.size()) > context_length)
+        throw std::logic_error(fmt::format("collate: an example of {} tokens exceeds context_length {}",
+                                           e->input_ids.size(), context_length));
+      used += static_cast<int64_t>(e->input_ids.size());
+    }
+    if (used > row_limit)
+      throw std::logic_error(fmt::format("collate_packed: a row of {} tokens exceeds context_length {}", used, row_limit));
     batch.seq_len = std::max(batch.seq_len, used);
   }
-  if (pad_to_context_length) batch.seq_len = context_length;
+  if (pad_to > 0) batch.seq_len = pad_to;
   batch.seq_len = std::max<int64_t>(batch.seq_len, 1);  // a rank dealt no row computes one padding slot
   const int64_t T = batch.seq_len;
   const size_t cells = static_cast<size_t>(batch.batch_size * T);
@@ -80,6 +88,32 @@ Batch collate_packed(const std::vector<std::vector<const Example*>>& rows, int32
     }
   }
   return batch;
+}
+
+}  // namespace
+
+Batch collate_packed(const std::vector<std::vector<const Example*>>& rows, int32_t pad_id, int64_t context_length,
+                     bool pad_to_context_length) {
+  return lay_out_rows(rows, pad_id, context_length, context_length, pad_to_context_length ? context_length : 0);
+}
+
+Batch collate_padding_free(const std::vector<const Example*>& examples, int32_t pad_id, int64_t context_length) {
+  std::vector<const Example*> cut;  // (examples longer than context_length are cut, as collate cuts them)
+  std::vector<Example> owned;
+  owned.reserve(examples.size());
+  int64_t total = 0;
+  for (const Example* e : examples) {
+    if (static_cast<int64_t>(e->input_ids.size()) > context_length) {
+      const auto n = static_cast<std::ptrdiff_t>(context_length);
+      owned.push_back(Example{std::vector<int32_t>(e->input_ids.begin(), e->input_ids.begin() + n),
+                              std::vector<int32_t>(e->labels.begin(), e->labels.begin() + n)});
+      cut.push_back(&owned.back());
+    } else {
+      cut.push_back(e);
+    }
+    total += static_cast<int64_t>(cut.back()->input_ids.size());
+  }
+  return lay_out_rows({cut}, pad_id, context_length, std::max<int64_t>(total, 1), 0);
 }
 
 }  // namespace fsdpq::data

@@ -41,4 +41,10 @@ Batch collate(const std::vector<const Example*>& examples, int32_t pad_id, int64
 Batch collate_packed(const std::vector<std::vector<const Example*>>& rows, int32_t pad_id, int64_t context_length,
                      bool pad_to_context_length = false);
 
+// padding_free: the examples of an unpacked batch (the same examples, each cut to context_length)
+// laid end to end in one row of their total length, each with its own positions, causal attention
+// and targets as collate_packed gives them: the batch computes its examples' losses and gradients
+// without a padding slot. An empty list gives one padding slot with no target.
+Batch collate_padding_free(const std::vector<const Example*>& examples, int32_t pad_id, int64_t context_length);
+
 }  // namespace fsdpq::data

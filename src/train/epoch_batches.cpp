@@ -59,6 +59,7 @@ data::Batch EpochBatches::batch(int64_t i) const {
   if (!shape_.packing) {
     std::vector<const data::Example*> examples;
     for (const Row& row : rows) examples.push_back(&examples_[static_cast<size_t>(row.front())]);
+    if (shape_.padding_free) return data::collate_padding_free(examples, shape_.pad_id, shape_.context_length);
     return data::collate(examples, shape_.pad_id, shape_.context_length, shape_.pad_to_context_length);
   }
   // A rank dealt no row (an epoch's last, short micro-batch) computes one padding token with no

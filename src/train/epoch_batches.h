@@ -20,6 +20,7 @@ struct BatchShape {
   int64_t context_length = 512;
   bool pad_to_context_length = false;
   bool packing = false;
+  bool padding_free = false;  // unpacked: a batch's examples in one row (data::collate_padding_free)
 };
 
 // Packing: the rows of `epoch` over all ranks, each the dataset indices laid end to end in it. The

@@ -331,7 +331,8 @@ class Trainer {
                            .pad_id = plan_.tokenizer->pad_id(),
                            .context_length = c_.context_length,
                            .pad_to_context_length = c_.pad_to_context_length,
-                           .packing = c_.packing};
+                           .packing = c_.packing,
+                           .padding_free = c_.padding_free};
     EpochBatches batches(plan_.dataset.train, sampler_, position_.epoch, shape, position_.samples_in_epoch);
     // Micro-batches past the last whole accumulation step of the epoch would never be stepped.
     const int64_t usable = batches.size() / gas_ * gas_;
@@ -372,11 +373,14 @@ class Trainer {
     trace_->span("forward_backward", "compute", start, Clock::now(), {{"step", step + 1}, {"micro_batch", i % gas_}});
     memory_point("after_forward_backward", step);
     if (step == 0 && i == 0) metrics_.write(memory_record("after_first_forward_backward", step, device_));
+    // The micro-batch's rows, or with padding_free the examples its one row holds (the rows they
+    // would fill unpacked): the weight of its mean loss in the step's.
+    const double samples = static_cast<double>(c_.padding_free ? batch.examples : batch.batch_size);
     if (l.tokens > 0) {
-      sums[kLossSum] += exactly_summable(l.mean() * static_cast<double>(batch.batch_size));
-      sums[kScoredSamples] += static_cast<double>(batch.batch_size);
+      sums[kLossSum] += exactly_summable(l.mean() * samples);
+      sums[kScoredSamples] += samples;
     }
-    sums[kSamples] += static_cast<double>(batch.batch_size);
+    sums[kSamples] += samples;
     sums[kExamples] += static_cast<double>(batch.examples);
     sums[kTokens] += static_cast<double>(batch.batch_size * batch.seq_len);
     sums[kRealTokens] += static_cast<double>(batch.real_tokens);

@@ -290,6 +290,14 @@ INSTANTIATE_TEST_SUITE_P(
                       "offload_mlp_every = 2 (cfg.ini:2) contradicts use_activation_cpu_offload = false (default): it "
                       "sends some recomputed layers' gate and up to host memory beside what activation offload sends, "
                       "so it needs use_activation_cpu_offload = true"},
+        BadConfigCase{"PaddingFreeWithPacking", "dataset = dummy\npacking = true\npadding_free = true\n", {},
+                      "padding_free = true (cfg.ini:3) contradicts packing = true (cfg.ini:2): packing already lays "
+                      "examples end to end (batch_size counting rows); padding_free does it for the batch_size "
+                      "examples of an unpacked batch: choose one"},
+        BadConfigCase{"PaddingFreeWithPadToContextLength",
+                      "dataset = dummy\npadding_free = true\npad_to_context_length = true\n", {},
+                      "padding_free = true (cfg.ini:2) contradicts pad_to_context_length = true (cfg.ini:3): "
+                      "padding_free computes no padding, pad_to_context_length pads every row to context_length"},
         BadConfigCase{"CheckpointEveryWithoutCheckpointing",
                       "dataset = dummy\ncheckpoint_every = 2\nuse_gradient_checkpointing = false\n", {},
                       "checkpoint_every = 2 (cfg.ini:2) contradicts use_gradient_checkpointing = false (cfg.ini:3): it "

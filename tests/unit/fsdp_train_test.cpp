@@ -508,6 +508,30 @@ TEST_F(Checkpoints, PackedRunsAgreeAtAnyWorldSizeAndReportRealTokens) {
   EXPECT_LE(summary.at("real_tokens_per_second").get<double>(), summary.at("tokens_per_second").get<double>());
 }
 
+// padding_free: each step's 4 examples in one row with no padding train what the padded rows train
+// (fp32: the losses within summation-order rounding), and the metrics count no padded slot and the
+// examples as samples, as unpacked.
+TEST_F(Checkpoints, PaddingFreeTrainsThePaddedRunsObjectiveWithNoPadding) {
+  const std::string batch = " --precision fp32 --batch_size 4 --gradient_accumulation_steps 1";
+  auto r = mpirun(1, run_args(1, "pf_padded", batch));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = mpirun(1, run_args(1, "pf_free", batch + " --padding_free true"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_same_losses(dir_ / "pf_free", dir_ / "pf_padded", false);
+  const auto padded = of_type(read_jsonl(dir_ / "pf_padded" / "metrics.jsonl"), "step");
+  const auto free = of_type(read_jsonl(dir_ / "pf_free" / "metrics.jsonl"), "step");
+  ASSERT_EQ(free.size(), padded.size());
+  bool padding_seen = false;
+  for (size_t i = 0; i < free.size(); ++i) {
+    EXPECT_EQ(free[i].at("padded_slots").get<double>(), 0.0);
+    EXPECT_EQ(free[i].at("real_tokens").get<double>(), padded[i].at("real_tokens").get<double>());
+    EXPECT_EQ(free[i].at("samples").get<double>(), 4.0);
+    EXPECT_EQ(free[i].at("examples").get<double>(), 4.0);
+    padding_seen = padding_seen || padded[i].at("padded_slots").get<double>() > 0;
+  }
+  EXPECT_TRUE(padding_seen) << "the padded run pads";
+}
+
 // Killed after step 5 and resumed from the step-4 checkpoint: the same rows follow, bit for bit on
 // the same world size, within summation-order rounding on another; an unpacked run refuses it.
 // (Mixing the two would continue from the wrong place: one position counts rows, the other examples.)

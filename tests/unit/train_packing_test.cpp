@@ -93,6 +93,54 @@ TEST(Packing, PackedBatchEqualsItsExamplesUnpackedOnSqlRecords) {
   EXPECT_GT(test::normwise_error(l.grads, u.grads), 1e-3);
 }
 
+// padding_free: an unpacked batch's examples in one row compute the loss and LoRA gradients of the
+// padded batch (within fp32 rounding), on real sql records, with no padding slot.
+TEST(PaddingFree, OneRowEqualsTheBatchPaddedOnSqlRecords) {
+  FSDPQ_SHARED_DATA_OR_SKIP(sql, "sql.jsonl");
+  FSDPQ_SHARED_DATA_OR_SKIP(tokenizer_file, "tokenizer.model");
+  const auto tokenizer = data::load_tokenizer(tokenizer_file.string());
+  const data::TokenizedDataset dataset = sql_examples(sql, *tokenizer);
+  const std::vector<data::Example>& all = dataset.train.tokenized_examples();
+  ASSERT_GE(all.size(), 8u);
+  std::vector<const data::Example*> examples;
+  for (size_t i = 0; i < 8; ++i) examples.push_back(&all[i]);
+  const data::Batch one_row = data::collate_padding_free(examples, tokenizer->pad_id(), kContext);
+  const data::Batch padded = data::collate(examples, tokenizer->pad_id(), kContext, false);
+  EXPECT_EQ(one_row.batch_size, 1);
+  EXPECT_EQ(one_row.examples, 8);
+  EXPECT_EQ(one_row.seq_len, padded.real_tokens);  // no padding slot
+  EXPECT_EQ(one_row.real_tokens, padded.real_tokens);
+  EXPECT_EQ(one_row.target_tokens, padded.target_tokens);
+  EXPECT_LT(padded.real_tokens, padded.batch_size * padded.seq_len) << "the padded batch pads";
+
+  LlamaModel model = LlamaModel::random(test::tiny_llama(tokenizer->vocab_size()), 17,
+                                        test::lora_options(Precision::FP32, /*quantize_base=*/false));
+  test::randomize_lora_b(model, 5);
+  const PassResult f = pass(model, one_row), p = pass(model, padded);
+  EXPECT_EQ(f.loss.tokens, p.loss.tokens);
+  EXPECT_NEAR(f.loss.loss_sum, p.loss.loss_sum, 1e-5 * p.loss.loss_sum);
+  EXPECT_LE(test::normwise_error(f.grads, p.grads), 1e-5);
+}
+
+// Examples longer than context_length are cut as collate cuts them; no example yields one padding
+// slot with no target (a rank with nothing to do).
+TEST(PaddingFree, CutsLongExamplesAndLaysOutTheRestEndToEnd) {
+  data::Example a{{1, 5, 6, 2}, {-100, -100, 6, 2}}, b{{1, 7, 8, 9, 9, 2}, {-100, 7, 8, 9, 9, 2}};
+  const data::Batch batch = data::collate_padding_free({&a, &b}, /*pad_id=*/0, 5);
+  ASSERT_EQ(batch.seq_len, 9);  // 4 + b cut to 5
+  EXPECT_EQ(batch.input_ids, (std::vector<int32_t>{1, 5, 6, 2, 1, 7, 8, 9, 9}));
+  EXPECT_EQ(batch.labels, (std::vector<int32_t>{-100, -100, 6, 2, -100, 7, 8, 9, 9}));
+  EXPECT_EQ(batch.segment_start, (std::vector<int32_t>{0, 0, 0, 0, 4, 4, 4, 4, 4}));
+  EXPECT_EQ(batch.positions, (std::vector<int32_t>{0, 1, 2, 3, 0, 1, 2, 3, 4}));
+  const data::Batch padded = data::collate({&a, &b}, 0, 5, false);
+  EXPECT_EQ(batch.target_tokens, padded.target_tokens);
+  EXPECT_EQ(batch.real_tokens, padded.real_tokens);
+  const data::Batch none = data::collate_padding_free({}, 0, 5);
+  EXPECT_EQ(none.seq_len, 1);
+  EXPECT_EQ(none.target_tokens, 0);
+  EXPECT_EQ(none.examples, 0);
+}
+
 TEST(Packing, CollatedRowsCarryBoundariesPositionsAndNoCrossBoundaryTarget) {
   data::Example a{{1, 5, 6, 2}, {-100, -100, 6, 2}}, b{{1, 7, 2}, {-100, 7, 2}}, c{{1, 8, 9, 9, 2}, {-100, 8, 9, 9, 2}};
   const data::Batch batch = data::collate_packed({{&a, &b}, {&c}}, /*pad_id=*/0, 8);
@@ -175,6 +223,41 @@ TEST(Packing, PackedEpochCoversEveryExampleOnceAndResumesAfterItsRows) {
   const EpochBatches whole(examples, sampler, 1, shape), resumed(examples, sampler, 1, shape, 4);
   ASSERT_EQ(resumed.size(), whole.size() - 2);
   for (int64_t i = 0; i < resumed.size(); ++i) EXPECT_EQ(resumed.batch(i).input_ids, whole.batch(i + 2).input_ids);
+}
+
+// With padding_free an epoch's micro-batches hold the unpacked run's examples, micro-batch by
+// micro-batch (the same tokens, targets and examples, in one row), at any world size and resumed.
+TEST(PaddingFree, MicroBatchesHoldTheUnpackedRunsExamples) {
+  std::vector<data::Example> made;
+  for (int i = 0; i < 23; ++i) {
+    data::Example e;
+    e.input_ids.assign(static_cast<size_t>(3 + (i * 37) % 96), i);
+    e.labels = e.input_ids;
+    made.push_back(e);
+  }
+  const data::ExampleSet examples(made);
+  const BatchShape padded{.batch_size = 4, .pad_id = -1, .context_length = 64};
+  BatchShape free = padded;
+  free.padding_free = true;
+  for (int world : {1, 2}) {
+    const data::DistributedSampler sampler(23, world, world - 1, 7);
+    for (int64_t consumed : {0, 8}) {
+      const EpochBatches a(examples, sampler, 1, padded, consumed), b(examples, sampler, 1, free, consumed);
+      ASSERT_EQ(a.size(), b.size());
+      for (int64_t i = 0; i < a.size(); ++i) {
+        const data::Batch x = a.batch(i), y = b.batch(i);
+        EXPECT_EQ(y.batch_size, 1);
+        EXPECT_EQ(y.examples, x.examples);
+        EXPECT_EQ(y.real_tokens, x.real_tokens);
+        EXPECT_EQ(y.seq_len, x.real_tokens);
+        EXPECT_EQ(y.target_tokens, x.target_tokens);
+        std::vector<int32_t> real;  // the padded rows' tokens, padding left out
+        for (int32_t id : x.input_ids)
+          if (id >= 0) real.push_back(id);
+        EXPECT_EQ(y.input_ids, real);
+      }
+    }
+  }
 }
 
 }  // namespace
