@@ -22,19 +22,6 @@ CrossEntropyResult lm_head_loss(const TensorView& normed, const TensorView& head
                                 int64_t B, int64_t T, float grad_scale, TensorView d_normed, TensorView d_head,
                                 DType logits_dtype, int64_t chunk_rows);
 
-struct LmHeadDtypes {
-  DType x, grad, logits;  // normed's, d_normed's and the logits'
-};
-
-// Where a training pass's head skips the rows with no target (prompts, padding: 60% of the sql
-// dataset's tokens, 30% of alpaca's): the rows of each chunk it gathers from the scoring rows of
-// normed and scatters their gradients back from, its GEMMs running over those alone; 0 where it
-// runs over every row. The chunk is the largest whose logits, gathered rows and their gradient fit
-// where the plain head's chunk of logits fits (so the head's peak stays what the planner counts);
-// fewer ignored rows than one of the plain head's chunks are not worth gathering.
-int64_t lm_head_gather_chunk_rows(int64_t N, int64_t scoring, int64_t C, int64_t V, int64_t chunk_rows,
-                                  const LmHeadDtypes& dtypes);
-
 // out: F32 [N, V] = (normed · headᵀ rounded to logits_dtype), converted to fp32.
 void lm_head_logits(TensorView out, const TensorView& normed, const TensorView& head, DType logits_dtype);
 

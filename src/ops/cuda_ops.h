@@ -30,10 +30,6 @@ double sum_of_squares(const TensorView& x);
 void embedding_forward(TensorView out, const TensorView& ids, const TensorView& table);
 void embedding_backward(TensorView dtable, const TensorView& ids, const TensorView& dout);
 
-// rows.h (the rows trusted: the caller builds them)
-void gather_rows(TensorView out, const TensorView& src, const TensorView& rows);
-void scatter_rows(TensorView dst, const TensorView& rows, const TensorView& src);
-
 // rmsnorm.h
 void rmsnorm_forward(TensorView y, TensorView rstd, const TensorView& x, const TensorView& weight, float eps);
 void rmsnorm_backward(TensorView dx, TensorView dweight, const TensorView& dy, const TensorView& x,

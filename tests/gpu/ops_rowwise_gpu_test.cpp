@@ -20,13 +20,11 @@
 #include <vector>
 
 #include "gpu/op_parity.h"
-#include "model/llama_lm_head.h"
 #include "ops/cross_entropy.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/rmsnorm.h"
 #include "ops/rope.h"
-#include "ops/rows.h"
 #include "ops/swiglu.h"
 #include "util/error.h"
 
@@ -595,77 +593,6 @@ TEST(GpuOpsEmbedding, Perf) {
   Tensor dtable = Tensor::zeros(Shape{V, C}, DType::F32, Device::CUDA);
   report_perf("embedding_backward f32 += bf16 N=4096 C=4096 (with the id check)", (2.0 + 8.0) * N * C, 0,
               [&] { embedding_backward(dtable, ids, out); });
-}
-
-// ---------------------------------------------------------------------------------------------
-// row selection (ops/rows.h): copies, so exact; the compacting loss head built on them
-
-TEST(GpuOpsRows, GatherAndScatterMatchCpuExactly) {
-  use_gpu();
-  // C 4096: the 16-byte path; C 5 (bf16: 10-byte rows) the 2-byte one, (f32: 20 bytes) the 4-byte one.
-  for (const auto& [N, C] : {std::pair<int64_t, int64_t>{300, 4096}, {37, 5}, {1, 8}})
-    for (DType dtype : kFloatTypes) {
-      const std::string what = fmt::format("rows N={} C={} {}", N, C, name_of(dtype));
-      std::vector<int32_t> rows;
-      std::mt19937 rng(80);
-      for (int32_t r = 0; r < N; ++r)
-        if (rng() % 3 != 0 || r == 0) rows.push_back(r);
-      const int64_t R = static_cast<int64_t>(rows.size());
-      Tensor rows_t = make_i32(rows), grows = on_gpu(rows_t);
-      Tensor src = random_tensor(Shape{N, C}, dtype, 81), gsrc = on_gpu(src);
-      Tensor out = Tensor::empty(Shape{R, C}, dtype), gout = Tensor::empty(Shape{R, C}, dtype, Device::CUDA);
-      gather_rows(out, src, rows_t);
-      gather_rows(gout, gsrc, grows);
-      expect_exact(gout, out, what + " gather");
-      Tensor dst = random_tensor(Shape{N, C}, dtype, 82), gdst = on_gpu(dst);
-      Tensor values = random_tensor(Shape{R, C}, dtype, 83), gvalues = on_gpu(values);
-      scatter_rows(dst, rows_t, values);
-      scatter_rows(gdst, grows, gvalues);
-      expect_exact(gdst, dst, what + " scatter");
-    }
-}
-
-TEST(GpuOpsRows, CompactingLossHeadMatchesCpu) {
-  use_gpu();
-  // bf16, Llama-2's vocabulary (a smaller width: the CPU reference's time), three sequences of 512
-  // with a 300-token prompt, 150 answer tokens and padding: the head gathers the 447 scoring rows on
-  // both devices (lm_head_gather_chunk_rows: chunks of fewer rows where 128 rows' logits fit).
-  // Tolerances: the loss 1e-3 relative, the gradients 1e-2 normwise (bf16 logits and gradients, see above).
-  const int64_t B = 3, T = 512, C = 1024, V = 32000, N = B * T, chunk = 128;
-  std::vector<int32_t> labels(static_cast<size_t>(N), kIgnoreIndex);
-  const std::vector<int32_t> ids = random_ids(N, V, 84);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 300; t < 450; ++t) labels[static_cast<size_t>(b * T + t)] = ids[static_cast<size_t>(b * T + t)];
-  const int64_t gathered = lm_head_gather_chunk_rows(N, 447, C, V, chunk, {DType::BF16, DType::BF16, DType::BF16});
-  ASSERT_GT(gathered, 0);
-  ASSERT_LT(gathered, chunk);  // several chunks
-  Tensor label_t = make_i32(labels);
-  Tensor normed = random_tensor(Shape{N, C}, DType::BF16, 85), head = random_tensor(Shape{V, C}, DType::BF16, 86, -0.05f, 0.05f);
-  Tensor gnormed = on_gpu(normed), ghead = on_gpu(head);
-  Tensor d_normed = Tensor::empty(Shape{N, C}, DType::BF16), gd_normed = on_gpu(random_tensor(Shape{N, C}, DType::BF16, 87));
-  Tensor d_head = Tensor::zeros(Shape{V, C}, DType::F32), gd_head = Tensor::zeros(Shape{V, C}, DType::F32, Device::CUDA);
-  const CrossEntropyResult cpu = lm_head_loss(normed, head, label_t, B, T, 0.5f, d_normed, d_head, DType::BF16, chunk);
-  const CrossEntropyResult gpu = lm_head_loss(gnormed, ghead, label_t, B, T, 0.5f, gd_normed, gd_head, DType::BF16, chunk);
-  EXPECT_EQ(gpu.count, cpu.count);
-  EXPECT_NEAR(gpu.loss_sum, cpu.loss_sum, 1e-3 * cpu.loss_sum);
-  expect_close(gd_normed, d_normed, 1e-2, "d_normed");
-  expect_close(gd_head, d_head, 1e-2, "d_head");
-  const std::vector<double> got = values_of(gd_normed);
-  for (int64_t r = 0; r < N; ++r)
-    if (r % T + 1 == T || labels[static_cast<size_t>(r + 1)] == kIgnoreIndex)
-      for (int64_t c = 0; c < C; c += 97) ASSERT_EQ(got[static_cast<size_t>(r * C + c)], 0.0) << "ignored row " << r;
-}
-
-TEST(GpuOpsRows, Perf) {
-  use_gpu();
-  const int64_t N = 16384, C = 4096, R = 6000;
-  std::vector<int32_t> rows;
-  for (int64_t j = 0; j < R; ++j) rows.push_back(static_cast<int32_t>(j * N / R));
-  Tensor grows = on_gpu(make_i32(rows));
-  Tensor src = on_gpu(random_tensor(Shape{N, C}, DType::BF16, 88));
-  Tensor out = Tensor::empty(Shape{R, C}, DType::BF16, Device::CUDA);
-  report_perf("gather_rows bf16 6000 of 16384 rows, C=4096", 2.0 * 2 * R * C, 0, [&] { gather_rows(out, src, grows); });
-  report_perf("scatter_rows bf16 6000 into 16384 rows, C=4096", 2.0 * 2 * R * C, 0, [&] { scatter_rows(src, grows, out); });
 }
 
 // ---------------------------------------------------------------------------------------------
