@@ -17,8 +17,7 @@ FSDPQ=${FSDPQ:-build/fsdpq}
 POINT=${POINT:---shapes llama2-7b --ctx 2048 --bs 8}
 SETTINGS=${SETTINGS:-"--use_activation_cpu_offload true
 --use_activation_cpu_offload true --recompute_elementwise true
---use_activation_cpu_offload true --offload_mlp_every 4
---use_activation_cpu_offload true --recompute_elementwise true --offload_mlp_every 4"}
+@scripts/fsdpq_nondeterministic_attention.sh --use_activation_cpu_offload true --recompute_elementwise true"}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; date +%T
 common="$POINT --grad-ckpt ${GRAD_CKPT:-on} --fsdpq-memory-of hf_lora_compile"
 python3 bench/bench.py --peers hf_lora_compile $common --results $OUT/peer.jsonl --log $OUT/peer.log 2>&1 |

@@ -5,7 +5,8 @@
 # PART=step (~9 min: split it where a call's 10 minutes are short): the 7B QLoRA step at ctx 2048 against HF + PEFT torch.compile, no
 # checkpointing at bs 4 and 8 and checkpointing at bs 8, fsdpq keeping as many dense layers as fit
 # under the peer's measured peak at each point (bench.py --fsdpq-memory-of), then compare.py. With
-# checkpointing fsdpq runs its fastest setting there, activation offload (bench/RESULTS.md, stop 43).
+# checkpointing fsdpq runs its fastest setting there, activation offload with recompute_elementwise
+# (bench/RESULTS.md, stop 45).
 # Prepare here:
 #   ../shared/device/bundle-libs.sh build/fsdpq build/tests/fsdpq_gpu_tests .device/lib &&
 #   bash scripts/device_pack.sh .device/lib build/fsdpq build/tests/fsdpq_gpu_tests
@@ -27,7 +28,7 @@ case "${PART:-}" in
       --results $OUT/targets.jsonl --log $OUT/bench.log 2>&1 | grep -E "tok/s|OOM|error|skip"
     timeout 190 python3 bench/bench.py --peers hf_lora_compile,fsdpq_qlora,fsdpq_lora --fsdpq build/fsdpq \
       --fsdpq-memory-of hf_lora_compile --shapes llama2-7b --ctx 2048 --grad-ckpt on --bs 8 --budget 180 \
-      --fsdpq-args "--use_activation_cpu_offload true" \
+      --fsdpq-args "--use_activation_cpu_offload true --recompute_elementwise true" \
       --results $OUT/targets.jsonl --log $OUT/bench.log 2>&1 | grep -E "tok/s|OOM|error|skip"
     python3 bench/compare.py $OUT/targets.jsonl
     ;;

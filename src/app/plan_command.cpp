@@ -108,8 +108,7 @@ std::string kept_dense_text(const PlanSetting& s) {
 
 std::string activation_offload_text(const PlanSetting& s) {
   if (!s.activation_offload) return "off";
-  return s.offload_mlp_every > 0 ? fmt::format("on (the MLP of every {}th recomputed layer too)", s.offload_mlp_every)
-                                 : "on";
+  return "on";
 }
 
 std::string setting_text(const PlanSetting& s) {
@@ -122,12 +121,12 @@ std::string setting_text(const PlanSetting& s) {
 std::string setting_flags(const PlanSetting& s) {
   return fmt::format("--sharding_strategy {} --use_gradient_checkpointing {} --checkpoint_every {} "
                      "--keep_activation_layers {} --recompute_elementwise {} --use_cpu_offload {} "
-                     "--use_activation_cpu_offload {} --offload_mlp_every {} --batch_size {} "
+                     "--use_activation_cpu_offload {} --batch_size {} "
                      "--keep_dequantized_layers {}",
                      sharding_strategy_name(s.strategy), s.gradient_checkpointing,
                      s.gradient_checkpointing ? s.checkpoint_every : 1,
                      s.gradient_checkpointing ? s.keep_activation_layers : 0, s.recompute_elementwise, s.cpu_offload,
-                     s.activation_offload, s.activation_offload ? s.offload_mlp_every : 0, s.batch_size,
+                     s.activation_offload, s.batch_size,
                      s.keep_dequantized_layers);
 }
 

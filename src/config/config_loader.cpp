@@ -274,10 +274,6 @@ void validate_combinations(ResolvedConfig& r) {
                   fmt::format("it keeps dequantised base weights, and train_type = {} has no quantised base "
                               "(qlora, hqq_lora, bnb_dora and hqq_dora do)",
                               c.train_type));
-  if (c.offload_mlp_every > 0 && !c.use_activation_cpu_offload)
-    contradiction("offload_mlp_every", "use_activation_cpu_offload",
-                  "it sends some recomputed layers' gate and up to host memory beside what activation offload "
-                  "sends, so it needs use_activation_cpu_offload = true");
   if (c.use_activation_cpu_offload && !c.use_gradient_checkpointing)
     contradiction("use_activation_cpu_offload", "use_gradient_checkpointing",
                   "activation offload moves the checkpointed layer inputs, so it needs gradient checkpointing");

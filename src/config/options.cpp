@@ -172,12 +172,6 @@ std::vector<OptionSpec> build_specs() {
        "between forward and backward, copied beside the compute: less GPU memory (the layers not recomputed "
        "hold less too), and a recompute that skips attention and o_proj (host memory: about three layer inputs "
        "a layer)."},
-      {"offload_mlp_every", "sharding", OptionType::Int, &T::offload_mlp_every, "0",
-       "With use_activation_cpu_offload: every k-th recomputed layer also keeps its MLP's gate and up "
-       "projections in pinned host memory, and its recompute skips their GEMMs (most of what is left of "
-       "it). Each such layer moves about 5x a layer input more over the host link, so it pays only while "
-       "the link keeps up with the forward (FSDPQ_SECTION_TIMES=1 times the copies). 0: none.",
-       {}, 0, 1 << 20},
       {"low_memory", "sharding", OptionType::Bool, &T::low_memory, "true",
        "Each rank reads only its own shards from the model files (never the whole model)."},
       {"no_sync", "sharding", OptionType::Bool, &T::no_sync, "false",

@@ -77,7 +77,6 @@ struct TrainConfig {
   int64_t keep_dequantized_layers = 0;  // the last k layers keep their dense base weights for the backward
   bool use_cpu_offload = false;
   bool use_activation_cpu_offload = false;
-  int64_t offload_mlp_every = 0;  // with activation offload: every k-th recomputed layer sends gate, up too
   bool low_memory = false;
   bool no_sync = false;
   int64_t ranks_per_node = 0;

@@ -29,9 +29,8 @@ class CopiesTimed {
 
 size_t ActivationOffload::input_bytes() const { return static_cast<size_t>(shape_.numel()) * dtype_size(dtype_); }
 
-bool ActivationOffload::sends(int64_t layer, int part) const {
-  const Sends& s = sends_[static_cast<size_t>(layer)];
-  return part < kGate ? s.attention_output : s.gate_up;
+bool ActivationOffload::sends(int64_t layer, int /*part*/) const {
+  return sends_[static_cast<size_t>(layer)].attention_output;
 }
 
 void ActivationOffload::begin_pass(int64_t layers, const Shape& shape, DType dtype, Device device,
@@ -63,7 +62,7 @@ void ActivationOffload::forward_done(int64_t i, Tensor& input, LayerActivations&
   leaving_ = Tensor();
   leaving_parts_ = {};
   const size_t at = static_cast<size_t>(i);
-  const bool parts = sends_[at].attention_output || sends_[at].gate_up;
+  const bool parts = sends_[at].attention_output;
   if (i == layers_ - 1 && !parts) return;  // (the last layer's input: the first backward reads it)
   side_->wait_for_compute();  // the layer's tensors are complete
   const CopiesTimed timed(*side_, "activation offload: out");
@@ -93,8 +92,7 @@ ActivationOffload::Returning ActivationOffload::backward_begin(int64_t i, LayerA
   arrived_[at].compute_waits();
   Returning back;
   back.attention_output_back = sends_[at].attention_output;
-  back.gate_up_back = sends_[at].gate_up;
-  if (back.attention_output_back || back.gate_up_back) {  // brought back beside the backward of the layer after it
+  if (back.attention_output_back) {  // brought back beside the backward of the layer after it
     parts_arrived_[at].compute_waits();
     const std::array<Tensor*, kParts> of_a = parts_of(a);
     for (int k = 0; k < kParts; ++k)

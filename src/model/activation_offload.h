@@ -7,9 +7,7 @@
 //         and o_proj (layer_recompute, LayerActivations::attention_output_kept). Not the last
 //         recomputed layer's, whose activations are still in their shared buffer at its backward;
 //       - a layer that keeps its activations (keep_activation_layers, checkpoint_every): it holds
-//         the rest on the device. Not the last layer's, whose backward comes first;
-//   - with offload_mlp_every, some recomputed layers' gate and up too (CheckpointPolicy::
-//     offloads_gate_up), whose recompute then skips their GEMMs (LayerActivations::gate_up_kept).
+//         the rest on the device. Not the last layer's, whose backward comes first.
 //
 // Nothing here stops the GPU. The copies run on a side stream into page-locked buffers:
 //   - forward: once a layer's forward is queued, its tensors leave, and the caller hands them over
@@ -45,7 +43,6 @@ class ActivationOffload {
   // What a layer sends besides its input.
   struct Sends {
     bool attention_output = false;  // att, lse, x2
-    bool gate_up = false;           // the MLP's gate and up projections (offload_mlp_every)
   };
   // A pass over `layers` layers whose inputs are `shape` and `dtype` each, on `device`, layer i
   // sending sends[i] too. The host buffers and the side stream are kept from pass to pass.
@@ -62,14 +59,13 @@ class ActivationOffload {
   struct Returning {
     Tensor previous_input;               // layer i - 1's input (none for layer 0)
     bool attention_output_back = false;  // a holds layer i's att, lse and x2
-    bool gate_up_back = false;           // a holds layer i's gate and up
   };
   Returning backward_begin(int64_t i, LayerActivations& a);
 
  private:
-  enum Part : int { kAtt, kLse, kX2, kGate, kUp, kParts };
+  enum Part : int { kAtt, kLse, kX2, kParts };
   using Parts = std::array<Tensor, kParts>;
-  static std::array<Tensor*, kParts> parts_of(LayerActivations& a) { return {&a.att, &a.lse, &a.x2, &a.gate, &a.up}; }
+  static std::array<Tensor*, kParts> parts_of(LayerActivations& a) { return {&a.att, &a.lse, &a.x2}; }
   bool sends(int64_t layer, int part) const;
   size_t input_bytes() const;
 

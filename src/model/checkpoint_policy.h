@@ -41,13 +41,6 @@ struct CheckpointPolicy {
     if (!checkpointing) return false;
     return recompute_stops_at_h(layer, layers, dora) || (!recomputes(layer, layers) && layer != layers - 1);
   }
-  // With use_activation_cpu_offload and offload_mlp_every = k > 0, whether layer i's gate and up
-  // wait in host memory too: every k-th recomputed layer (i / checkpoint_every a multiple of k)
-  // whose recompute stops at h. Its recompute then skips the gate and up GEMMs.
-  bool offloads_gate_up(int64_t layer, int64_t layers, bool dora, int64_t mlp_every) const {
-    return mlp_every > 0 && checkpointing && recompute_stops_at_h(layer, layers, dora) &&
-           (layer / every) % mlp_every == 0;
-  }
 };
 
 }  // namespace fsdpq

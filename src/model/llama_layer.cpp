@@ -287,11 +287,11 @@ void LayerActivations::allocate(const LayerDims& d, DType dtype, const std::arra
   v = Tensor::empty(Shape{N, d.KV * d.D}, dtype, device);
   allocate_attention_output(d, dtype, device);
   rstd2 = Tensor::empty(Shape{N}, DType::F32, device);
-  allocate_gate_up(d, dtype, device);
+  gate = Tensor::empty(Shape{N, d.I}, dtype, device);
+  up = Tensor::empty(Shape{N, d.I}, dtype, device);
   xa = with_dora ? std::array<Tensor, kLinearGroups>{} : allocate_group_xa(d, dtype, lora_ranks, device);
   xa_kept = false;
   attention_output_kept = false;
-  gate_up_kept = false;
   for (int m = 0; m < kLinearModules; ++m) {
     const bool kept = with_dora && lora_ranks[m] > 0;
     dora[m].xa = kept ? Tensor::empty(Shape{N, lora_ranks[m]}, dtype, device) : Tensor();
@@ -304,11 +304,6 @@ void LayerActivations::allocate_attention_output(const LayerDims& d, DType dtype
   att = Tensor::empty(Shape{d.N(), d.H * d.D}, dtype, device);
   lse = Tensor::empty(Shape{d.B, d.H, d.T}, DType::F32, device);
   x2 = Tensor::empty(Shape{d.N(), d.C}, dtype, device);
-}
-
-void LayerActivations::allocate_gate_up(const LayerDims& d, DType dtype, Device device) {
-  gate = Tensor::empty(Shape{d.N(), d.I}, dtype, device);
-  up = Tensor::empty(Shape{d.N(), d.I}, dtype, device);
 }
 
 std::array<Tensor, kLinearGroups> allocate_group_xa(const LayerDims& d, DType dtype,
@@ -389,10 +384,10 @@ void attention_inputs_forward(LayerActivations& a, const TensorView& x, const La
 
 namespace {
 
-// h = silu(gate(n2)) * up(n2) (gate and up as they are where a.gate_up_kept).
+// h = silu(gate(n2)) * up(n2).
 void mlp_to_h(LayerActivations& a, const LayerCompute& w) {
   const TensorView gate_up[] = {a.gate, a.up};
-  if (!a.gate_up_kept) linear_group_forward(gate_up, a.n2, kGateUpGroup, w, a);
+  linear_group_forward(gate_up, a.n2, kGateUpGroup, w, a);
   ScopedSection section("swiglu");
   swiglu_forward(a.h, a.gate, a.up);
 }

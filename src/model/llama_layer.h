@@ -141,9 +141,6 @@ struct LayerActivations {
   // att, lse and x2 already hold this layer's values (activation offload brought them back,
   // model/activation_offload.h): its recompute skips the attention forward and o_proj.
   bool attention_output_kept = false;
-  // gate and up already hold this layer's values (activation offload brought them back): its
-  // recompute skips their GEMMs and runs only SwiGLU.
-  bool gate_up_kept = false;
   // Per module with a DoRA adapter, what its backward reads (ops/dora.h's DoraSaved): xa [N, r],
   // z [N, out] and the weight norm F32 [out]; empty elsewhere.
   struct Dora {
@@ -157,7 +154,6 @@ struct LayerActivations {
                 Device device = Device::CPU, const ElementwiseScratch* shared = nullptr);
   // att, lse and x2 alone (activation offload takes them away between a layer's forward and backward).
   void allocate_attention_output(const LayerDims& d, DType dtype, Device device = Device::CPU);
-  void allocate_gate_up(const LayerDims& d, DType dtype, Device device = Device::CPU);  // likewise
   int64_t nbytes() const;  // of the tensors it holds
 };
 
@@ -207,8 +203,7 @@ void layer_forward(TensorView out, LayerActivations& a, const TensorView& x, con
 // projection (a fifth of the layer's GEMM FLOPs) and the residual add after it make the layer's
 // output, which the backward does not read, so they are skipped. The down group's adapters must
 // need nothing from it: plain LoRA with its xa kept (a.xa_kept), or none; not DoRA. With
-// a.attention_output_kept it also skips the attention forward and o_proj (n2 = rmsnorm(x2)), with
-// a.gate_up_kept the gate and up GEMMs (h = silu(gate) · up).
+// a.attention_output_kept it also skips the attention forward and o_proj (n2 = rmsnorm(x2)).
 void layer_recompute(LayerActivations& a, const TensorView& x, const LayerCompute& w, const LayerDims& d,
                      const RopeTable& rope, const RowSegments& segments = {});
 

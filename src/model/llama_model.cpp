@@ -408,7 +408,7 @@ struct LlamaModel::Impl {
     PassActivations saved(L, train, options, d, act, lora_ranks(), device);
     if (offload_activations) {
       std::vector<ActivationOffload::Sends> sends(static_cast<size_t>(L));
-      for (int64_t i = 0; i < L; ++i) sends[static_cast<size_t>(i)] = {saved.offloads_attention_output(i), saved.offloads_gate_up(i)};
+      for (int64_t i = 0; i < L; ++i) sends[static_cast<size_t>(i)] = {saved.offloads_attention_output(i)};
       activation_offload.begin_pass(L, stream_shape, act, device, std::move(sends));
     }
     for (int64_t i = 0; i < L; ++i) {
@@ -474,7 +474,7 @@ struct LlamaModel::Impl {
         KeptLayer* const own = kept_layer(i);  // its dense weights from the forward above
         const bool recompute = saved.needs_recompute(i);  // (the same dropout masks and bits)
         const LayerCompute w = layer_compute(i, true, step_key, recompute ? kForwardOrder : kBackwardOrder, own, true);
-        if (recompute) saved.recompute(i, stream_at(i), w, rope, segments, back.attention_output_back, back.gate_up_back);
+        if (recompute) saved.recompute(i, stream_at(i), w, rope, segments, back.attention_output_back);
         // The lowest such layer's input gradient feeds nothing that trains but its own input norm.
         const bool input_gradient = i > first_backward || weights.embedding.trainable || w.d_input_norm.data != nullptr;
         layer_backward(d_resid, scratch, a, stream_at(i), w, d, rope, segments, input_gradient);

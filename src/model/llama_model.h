@@ -54,9 +54,6 @@ struct ModelOptions {
   // use_activation_cpu_offload (with checkpointing): each layer's input, kept for its backward,
   // waits in host memory between the layer's forward and backward instead of on the device.
   bool activation_offload = false;
-  // With activation_offload: every k-th recomputed layer also sends its MLP's gate and up to host
-  // memory, and its recompute skips their GEMMs (CheckpointPolicy::offloads_gate_up). 0: none.
-  int64_t offload_mlp_every = 0;
   uint64_t seed = 42;  // LoRA A init and dropout masks
 };
 

@@ -11,7 +11,6 @@ PassActivations::PassActivations(int64_t layers, bool train, const ModelOptions&
       checkpointing_(train && options.gradient_checkpointing),
       offloads_(checkpointing_ && options.activation_offload),
       dora_(options.use_dora),
-      mlp_every_(options.offload_mlp_every),
       policy_(options.checkpoint_policy()),
       keeps_xa_(checkpointing_ && !options.use_dora),
       d_(d),
@@ -43,7 +42,6 @@ LayerActivations& PassActivations::forward_begin(int64_t i) {
     made_[slot] = true;
   } else {  // activation offload took the previous layer's
     if (!a.att.defined()) a.allocate_attention_output(d_, dtype_, device_);
-    if (!a.gate.defined()) a.allocate_gate_up(d_, dtype_, device_);
   }
   if (keeps_xa(i)) a.xa = allocate_group_xa(d_, dtype_, lora_ranks_, device_);
   return a;
@@ -65,19 +63,17 @@ LayerActivations& PassActivations::backward_begin(int64_t i) {
 }
 
 void PassActivations::recompute(int64_t i, const TensorView& x, const LayerCompute& w, const RopeTable& rope,
-                                const RowSegments& segments, bool attention_output_kept, bool gate_up_kept) {
+                                const RowSegments& segments, bool attention_output_kept) {
   if (!needs_recompute(i)) throw std::logic_error("PassActivations::recompute: layer " + std::to_string(i) + " needs none");
   LayerActivations& a = of(i);
   a.xa_kept = keeps_xa(i);
   a.attention_output_kept = attention_output_kept;
-  a.gate_up_kept = gate_up_kept;
   if (a.xa_kept)
     layer_recompute(a, x, w, d_, rope, segments);
   else
     layer_forward(recompute_output_, a, x, w, d_, rope, segments);
   a.xa_kept = false;
   a.attention_output_kept = false;
-  a.gate_up_kept = false;
   shared_holds_ = i;
 }
 

@@ -36,8 +36,6 @@ class PassActivations {
   bool offloads_attention_output(int64_t i) const {
     return offloads_ && policy_.offloads_attention_output(i, layers_, dora_);
   }
-  // With activation offload and offload_mlp_every, whether layer i's gate and up go too.
-  bool offloads_gate_up(int64_t i) const { return offloads_ && policy_.offloads_gate_up(i, layers_, dora_, mlp_every_); }
 
   // Forward: layer i's buffers (a recomputed layer gets its own xa), and after its forward is queued.
   LayerActivations& forward_begin(int64_t i);
@@ -51,10 +49,9 @@ class PassActivations {
   // Layer i's buffers for its backward, a recomputed layer's xa back in them.
   LayerActivations& backward_begin(int64_t i);
   // Rebuilds layer i's activations from its input x (the forward's masks and bits). What activation
-  // offload brought back is already there: att, lse and x2 (attention_output_kept), gate and up
-  // (gate_up_kept).
+  // offload brought back is already there: att, lse and x2 (attention_output_kept).
   void recompute(int64_t i, const TensorView& x, const LayerCompute& w, const RopeTable& rope,
-                 const RowSegments& segments, bool attention_output_kept, bool gate_up_kept);
+                 const RowSegments& segments, bool attention_output_kept);
   // Layer i's backward is queued: its xa goes, and a layer keeping its own activations lets them go.
   void backward_end(int64_t i);
 
@@ -65,9 +62,8 @@ class PassActivations {
 
   int64_t layers_;
   bool checkpointing_;
-  bool offloads_;  // activation offload may take a layer's att, lse and x2 (and gate, up) away
+  bool offloads_;  // activation offload may take a layer's att, lse and x2 away
   bool dora_;
-  int64_t mlp_every_;  // offload_mlp_every
   CheckpointPolicy policy_;
   bool keeps_xa_;  // recomputed layers keep their xa (not DoRA's: its own per-module xa, z and norms)
   LayerDims d_;

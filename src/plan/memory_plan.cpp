@@ -332,7 +332,6 @@ PlanInput plan_input_from(const TrainConfig& c, const LlamaConfig& model, int wo
   p.setting.keep_dequantized_layers = c.keep_dequantized_layers;
   p.setting.cpu_offload = c.use_cpu_offload;
   p.setting.activation_offload = c.use_activation_cpu_offload;
-  p.setting.offload_mlp_every = c.use_activation_cpu_offload ? c.offload_mlp_every : 0;
   p.setting.batch_size = c.batch_size;
   return p;
 }
@@ -369,19 +368,13 @@ ActivationBytes activation_bytes(const PlanInput& p) {
   // (model/activation_offload.h).
   const int64_t H = m.num_attention_heads;
   const int64_t attention_output = R(N * H * D * a) + R(B * H * T * kF32) + R(N * C * a);
-  // With offload_mlp_every, some recomputed layers' gate and up go too.
   const bool offloading = p.setting.activation_offload && p.setting.gradient_checkpointing;
   auto sent = [&](int64_t i) { return offloading && i >= 0 && policy.offloads_attention_output(i, L, p.dora); };
-  auto sent_gate_up = [&](int64_t i) {
-    return offloading && i >= 0 && policy.offloads_gate_up(i, L, p.dora, p.setting.offload_mlp_every);
-  };
-  const int64_t I = m.intermediate_size, gate_up = 2 * R(N * I * a);
   // What layer i sends besides its input: one copy moves it in each direction at a time.
-  auto parts = [&](int64_t i) { return (sent(i) ? attention_output : 0) + (sent_gate_up(i) ? gate_up : 0); };
+  auto parts = [&](int64_t i) { return sent(i) ? attention_output : 0; };
   for (int64_t i = 0; i < L; ++i) {
     if (sent(i)) x.offloaded += N * H * D * a + B * H * T * kF32 + N * C * a;
     if (sent(i) && !policy.recomputes(i, L)) x.kept_offloaded += attention_output;
-    if (sent_gate_up(i)) x.offloaded += 2 * N * I * a;
     x.offload_spare = std::max(x.offload_spare, parts(i));
   }
 

@@ -37,7 +37,6 @@ struct PlanSetting {
   int64_t keep_activation_layers = 0;  // with checkpointing: the last n layers never recomputed
   bool recompute_elementwise = false;  // kept layers recompute n1, n2, h (model/llama_layer.h)
   int64_t keep_dequantized_layers = 0;  // the last k layers keep their dense base weights (model/llama_model.h)
-  int64_t offload_mlp_every = 0;  // with activation offload: every k-th recomputed layer's gate, up too
 };
 
 struct PlanInput {

@@ -71,7 +71,6 @@ ModelOptions model_options_from(const TrainConfig& c) {
   o.recompute_elementwise = c.recompute_elementwise;
   o.keep_dequantized_layers = c.keep_dequantized_layers;
   o.activation_offload = c.use_activation_cpu_offload;
-  o.offload_mlp_every = c.offload_mlp_every;
   o.seed = static_cast<uint64_t>(c.seed);
   return o;
 }

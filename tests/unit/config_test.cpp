@@ -285,11 +285,6 @@ INSTANTIATE_TEST_SUITE_P(
                       "use_activation_cpu_offload = true (cfg.ini:2) contradicts use_gradient_checkpointing = false "
                       "(cfg.ini:3): activation offload moves the checkpointed layer inputs, so it needs gradient "
                       "checkpointing"},
-        BadConfigCase{"MlpOffloadWithoutActivationOffload",
-                      "dataset = dummy\noffload_mlp_every = 2\n", {},
-                      "offload_mlp_every = 2 (cfg.ini:2) contradicts use_activation_cpu_offload = false (default): it "
-                      "sends some recomputed layers' gate and up to host memory beside what activation offload sends, "
-                      "so it needs use_activation_cpu_offload = true"},
         BadConfigCase{"PaddingFreeWithPacking", "dataset = dummy\npacking = true\npadding_free = true\n", {},
                       "padding_free = true (cfg.ini:3) contradicts packing = true (cfg.ini:2): packing already lays "
                       "examples end to end (batch_size counting rows); padding_free does it for the batch_size "

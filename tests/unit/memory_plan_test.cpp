@@ -533,7 +533,6 @@ struct PassCase {
   int64_t keep_activations = 0;  // keep_activation_layers
   bool activation_offload = false;  // use_activation_cpu_offload
   int64_t layers = 0;  // 0: tiny_llama's 2
-  int64_t mlp_every = 0;  // offload_mlp_every
 };
 
 // DoRA adds per adapted linear a magnitude [out] with its fp32 master, gradient and AdamW state,
@@ -587,9 +586,6 @@ TEST(MemoryPlan, ActivationBytesEqualWhatACpuPassAllocates) {
       {"bnb_dora bf16 ckpt, activation offload, 4 layers, the last 3 not recomputed", true, false, true, 0.1, Precision::BF16, 2, 16, 1, true, 0, false, 0, 3, true, 4},
       {"lora fp32 ckpt every 3rd layer, activation offload, 7 layers, the last 1 not recomputed", false, false, true, 0.0, Precision::FP32, 2, 20, 3, false, 0, false, 0, 1, true, 7},
       {"qlora fp16 ckpt, activation offload, 4 layers, the last 2 not recomputed", true, false, true, 0.1, Precision::FP16Autocast, 2, 16, 1, false, 0, false, 0, 2, true, 4},
-      {"qlora bf16 ckpt, activation offload of every recomputed layer's MLP, 5 layers", true, false, true, 0.1, Precision::BF16, 2, 24, 1, false, 0, false, 0, 0, true, 5, 1},
-      {"qlora bf16 ckpt, folded, offload of every 2nd layer's MLP, 6 layers, the last 2 not recomputed", true, false, true, 0.1, Precision::BF16, 2, 16, 1, false, 0, true, 0, 2, true, 6, 2},
-      {"lora fp32 ckpt every 2nd layer, offload of every recomputed layer's MLP, 7 layers", false, false, true, 0.0, Precision::FP32, 2, 20, 2, false, 0, false, 0, 0, true, 7, 1},
   };
   const bool saved_fold = lora_fold();
   for (const PassCase& c : cases) {
@@ -608,7 +604,6 @@ TEST(MemoryPlan, ActivationBytesEqualWhatACpuPassAllocates) {
     o.keep_dequantized_layers = c.keep_dequantized;
     o.keep_activation_layers = c.keep_activations;
     o.activation_offload = c.activation_offload;
-    o.offload_mlp_every = c.mlp_every;
     LlamaModel model = LlamaModel::random(config, 1, o);
     const data::Batch batch = test::random_batch(c.B, c.T, config.vocab_size, 7);
 
@@ -631,7 +626,6 @@ TEST(MemoryPlan, ActivationBytesEqualWhatACpuPassAllocates) {
     p.setting.keep_dequantized_layers = c.keep_dequantized;
     p.setting.keep_activation_layers = c.keep_activations;
     p.setting.activation_offload = c.activation_offload;
-    p.setting.offload_mlp_every = c.mlp_every;
     const ActivationBytes predicted = activation_bytes(p);
 
     const int64_t before_first = host_tensor_bytes().live;

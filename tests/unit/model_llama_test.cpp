@@ -309,8 +309,7 @@ TEST(LlamaModel, KeptDequantizedLayersGiveBitIdenticalGradients) {
 // checkpointing, with the same bits; folded or not, with and without dropout, every layer or every
 // other one recomputed, the last one kept or not. The recompute stops at h (layer_recompute): of
 // each layer's four "linear" sections (q/k/v, o, gate/up, down) it runs three; with activation
-// offload, which brings back the attention output and x2, two, and no attention forward; with the
-// MLP's gate and up brought back too (offload_mlp_every 1), one.
+// offload, which brings back the attention output and x2, two, and no attention forward.
 TEST(LlamaModel, CheckpointedRecomputeRunsOnlyWhatTheBackwardReads) {
   LlamaConfig config = test::tiny_llama();
   config.num_hidden_layers = 4;
@@ -336,17 +335,15 @@ TEST(LlamaModel, CheckpointedRecomputeRunsOnlyWhatTheBackwardReads) {
     for (double dropout : {0.0, 0.1})
       for (int64_t every : {1, 2})
         for (int64_t keep : {0, 1})
-          for (int offload : {0, 1, 2}) {  // none, activation offload, and every recomputed layer's MLP too
+          for (int offload : {0, 1}) {  // activation offload
             SCOPED_TRACE(testing::Message() << (fold ? "folded" : "not folded") << ", dropout " << dropout
                                             << ", checkpoint_every " << every << ", keep " << keep
-                                            << (offload > 0 ? ", activation offload" : "")
-                                            << (offload > 1 ? " with the MLP's" : ""));
+                                            << (offload > 0 ? ", activation offload" : ""));
             const test::LoraFoldSetting folded(fold);
             ModelOptions options = test::lora_options(Precision::BF16, true, dropout);
             options.checkpoint_every = every;
             options.keep_activation_layers = keep;
             options.activation_offload = offload > 0;
-            options.offload_mlp_every = offload > 1 ? 1 : 0;
             GradSnapshot plain, checkpointed;
             const Counts once = counts_of(options, false, &plain);
             const Counts with = counts_of(options, true, &checkpointed);
@@ -393,12 +390,11 @@ TEST(LlamaModel, TheFirstLayerSkipsItsInputGradientWhereNothingBelowTrains) {
   }
 }
 
-// use_activation_cpu_offload moves each layer's input, and some layers' attention output (and with
-// offload_mlp_every some recomputed layers' gate and up), out and back between its forward and its
-// backward: the same bytes come back, so the gradients are the same bits. Five layers: every one or
-// every other one recomputed, none or the last three not (kept layers that send their attention
-// output, and the last, which does not), the MLP of none, every or every other recomputed layer;
-// full fine-tuning, LoRA and DoRA (whose recompute runs the whole layer, and sends no MLP).
+// use_activation_cpu_offload moves each layer's input, and some layers' attention output, out and
+// back between its forward and its backward: the same bytes come back, so the gradients are the
+// same bits. Five layers: every one or every other one recomputed, none or the last three not (kept
+// layers that send their attention output, and the last, which does not); full fine-tuning, LoRA
+// and DoRA (whose recompute runs the whole layer).
 TEST(LlamaModel, ActivationOffloadGivesBitIdenticalGradients) {
   LlamaConfig config = test::tiny_llama();
   config.num_hidden_layers = 5;
@@ -409,16 +405,13 @@ TEST(LlamaModel, ActivationOffloadGivesBitIdenticalGradients) {
     options.use_dora = std::string(kind) == "dora";
     const GradSnapshot plain = run_step(config, options, false, batch, 5);
     for (int64_t every : {1, 2})
-      for (int64_t keep : {0, 3})
-        for (int64_t mlp : {0, 1, 2}) {
-          SCOPED_TRACE(testing::Message() << kind << ", checkpoint_every " << every << ", keep " << keep
-                                          << ", offload_mlp_every " << mlp);
-          options.checkpoint_every = every;
-          options.keep_activation_layers = keep;
-          options.activation_offload = true;
-          options.offload_mlp_every = mlp;
-          expect_bit_identical(run_step(config, options, true, batch, 5), plain);
-        }
+      for (int64_t keep : {0, 3}) {
+        SCOPED_TRACE(testing::Message() << kind << ", checkpoint_every " << every << ", keep " << keep);
+        options.checkpoint_every = every;
+        options.keep_activation_layers = keep;
+        options.activation_offload = true;
+        expect_bit_identical(run_step(config, options, true, batch, 5), plain);
+      }
   }
 }
 
