@@ -12,8 +12,9 @@
 #   bench/fetch_peer_wheels.sh   (bitsandbytes' wheel into .device/wheels: the GPU machine has none)
 # Run there with carry [".device", "build/fsdpq", "build/tests/fsdpq_gpu_tests"] (or scripts/device_pack.sh
 # build/fsdpq build/tests/fsdpq_gpu_tests .device/lib .device/wheels .device/data):
-#   bash scripts/device_packing.sh   (SKIP=tests,perf,job,peer narrows it; MODEL, POINTS="unpacked:8 packed:8 fixed:8"
-#                                     as mode:batch_size, fixed being random full rows; STEPS; FSDPQ=, TESTS=, DATA=,
+#   bash scripts/device_packing.sh   (SKIP=tests,perf,job,peer narrows it; MODEL, POINTS="unpacked:8 free:8 packed:8 fixed:8"
+#                                     as mode:batch_size, fixed being random full rows, free unpacked with
+#                                     padding_free; STEPS; FSDPQ=, TESTS=, DATA=,
 #                                     WHEELS= other paths)
 B=${FSDPQ:-$PWD/build/fsdpq}; T=${TESTS:-$PWD/build/tests/fsdpq_gpu_tests}; DATA=${DATA:-$PWD/.device/data}
 WHEELS=${WHEELS:-$PWD/.device/wheels}; MODEL=${MODEL:-preset:llama2-7b}; STEPS=${STEPS:-12}
@@ -42,10 +43,11 @@ if ! skip job; then
   echo "== the reference job, unpacked and packed ($MODEL)"
   # fixed: the same settings on rows of context_length random tokens, every slot a token: the
   # fixed-length throughput at the same tokens per step that issue #26's target compares with.
-  for point in ${POINTS:-unpacked:8 unpacked:16 unpacked:32 packed:2 packed:4 packed:8 fixed:8}; do
+  for point in ${POINTS:-unpacked:8 free:8 unpacked:16 unpacked:32 packed:2 packed:4 packed:8 fixed:8}; do
     mode=${point%:*}; bs=${point#*:}; name=${mode}_bs$bs
     packing=false; [ "$mode" = packed ] && packing=true
     args=("${JOB[@]}")
+    [ "$mode" = free ] && args+=(--padding_free true)  # unpacked batches, their examples in one row
     [ "$mode" = fixed ] && args=("${SETTINGS[@]}" --dataset dummy --pad_to_context_length true
                                  --dataset_samples $((bs * (STEPS + 2))))
     timeout 300 "$B" "${args[@]}" --batch_size "$bs" --packing $packing --max_steps "$STEPS" --log_to stdout \

@@ -145,7 +145,8 @@ std::string packing_note(const TrainConfig& c) {
       "batch's longest, typical steps are smaller. When most records are much shorter than {} tokens (the dry run "
       "prints their p50/p90), packing = true pays: rows are filled with several examples to ~{} tokens, so the "
       "same memory per row does context_length / p50 times the work and padding all but disappears. Then the "
-      "batch above counts rows, and fewer of them carry the tokens of this many examples (docs/packing.md).\n",
+      "batch above counts rows, and fewer of them carry the tokens of this many examples. padding_free = true keeps "
+      "fsdp_qlora's batches of examples and computes none of their padding either (docs/packing.md).\n",
       c.context_length, c.context_length, c.context_length);
 }
 

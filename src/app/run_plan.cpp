@@ -251,6 +251,8 @@ std::string format_dry_run(const ResolvedConfig& resolved, const RunPlan& plan, 
   if (!b.packing) {
     line(fmt::format("per optimizer step: {} examples, ≤ {} tokens (context {}), ≈ {:.0f} tokens on average",
                      b.global_batch, b.max_tokens_per_step, c.context_length, b.mean_tokens_per_step));
+    if (c.padding_free)
+      line("padding_free: each micro-batch's examples laid end to end in one row, no padding computed");
     return out;
   }
   // Packing: batch_size counts rows of up to context_length tokens.
