@@ -374,8 +374,11 @@ struct LlamaModel::Impl {
   LossSum pass(const data::Batch& batch, PassKind kind, float grad_scale, uint64_t step_key, TensorView logits_out) {
     check_batch(batch);
     const int64_t B = batch.batch_size, T = batch.seq_len, N = B * T, L = num_layers();
-    check_context(T, "a sequence");
-    ensure_rope(T);
+    // The longest sequence attention and RoPE see: a row, or in a packed (padding-free) row, which
+    // may be longer than context_length, its longest example.
+    const int64_t longest = batch.packed() ? *std::max_element(batch.positions.begin(), batch.positions.end()) + 1 : T;
+    check_context(longest, "a sequence");
+    ensure_rope(longest);
     const LayerDims d = layer_dims(config, B, T);
     const bool train = kind == PassKind::Train;
     const bool checkpointing = train && options.gradient_checkpointing;

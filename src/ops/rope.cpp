@@ -116,10 +116,11 @@ void check_rope_arguments(const char* op, const TensorView& x, const RopeTable& 
   check_that(x.shape.rank == 4, "{}: x must be [B, T, heads, D], got {}", op, x.shape.to_string());
   check_that(x.shape[3] == table.head_dim, "{}: x {} has head_dim {} but the table was built for {}", op,
              x.shape.to_string(), x.shape[3], table.head_dim);
+  // Per-token positions (packed rows, which may be longer than the table) are checked one by one.
+  if (positions.data != nullptr) return check_positions(op, x, table, position_offset, positions);
   check_that(position_offset >= 0 && position_offset + x.shape[1] <= table.max_positions,
              "{}: positions [{}, {}) exceed the table's {} positions", op, position_offset,
              position_offset + x.shape[1], table.max_positions);
-  if (positions.data != nullptr) check_positions(op, x, table, position_offset, positions);
 }
 
 RopeTable make_rope_table(int64_t head_dim, int64_t max_positions, double theta, const RopeScalingParams& scaling) {

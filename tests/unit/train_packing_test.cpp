@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <set>
 
@@ -13,6 +14,7 @@
 #include "model_llama_test_support.h"
 #include "test_support.h"
 #include "train/epoch_batches.h"
+#include "util/error.h"
 
 namespace fsdpq {
 namespace {
@@ -223,6 +225,31 @@ TEST(Packing, PackedEpochCoversEveryExampleOnceAndResumesAfterItsRows) {
   const EpochBatches whole(examples, sampler, 1, shape), resumed(examples, sampler, 1, shape, 4);
   ASSERT_EQ(resumed.size(), whole.size() - 2);
   for (int64_t i = 0; i < resumed.size(); ++i) EXPECT_EQ(resumed.batch(i).input_ids, whole.batch(i + 2).input_ids);
+}
+
+// A padding-free row may be longer than context_length: attention and RoPE see its examples, each
+// no longer than that, so a model with a sliding window takes a row longer than the window whose
+// examples are shorter (and still refuses an example longer than it).
+TEST(PaddingFree, ARowLongerThanTheWindowOfShorterExamplesTrains) {
+  LlamaConfig config = test::tiny_llama();
+  config.sliding_window = 16;
+  LlamaModel model = LlamaModel::random(config, 3, test::lora_options(Precision::FP32, false));
+  std::vector<data::Example> made;
+  for (int i = 0; i < 3; ++i) {
+    data::Example e;
+    for (int t = 0; t < 12; ++t) e.input_ids.push_back(1 + (i * 7 + t * 3) % 200);
+    e.labels = e.input_ids;
+    made.push_back(e);
+  }
+  const data::Batch row = data::collate_padding_free({&made[0], &made[1], &made[2]}, 0, 16);
+  ASSERT_EQ(row.seq_len, 36);
+  const LossSum loss = model.forward_backward(row, static_cast<double>(row.target_tokens), 1.0f, 0);
+  EXPECT_EQ(loss.tokens, 3 * 11);
+  EXPECT_TRUE(std::isfinite(loss.loss_sum));
+  made[0].input_ids.resize(20, 5);
+  made[0].labels.resize(20, 5);
+  const data::Batch long_example = data::collate_padding_free({&made[0], &made[1]}, 0, 32);
+  EXPECT_THROW(model.forward_backward(long_example, 1.0, 1.0f, 0), UserError);
 }
 
 // With padding_free an epoch's micro-batches hold the unpacked run's examples, micro-batch by
