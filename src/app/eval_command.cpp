@@ -60,7 +60,8 @@ int run_eval_command(const World& world, const std::vector<std::string>& args) {
   }
   const bool has_eval = !plan.dataset.eval.empty();
   const auto& examples = has_eval ? plan.dataset.eval : plan.dataset.train.tokenized_examples();
-  double loss = evaluate_loss(model, examples, c.batch_size, plan.tokenizer->pad_id(), c.context_length);
+  double loss = evaluate_loss(model, examples, c.batch_size, plan.tokenizer->pad_id(), c.context_length, nullptr,
+                              c.padding_free);
   log::info("{} data{}: {}", has_eval ? "held-out" : "training",
             adapter_dir.empty() ? "" : fmt::format(" with adapters {}", adapter_dir), describe_eval(loss, examples));
   return kExitOk;

@@ -74,13 +74,14 @@ data::Batch EpochBatches::batch(int64_t i) const {
 }
 
 std::vector<data::Batch> sequential_batches(const std::vector<data::Example>& examples, int64_t batch_size,
-                                            int32_t pad_id, int64_t context_length) {
+                                            int32_t pad_id, int64_t context_length, bool padding_free) {
   std::vector<data::Batch> batches;
   for (size_t begin = 0; begin < examples.size(); begin += static_cast<size_t>(batch_size)) {
     std::vector<const data::Example*> rows;
     for (size_t k = begin; k < std::min(examples.size(), begin + static_cast<size_t>(batch_size)); ++k)
       rows.push_back(&examples[k]);
-    batches.push_back(data::collate(rows, pad_id, context_length, false));
+    batches.push_back(padding_free ? data::collate_padding_free(rows, pad_id, context_length)
+                                   : data::collate(rows, pad_id, context_length, false));
   }
   return batches;
 }

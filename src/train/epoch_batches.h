@@ -45,8 +45,9 @@ class EpochBatches {
   std::vector<std::vector<Row>> micro_batches_;  // this rank's
 };
 
-// Batches of an evaluation set in order (no shuffling, no padding to the world size).
+// Batches of an evaluation set in order (no shuffling, no padding to the world size); with
+// padding_free each batch's examples in one row (data::collate_padding_free).
 std::vector<data::Batch> sequential_batches(const std::vector<data::Example>& examples, int64_t batch_size,
-                                            int32_t pad_id, int64_t context_length);
+                                            int32_t pad_id, int64_t context_length, bool padding_free = false);
 
 }  // namespace fsdpq

@@ -13,9 +13,10 @@
 namespace fsdpq {
 
 double evaluate_loss(LlamaModel& model, const std::vector<data::Example>& examples, int64_t batch_size,
-                     int32_t pad_id, int64_t context_length, Communicator* world) {
+                     int32_t pad_id, int64_t context_length, Communicator* world, bool padding_free) {
   const HostMemoryPurpose purpose("evaluating");
-  const std::vector<data::Batch> batches = sequential_batches(examples, batch_size, pad_id, context_length);
+  const std::vector<data::Batch> batches =
+      sequential_batches(examples, batch_size, pad_id, context_length, padding_free);
   const int64_t ranks = world ? world->size() : 1, rank = world ? world->rank() : 0;
   const int64_t n = static_cast<int64_t>(batches.size());
   // Batches go round-robin over the ranks; a rank without one in the last round runs batch 0

@@ -12,9 +12,11 @@
 namespace fsdpq {
 
 // Token-weighted mean loss over `examples`; NaN when no example has a target token. With `world`,
-// every rank of it calls this and evaluates a share of the batches; all get the global mean.
+// every rank of it calls this and evaluates a share of the batches; all get the global mean. With
+// padding_free each batch's examples are laid end to end in one row (the same loss, no padding).
 double evaluate_loss(LlamaModel& model, const std::vector<data::Example>& examples, int64_t batch_size,
-                     int32_t pad_id, int64_t context_length, Communicator* world = nullptr);
+                     int32_t pad_id, int64_t context_length, Communicator* world = nullptr,
+                     bool padding_free = false);
 
 // "eval loss 1.2345 (perplexity 3.44) on 120 examples (3 of 123 keep no target token after
 // truncation and are left out)", or that there is no loss: the log line of an evaluation.

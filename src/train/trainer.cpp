@@ -515,7 +515,7 @@ class Trainer {
 
   double evaluate() {
     return evaluate_loss(*model_, plan_.dataset.eval, c_.batch_size, plan_.tokenizer->pad_id(), c_.context_length,
-                         groups_.world.get());
+                         groups_.world.get(), c_.padding_free);
   }
 
   // ---- The end ---------------------------------------------------------------------------------

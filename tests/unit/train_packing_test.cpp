@@ -14,6 +14,7 @@
 #include "model_llama_test_support.h"
 #include "test_support.h"
 #include "train/epoch_batches.h"
+#include "train/evaluation.h"
 #include "util/error.h"
 
 namespace fsdpq {
@@ -250,6 +251,26 @@ TEST(PaddingFree, ARowLongerThanTheWindowOfShorterExamplesTrains) {
   made[0].labels.resize(20, 5);
   const data::Batch long_example = data::collate_padding_free({&made[0], &made[1]}, 0, 32);
   EXPECT_THROW(model.forward_backward(long_example, 1.0, 1.0f, 0), UserError);
+}
+
+// Evaluation with padding_free: the same token-weighted mean loss as over padded batches (fp32: within
+// summation order), batch sizes that leave a short last batch included.
+TEST(PaddingFree, EvaluationGivesThePaddedBatchesLoss) {
+  const LlamaConfig config = test::tiny_llama();
+  LlamaModel model = LlamaModel::random(config, 5, test::lora_options(Precision::FP32, false));
+  std::vector<data::Example> examples;
+  for (int i = 0; i < 7; ++i) {
+    data::Example e;
+    for (int t = 0; t < 4 + (i * 5) % 13; ++t) e.input_ids.push_back(1 + (i * 11 + t * 7) % 250);
+    e.labels = e.input_ids;
+    e.labels[0] = data::kIgnoreIndex;
+    examples.push_back(e);
+  }
+  for (int64_t batch : {1, 3, 7}) {
+    const double padded = evaluate_loss(model, examples, batch, 0, 32);
+    const double free = evaluate_loss(model, examples, batch, 0, 32, nullptr, /*padding_free=*/true);
+    EXPECT_NEAR(free, padded, 1e-6 * std::fabs(padded)) << "batch " << batch;
+  }
 }
 
 // With padding_free an epoch's micro-batches hold the unpacked run's examples, micro-batch by
