@@ -106,28 +106,21 @@ std::string kept_dense_text(const PlanSetting& s) {
   return s.keep_dequantized_layers > 0 ? fmt::format(" + {} layers kept dense", s.keep_dequantized_layers) : "";
 }
 
-std::string activation_offload_text(const PlanSetting& s) {
-  if (!s.activation_offload) return "off";
-  return "on";
-}
-
 std::string setting_text(const PlanSetting& s) {
   return fmt::format("{}, checkpointing {}{}, cpu offload {}, activation offload {}, batch {}{}",
                      sharding_strategy_name(s.strategy), checkpointing_text(s),
                      s.recompute_elementwise ? " + elementwise recompute" : "", s.cpu_offload ? "on" : "off",
-                     activation_offload_text(s), s.batch_size, kept_dense_text(s));
+                     s.activation_offload ? "on" : "off", s.batch_size, kept_dense_text(s));
 }
 
 std::string setting_flags(const PlanSetting& s) {
   return fmt::format("--sharding_strategy {} --use_gradient_checkpointing {} --checkpoint_every {} "
                      "--keep_activation_layers {} --recompute_elementwise {} --use_cpu_offload {} "
-                     "--use_activation_cpu_offload {} --batch_size {} "
-                     "--keep_dequantized_layers {}",
+                     "--use_activation_cpu_offload {} --batch_size {} --keep_dequantized_layers {}",
                      sharding_strategy_name(s.strategy), s.gradient_checkpointing,
                      s.gradient_checkpointing ? s.checkpoint_every : 1,
                      s.gradient_checkpointing ? s.keep_activation_layers : 0, s.recompute_elementwise, s.cpu_offload,
-                     s.activation_offload, s.batch_size,
-                     s.keep_dequantized_layers);
+                     s.activation_offload, s.batch_size, s.keep_dequantized_layers);
 }
 
 // What the batch counts, and when packing pays (docs/packing.md). The prediction is for batch ×

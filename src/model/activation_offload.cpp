@@ -29,28 +29,25 @@ class CopiesTimed {
 
 size_t ActivationOffload::input_bytes() const { return static_cast<size_t>(shape_.numel()) * dtype_size(dtype_); }
 
-bool ActivationOffload::sends(int64_t layer, int /*part*/) const {
-  return sends_[static_cast<size_t>(layer)].attention_output;
-}
-
 void ActivationOffload::begin_pass(int64_t layers, const Shape& shape, DType dtype, Device device,
-                                   std::vector<Sends> sends) {
-  if (sends.size() != static_cast<size_t>(layers)) throw std::logic_error("ActivationOffload::begin_pass: one Sends a layer");
+                                   std::vector<bool> sends_attention_output) {
+  if (sends_attention_output.size() != static_cast<size_t>(layers))
+    throw std::logic_error("ActivationOffload::begin_pass: one attention-output flag a layer");
   if (!side_ || side_->device() != device) side_ = std::make_unique<SideStream>(device);
   layers_ = layers;
   shape_ = shape;
   dtype_ = dtype;
   device_ = device;
-  sends_ = std::move(sends);
+  sends_ = std::move(sends_attention_output);
   while (host_.size() < static_cast<size_t>(layers)) host_.push_back(std::make_unique<HostStaging>());
-  while (host_parts_.size() < static_cast<size_t>(layers)) {
-    host_parts_.emplace_back();
-    for (auto& part : host_parts_.back()) part = std::make_unique<HostStaging>();
+  while (host_outputs_.size() < static_cast<size_t>(layers)) {
+    host_outputs_.emplace_back();
+    for (auto& part : host_outputs_.back()) part = std::make_unique<HostStaging>();
   }
   arrived_.assign(static_cast<size_t>(layers), StreamMark());
-  parts_arrived_.assign(static_cast<size_t>(layers), StreamMark());
+  outputs_arrived_.assign(static_cast<size_t>(layers), StreamMark());
   leaving_ = Tensor();
-  leaving_parts_ = {};
+  leaving_outputs_ = {};
   left_ = StreamMark();
   returning_ = {};
 }
@@ -60,10 +57,9 @@ void ActivationOffload::forward_done(int64_t i, Tensor& input, LayerActivations&
   // Sent a layer ago: the copies are done long before the compute stream gets here.
   left_.compute_waits();
   leaving_ = Tensor();
-  leaving_parts_ = {};
+  leaving_outputs_ = {};
   const size_t at = static_cast<size_t>(i);
-  const bool parts = sends_[at].attention_output;
-  if (i == layers_ - 1 && !parts) return;  // (the last layer's input: the first backward reads it)
+  if (i == layers_ - 1 && !sends_[at]) return;  // (the last layer's input: the first backward reads it)
   side_->wait_for_compute();  // the layer's tensors are complete
   const CopiesTimed timed(*side_, "activation offload: out");
   if (i < layers_ - 1) {
@@ -72,16 +68,17 @@ void ActivationOffload::forward_done(int64_t i, Tensor& input, LayerActivations&
     leaving_ = std::move(input);
     input = Tensor();
   }
-  const std::array<Tensor*, kParts> of_a = parts_of(a);
-  for (int k = 0; k < kParts; ++k) {
-    if (!sends(i, k)) continue;
-    Tensor& part = *of_a[k];
-    if (!part.defined()) throw std::logic_error("ActivationOffload::forward_done: the layer lacks a tensor it sends");
-    part_shapes_[k] = part.shape();
-    part_dtypes_[k] = part.dtype();
-    side_->copy(host_parts_[at][k]->reserve(part.nbytes()), Device::CPU, part.view().data, device_, part.nbytes());
-    leaving_parts_[k] = std::move(part);
-    part = Tensor();
+  if (sends_[at]) {
+    const std::array<Tensor*, kParts> parts = attention_output_of(a);
+    for (int k = 0; k < kParts; ++k) {
+      Tensor& part = *parts[k];
+      if (!part.defined()) throw std::logic_error("ActivationOffload::forward_done: the layer has no attention output");
+      part_shapes_[k] = part.shape();
+      part_dtypes_[k] = part.dtype();
+      side_->copy(host_outputs_[at][k]->reserve(part.nbytes()), Device::CPU, part.view().data, device_, part.nbytes());
+      leaving_outputs_[k] = std::move(part);
+      part = Tensor();
+    }
   }
   left_ = side_->mark();
 }
@@ -91,29 +88,27 @@ ActivationOffload::Returning ActivationOffload::backward_begin(int64_t i, LayerA
   const size_t at = static_cast<size_t>(i);
   arrived_[at].compute_waits();
   Returning back;
-  back.attention_output_back = sends_[at].attention_output;
-  if (back.attention_output_back) {  // brought back beside the backward of the layer after it
-    parts_arrived_[at].compute_waits();
-    const std::array<Tensor*, kParts> of_a = parts_of(a);
-    for (int k = 0; k < kParts; ++k)
-      if (sends(i, k)) *of_a[k] = std::move(returning_[k]);  // (a shared buffer's are let go of)
+  back.attention_output_back = sends_[at];
+  if (sends_[at]) {  // brought back beside the backward of the layer after it
+    outputs_arrived_[at].compute_waits();
+    const std::array<Tensor*, kParts> parts = attention_output_of(a);
+    for (int k = 0; k < kParts; ++k) *parts[k] = std::move(returning_[k]);  // (a shared buffer's are let go of)
   }
   if (i == 0) return back;
   back.previous_input = Tensor::empty(shape_, dtype_, device_);
-  for (int k = 0; k < kParts; ++k)
-    if (sends(i - 1, k)) returning_[k] = Tensor::empty(part_shapes_[k], part_dtypes_[k], device_);
+  const bool outputs = sends_[at - 1];
+  if (outputs)
+    for (int k = 0; k < kParts; ++k) returning_[k] = Tensor::empty(part_shapes_[k], part_dtypes_[k], device_);
   side_->wait_for_compute();  // new blocks, which queued work may have used before
   const CopiesTimed timed(*side_, "activation offload: in");
   side_->copy(back.previous_input.view().data, device_, host_[at - 1]->reserve(input_bytes()), Device::CPU, input_bytes());
   arrived_[at - 1] = side_->mark();
-  bool parts = false;
-  for (int k = 0; k < kParts; ++k) {
-    if (!sends(i - 1, k)) continue;
-    side_->copy(returning_[k].view().data, device_, host_parts_[at - 1][k]->reserve(returning_[k].nbytes()),
-                Device::CPU, returning_[k].nbytes());
-    parts = true;
+  if (outputs) {
+    for (int k = 0; k < kParts; ++k)
+      side_->copy(returning_[k].view().data, device_, host_outputs_[at - 1][k]->reserve(returning_[k].nbytes()),
+                  Device::CPU, returning_[k].nbytes());
+    outputs_arrived_[at - 1] = side_->mark();
   }
-  if (parts) parts_arrived_[at - 1] = side_->mark();
   return back;
 }
 

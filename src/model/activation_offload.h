@@ -17,8 +17,8 @@
 //   - backward: a layer's tensors come back into new blocks beside the backward of the layer after
 //     it, and the compute stream waits for them only when that layer's backward begins.
 // So at most three layer inputs are on the device at a time (the one a copy is still reading, the
-// layer's input and its output), and one layer's other parts beyond those the layers hold (the ones
-// a copy reads in the forward, writes in the backward), which plan/memory_plan.cpp counts.
+// layer's input and its output), and one attention output beyond those the layers hold (the one a
+// copy reads in the forward, writes in the backward), which plan/memory_plan.cpp counts.
 //
 // The bytes are the same, so the pass's results are the same with or without it.
 #pragma once
@@ -40,22 +40,20 @@ class ActivationOffload {
   ActivationOffload(const ActivationOffload&) = delete;
   ActivationOffload& operator=(const ActivationOffload&) = delete;
 
-  // What a layer sends besides its input.
-  struct Sends {
-    bool attention_output = false;  // att, lse, x2
-  };
-  // A pass over `layers` layers whose inputs are `shape` and `dtype` each, on `device`, layer i
-  // sending sends[i] too. The host buffers and the side stream are kept from pass to pass.
-  void begin_pass(int64_t layers, const Shape& shape, DType dtype, Device device, std::vector<Sends> sends);
+  // A pass over `layers` layers whose inputs are `shape` and `dtype` each, on `device`; layer i's
+  // attention output goes too where sends_attention_output[i]. The host buffers and the side stream
+  // are kept from pass to pass.
+  void begin_pass(int64_t layers, const Shape& shape, DType dtype, Device device,
+                  std::vector<bool> sends_attention_output);
 
   // Forward: layer i's forward is queued. Its input (not the last layer's) leaves for host memory,
   // and the previous layer's tensors, sent a layer ago, are let go of: the caller hands `input`
-  // over, and a's tensors that layer i sends.
+  // over, and a's att, lse and x2 where it sends layer i's attention output.
   void forward_done(int64_t i, Tensor& input, LayerActivations& a);
 
   // Backward, before layer i's (i = L - 1 down to 0): the compute stream waits for layer i's input
-  // to be back on the device (and what else it sent, moved into a), and layer i - 1's start coming
-  // back beside layer i's backward, into new blocks.
+  // to be back on the device (and its attention output, moved into a), and layer i - 1's start
+  // coming back beside layer i's backward, into new blocks.
   struct Returning {
     Tensor previous_input;               // layer i - 1's input (none for layer 0)
     bool attention_output_back = false;  // a holds layer i's att, lse and x2
@@ -63,27 +61,26 @@ class ActivationOffload {
   Returning backward_begin(int64_t i, LayerActivations& a);
 
  private:
-  enum Part : int { kAtt, kLse, kX2, kParts };
+  static constexpr int kParts = 3;  // att, lse, x2
   using Parts = std::array<Tensor, kParts>;
-  static std::array<Tensor*, kParts> parts_of(LayerActivations& a) { return {&a.att, &a.lse, &a.x2}; }
-  bool sends(int64_t layer, int part) const;
+  static std::array<Tensor*, kParts> attention_output_of(LayerActivations& a) { return {&a.att, &a.lse, &a.x2}; }
   size_t input_bytes() const;
 
   int64_t layers_ = 0;
   Shape shape_;
   DType dtype_ = DType::F32;
   Device device_ = Device::CPU;
-  std::vector<Sends> sends_;
+  std::vector<bool> sends_;  // per layer: its attention output too
   std::unique_ptr<SideStream> side_;
   std::vector<std::unique_ptr<HostStaging>> host_;                          // per layer: its input
-  std::vector<std::array<std::unique_ptr<HostStaging>, kParts>> host_parts_;  // per layer: the rest
-  std::array<Shape, kParts> part_shapes_;  // as the forward sent them
+  std::vector<std::array<std::unique_ptr<HostStaging>, kParts>> host_outputs_;  // per layer: att, lse, x2
+  std::array<Shape, kParts> part_shapes_;  // an attention output's, as the forward sent them
   std::array<DType, kParts> part_dtypes_{};
   Tensor leaving_;        // the input a copy may still be reading, let go of a layer later
-  Parts leaving_parts_;   // the rest a copy may still be reading, likewise
-  StreamMark left_;       // the end of those copies
-  Parts returning_;       // what comes back for the next layer's backward
-  std::vector<StreamMark> arrived_, parts_arrived_;  // per layer: the end of its copies back
+  Parts leaving_outputs_;  // the attention output a copy may still be reading, likewise
+  StreamMark left_;        // the end of those copies
+  Parts returning_;        // the attention output coming back for the next layer's backward
+  std::vector<StreamMark> arrived_, outputs_arrived_;  // per layer: the end of its copies back
 };
 
 }  // namespace fsdpq

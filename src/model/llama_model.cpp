@@ -410,8 +410,8 @@ struct LlamaModel::Impl {
     // What the backward reads of each layer, kept or rebuilt by a recompute.
     PassActivations saved(L, train, options, d, act, lora_ranks(), device);
     if (offload_activations) {
-      std::vector<ActivationOffload::Sends> sends(static_cast<size_t>(L));
-      for (int64_t i = 0; i < L; ++i) sends[static_cast<size_t>(i)] = {saved.offloads_attention_output(i)};
+      std::vector<bool> sends(static_cast<size_t>(L));
+      for (int64_t i = 0; i < L; ++i) sends[static_cast<size_t>(i)] = saved.offloads_attention_output(i);
       activation_offload.begin_pass(L, stream_shape, act, device, std::move(sends));
     }
     for (int64_t i = 0; i < L; ++i) {

@@ -40,8 +40,8 @@ LayerActivations& PassActivations::forward_begin(int64_t i) {
     a.allocate(d_, dtype_, keeps_xa_ && slot == shared_slot_ ? std::array<int64_t, kLinearModules>{} : lora_ranks_,
                dora_, device_, elementwise_.norm.defined() ? &elementwise_ : nullptr);
     made_[slot] = true;
-  } else {  // activation offload took the previous layer's
-    if (!a.att.defined()) a.allocate_attention_output(d_, dtype_, device_);
+  } else if (!a.att.defined()) {  // activation offload took the previous layer's
+    a.allocate_attention_output(d_, dtype_, device_);
   }
   if (keeps_xa(i)) a.xa = allocate_group_xa(d_, dtype_, lora_ranks_, device_);
   return a;

@@ -7,9 +7,9 @@
 //     not recomputed;
 //   - with recompute_elementwise, the buffers the layers share for n1, n2 and h.
 // A layer's buffers are made when the forward reaches it. With activation offload
-// (model/activation_offload.h) its att, lse and x2 (and a recomputed layer's gate and up) may
-// leave for host memory after its forward: the shared buffer gets new ones for the next layer. A
-// layer keeping its own activations lets them go after its backward.
+// (model/activation_offload.h) its att, lse and x2 may leave for host memory after its forward:
+// the shared buffer gets new ones for the next layer. A layer keeping its own activations lets them
+// go after its backward.
 // An evaluation pass (no backward) runs every layer in the one shared LayerActivations.
 #pragma once
 #include <array>

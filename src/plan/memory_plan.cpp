@@ -373,9 +373,10 @@ ActivationBytes activation_bytes(const PlanInput& p) {
   // What layer i sends besides its input: one copy moves it in each direction at a time.
   auto parts = [&](int64_t i) { return sent(i) ? attention_output : 0; };
   for (int64_t i = 0; i < L; ++i) {
-    if (sent(i)) x.offloaded += N * H * D * a + B * H * T * kF32 + N * C * a;
-    if (sent(i) && !policy.recomputes(i, L)) x.kept_offloaded += attention_output;
-    x.offload_spare = std::max(x.offload_spare, parts(i));
+    if (!sent(i)) continue;
+    x.offloaded += N * H * D * a + B * H * T * kF32 + N * C * a;
+    if (!policy.recomputes(i, L)) x.kept_offloaded += attention_output;
+    x.offload_spare = attention_output;
   }
 
   if (p.quantized && !p.train_base) {

@@ -1,6 +1,7 @@
-// Sequence packing (docs/packing.md) on real sql records: a packed batch computes exactly the loss
-// and LoRA gradients of its examples unpacked (within fp32 rounding), the rows a packed epoch
-// holds, how they are dealt to ranks, and what a packed batch carries.
+// Sequence packing and padding_free (docs/packing.md): on real sql records a packed batch and a
+// padding-free row compute exactly the loss and LoRA gradients of their examples padded (within
+// fp32 rounding); the rows a packed epoch holds, how they are dealt to ranks, what a packed batch
+// carries; padding-free micro-batches, evaluation and rows longer than a sliding window.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -50,7 +51,7 @@ PassResult pass(LlamaModel& model, const data::Batch& batch) {
   return r;
 }
 
-TEST(Packing, PackedBatchEqualsItsExamplesUnpackedOnSqlRecords) {
+TEST(Packing, PackedAndPaddingFreeBatchesEqualTheirExamplesPaddedOnSqlRecords) {
   FSDPQ_SHARED_DATA_OR_SKIP(sql, "sql.jsonl");
   FSDPQ_SHARED_DATA_OR_SKIP(tokenizer_file, "tokenizer.model");
   const auto tokenizer = data::load_tokenizer(tokenizer_file.string());
@@ -73,16 +74,26 @@ TEST(Packing, PackedBatchEqualsItsExamplesUnpackedOnSqlRecords) {
   const data::Batch unpacked = data::collate(examples, tokenizer->pad_id(), kContext, false);
   EXPECT_EQ(packed.target_tokens, unpacked.target_tokens);
   EXPECT_EQ(packed.real_tokens, unpacked.real_tokens);
+  // padding_free: the same examples in one row, no padding slot.
+  const data::Batch one_row = data::collate_padding_free(examples, tokenizer->pad_id(), kContext);
+  EXPECT_EQ(one_row.batch_size, 1);
+  EXPECT_EQ(one_row.examples, 12);
+  EXPECT_EQ(one_row.seq_len, unpacked.real_tokens);
+  EXPECT_EQ(one_row.target_tokens, unpacked.target_tokens);
+  EXPECT_LT(unpacked.real_tokens, unpacked.batch_size * unpacked.seq_len) << "the padded batch pads";
 
   // fp32 (exactness within fp32 rounding), adapters made non-zero so every path carries gradient.
   LlamaModel model = LlamaModel::random(test::tiny_llama(tokenizer->vocab_size()), 17,
                                         test::lora_options(Precision::FP32, /*quantize_base=*/false));
   test::randomize_lora_b(model, 5);
-  const PassResult p = pass(model, packed), u = pass(model, unpacked);
-  EXPECT_EQ(p.loss.tokens, u.loss.tokens);
+  const PassResult p = pass(model, packed), u = pass(model, unpacked), f = pass(model, one_row);
   // The same per-token losses summed in another order (and through other GEMM shapes): fp32 rounding.
-  EXPECT_NEAR(p.loss.loss_sum, u.loss.loss_sum, 1e-5 * u.loss.loss_sum);
-  EXPECT_LE(test::normwise_error(p.grads, u.grads), 1e-5);
+  for (const PassResult* r : {&p, &f}) {
+    SCOPED_TRACE(r == &p ? "packed" : "padding_free");
+    EXPECT_EQ(r->loss.tokens, u.loss.tokens);
+    EXPECT_NEAR(r->loss.loss_sum, u.loss.loss_sum, 1e-5 * u.loss.loss_sum);
+    EXPECT_LE(test::normwise_error(r->grads, u.grads), 1e-5);
+  }
   std::printf("packed %zu examples into %zu rows: loss %.9g vs %.9g, gradient error %.2e\n", examples.size(),
               rows.size(), p.loss.mean(), u.loss.mean(), test::normwise_error(p.grads, u.grads));
 
@@ -94,35 +105,6 @@ TEST(Packing, PackedBatchEqualsItsExamplesUnpackedOnSqlRecords) {
   const PassResult l = pass(model, leaky);
   EXPECT_GT(std::fabs(l.loss.loss_sum - u.loss.loss_sum), 1e-4 * u.loss.loss_sum);
   EXPECT_GT(test::normwise_error(l.grads, u.grads), 1e-3);
-}
-
-// padding_free: an unpacked batch's examples in one row compute the loss and LoRA gradients of the
-// padded batch (within fp32 rounding), on real sql records, with no padding slot.
-TEST(PaddingFree, OneRowEqualsTheBatchPaddedOnSqlRecords) {
-  FSDPQ_SHARED_DATA_OR_SKIP(sql, "sql.jsonl");
-  FSDPQ_SHARED_DATA_OR_SKIP(tokenizer_file, "tokenizer.model");
-  const auto tokenizer = data::load_tokenizer(tokenizer_file.string());
-  const data::TokenizedDataset dataset = sql_examples(sql, *tokenizer);
-  const std::vector<data::Example>& all = dataset.train.tokenized_examples();
-  ASSERT_GE(all.size(), 8u);
-  std::vector<const data::Example*> examples;
-  for (size_t i = 0; i < 8; ++i) examples.push_back(&all[i]);
-  const data::Batch one_row = data::collate_padding_free(examples, tokenizer->pad_id(), kContext);
-  const data::Batch padded = data::collate(examples, tokenizer->pad_id(), kContext, false);
-  EXPECT_EQ(one_row.batch_size, 1);
-  EXPECT_EQ(one_row.examples, 8);
-  EXPECT_EQ(one_row.seq_len, padded.real_tokens);  // no padding slot
-  EXPECT_EQ(one_row.real_tokens, padded.real_tokens);
-  EXPECT_EQ(one_row.target_tokens, padded.target_tokens);
-  EXPECT_LT(padded.real_tokens, padded.batch_size * padded.seq_len) << "the padded batch pads";
-
-  LlamaModel model = LlamaModel::random(test::tiny_llama(tokenizer->vocab_size()), 17,
-                                        test::lora_options(Precision::FP32, /*quantize_base=*/false));
-  test::randomize_lora_b(model, 5);
-  const PassResult f = pass(model, one_row), p = pass(model, padded);
-  EXPECT_EQ(f.loss.tokens, p.loss.tokens);
-  EXPECT_NEAR(f.loss.loss_sum, p.loss.loss_sum, 1e-5 * p.loss.loss_sum);
-  EXPECT_LE(test::normwise_error(f.grads, p.grads), 1e-5);
 }
 
 // Examples longer than context_length are cut as collate cuts them; no example yields one padding
