@@ -39,7 +39,7 @@ SQL=(inputs/sql.ini --model_name preset:llama2-7b --tokenizer_path .device/data/
 for i in 1 2; do
   run "pro_base$i" "$BASE" "${PRO[@]}"
   run "pro_new$i" "$NEW" "${PRO[@]}"
-  run "sql_padded$i" "$NEW" "${SQL[@]}"
+  run "sql_padded$i" "$NEW" "${SQL[@]}" --padding_free false
   run "sql_free$i" "$NEW" "${SQL[@]}" --padding_free true
 done
 date +%T

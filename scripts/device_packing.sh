@@ -47,7 +47,8 @@ if ! skip job; then
     mode=${point%:*}; bs=${point#*:}; name=${mode}_bs$bs
     packing=false; [ "$mode" = packed ] && packing=true
     args=("${JOB[@]}")
-    [ "$mode" = free ] && args+=(--padding_free true)  # unpacked batches, their examples in one row
+    free=false; [ "$mode" = free ] && free=true  # unpacked batches, their examples in one row (sql.ini's)
+    args+=(--padding_free $free)
     [ "$mode" = fixed ] && args=("${SETTINGS[@]}" --dataset dummy --pad_to_context_length true
                                  --dataset_samples $((bs * (STEPS + 2))))
     timeout 300 "$B" "${args[@]}" --batch_size "$bs" --packing $packing --max_steps "$STEPS" --log_to stdout \

@@ -133,6 +133,14 @@ std::string packing_note(const TrainConfig& c) {
         "~95-99% full, so the prediction above (every row context_length long) is what most steps reach, and the "
         "recommended batch of rows carries about batch × {} real tokens per micro-batch.\n",
         c.context_length, c.context_length);
+  if (c.padding_free)
+    return fmt::format(
+        "\npadding_free is on: each micro-batch's examples are laid end to end in one row of their total length "
+        "(at most batch × {} tokens, what the prediction above counts), so none of the padding that rows padded to "
+        "the batch's longest example would hold is computed; the dry run counts it. packing = true goes further where "
+        "records are much shorter than {} tokens: rows filled with several examples, the batch counting rows "
+        "(docs/packing.md).\n",
+        c.context_length, c.context_length);
   return fmt::format(
       "\nThe batch counts examples, each predicted at context_length ({}) tokens; with examples padded to the "
       "batch's longest, typical steps are smaller. When most records are much shorter than {} tokens (the dry run "

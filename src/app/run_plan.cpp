@@ -78,6 +78,24 @@ void plan_packed_batches(const TrainConfig& c, BatchPlan& p, const data::Example
                                      static_cast<double>(p.global_batch);
 }
 
+void plan_padding(const TrainConfig& c, BatchPlan& p, const data::ExampleSet& train) {
+  const data::DistributedSampler sampler(p.examples, p.world_size, 0, static_cast<uint64_t>(c.seed));
+  const std::vector<int64_t> order = sampler.indices(0);
+  const int64_t read = std::min(p.micro_batches_per_epoch, p.total_steps * c.gradient_accumulation_steps);
+  p.unpacked_tokens = p.unpacked_padded_slots = 0;
+  for (int64_t begin = 0; begin < read * c.batch_size && begin < static_cast<int64_t>(order.size());
+       begin += c.batch_size) {
+    const int64_t end = std::min<int64_t>(begin + c.batch_size, static_cast<int64_t>(order.size()));
+    int64_t longest = 0;
+    for (int64_t k = begin; k < end; ++k) {
+      const auto length = static_cast<int64_t>(train[static_cast<size_t>(order[static_cast<size_t>(k)])].input_ids.size());
+      p.unpacked_tokens += length;
+      longest = std::max(longest, length);
+    }
+    p.unpacked_padded_slots += (end - begin) * longest;
+  }
+}
+
 double mean_tokens_per_step(const TrainConfig& c, const BatchPlan& b, const data::ExampleSet& train) {
   if (c.pad_to_context_length) return static_cast<double>(b.max_tokens_per_step);
   const std::vector<data::Example>& examples = train.tokenized_examples();
@@ -142,7 +160,10 @@ RunPlan prepare_run(const World& world, const ResolvedConfig& resolved, DataUse 
     plan.batches = plan_batches(c, static_cast<int64_t>(records.train.size()), world.size);
     plan.dataset = data::tokenize_dataset(records, *plan.tokenizer, train_examples_to_tokenize(c, plan.batches, use));
     plan.batches.mean_tokens_per_step = mean_tokens_per_step(c, plan.batches, plan.dataset.train);
-    if (c.packing) plan_packed_batches(c, plan.batches, plan.dataset.train);
+    if (c.packing)
+      plan_packed_batches(c, plan.batches, plan.dataset.train);
+    else if (!c.pad_to_context_length && c.dry_run)
+      plan_padding(c, plan.batches, plan.dataset.train);
     // Never train on nothing: with every answer truncated away the loss would count no token.
     if (plan.dataset.stats.target_tokens == 0)
       fail("no training example keeps any answer token after truncation to {}: every label is masked "
@@ -251,8 +272,22 @@ std::string format_dry_run(const ResolvedConfig& resolved, const RunPlan& plan, 
   if (!b.packing) {
     line(fmt::format("per optimizer step: {} examples, ≤ {} tokens (context {}), ≈ {:.0f} tokens on average",
                      b.global_batch, b.max_tokens_per_step, c.context_length, b.mean_tokens_per_step));
+    const int64_t padded = b.unpacked_padded_slots - b.unpacked_tokens;
+    const double share = b.unpacked_padded_slots > 0
+                             ? 100.0 * static_cast<double>(padded) / static_cast<double>(b.unpacked_padded_slots)
+                             : 0.0;
+    const std::string counted = fmt::format("rank 0's micro-batches of epoch 1 that the run reads: {} real tokens; "
+                                            "rows padded to each one's longest example would hold {} slots, {} "
+                                            "of them padding ({:.1f}%)",
+                                            b.unpacked_tokens, b.unpacked_padded_slots, padded, share);
     if (c.padding_free)
-      line("padding_free: each micro-batch's examples laid end to end in one row, no padding computed");
+      line("padding_free: each micro-batch's examples laid end to end in one row, no padding computed" +
+           (b.unpacked_padded_slots > 0 ? fmt::format(" ({})", counted) : std::string()));
+    else if (b.unpacked_padded_slots > 0)
+      line(fmt::format("padding: {}{}", counted,
+                       share >= 10.0 ? "; padding_free = true computes none of it (the same batches and loss, "
+                                       "docs/packing.md)"
+                                     : ""));
     return out;
   }
   // Packing: batch_size counts rows of up to context_length tokens.

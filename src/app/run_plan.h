@@ -34,6 +34,9 @@ struct BatchPlan {
   bool packing = false;
   std::vector<int64_t> rows_per_epoch;
   int64_t packed_tokens = 0, packed_slots = 0;  // epoch 0's
+  // Unpacked rows: rank 0's micro-batches of epoch 0 that the run reads, their real tokens and the
+  // slots of their rows padded to each micro-batch's longest example (what padding_free saves).
+  int64_t unpacked_tokens = 0, unpacked_padded_slots = 0;
 };
 
 // The counts of a run over `examples` train examples (mean_tokens_per_step left at 0).
@@ -41,6 +44,8 @@ BatchPlan plan_batches(const TrainConfig& config, int64_t examples, int world_si
 // With packing: the counts again from the rows each epoch's examples pack into (every train example
 // tokenized), and mean_tokens_per_step from epoch 0's rows.
 void plan_packed_batches(const TrainConfig& config, BatchPlan& batches, const data::ExampleSet& train);
+// Without packing: BatchPlan's unpacked_tokens and unpacked_padded_slots.
+void plan_padding(const TrainConfig& config, BatchPlan& batches, const data::ExampleSet& train);
 // global_batch × the mean length of the tokenized train examples (context_length when padded to it).
 double mean_tokens_per_step(const TrainConfig& config, const BatchPlan& batches, const data::ExampleSet& train);
 

@@ -242,13 +242,15 @@ void validate_combinations(ResolvedConfig& r) {
   if (c.eval_every_steps > 0 && c.eval_data_path.empty() && c.eval_fraction == 0)
     fail("{}: there is no eval data: set eval_data_path or eval_fraction", r.cite("eval_every_steps"));
 
-  if (c.padding_free && c.packing)
-    contradiction("padding_free", "packing",
-                  "packing already lays examples end to end (batch_size counting rows); padding_free does it for "
-                  "the batch_size examples of an unpacked batch: choose one");
-  if (c.padding_free && c.pad_to_context_length)
-    contradiction("padding_free", "pad_to_context_length",
-                  "padding_free computes no padding, pad_to_context_length pads every row to context_length");
+  // packing and pad_to_context_length choose the rows' layout over padding_free (inputs/sql.ini sets
+  // it, so `--packing true` on that file must not need a second flag): said, not ignored.
+  auto layout_wins = [&](const char* key, bool on, const char* why) {
+    if (!c.padding_free || !on) return;
+    r.warnings.push_back(fmt::format("{} has no effect with {}: {}", r.cite("padding_free"), r.cite(key), why));
+    c.padding_free = false;
+  };
+  layout_wins("packing", c.packing, "packed rows already lay examples end to end (batch_size counts rows)");
+  layout_wins("pad_to_context_length", c.pad_to_context_length, "every row is padded to context_length");
 
   // Training.
   if (c.max_steps == 0) fail("{}: must be -1 (no limit) or at least 1", r.cite("max_steps"));

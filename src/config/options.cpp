@@ -95,7 +95,8 @@ std::vector<OptionSpec> build_specs() {
       {"padding_free", "data", OptionType::Bool, &T::padding_free, "false",
        "Without packing: lay each batch's examples end to end in one row instead of padding each to the longest, "
        "each with its own positions and causal attention. The same examples per step and the same loss as "
-       "fsdp_qlora's padded rows, with no padding computed (docs/packing.md)."},
+       "fsdp_qlora's padded rows, with no padding computed (docs/packing.md). packing and pad_to_context_length "
+       "take precedence over it (a warning says so)."},
       {"skip_bad_records", "data", OptionType::Bool, &T::skip_bad_records, "false",
        "Skip and count malformed records instead of stopping at the first one."},
       {"eval_data_path", "data", OptionType::InputFile, &T::eval_data_path, "",

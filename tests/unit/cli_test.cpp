@@ -197,6 +197,21 @@ TEST_F(Cli, SqlDryRunOnRealDataWithTheLlamaTokenizer) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("records: 4000 read, 0 skipped"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("sentencepiece"), std::string::npos);
+  // sql.ini computes no padding (padding_free), and the dry run counts what padded rows would hold:
+  // its 4000 examples' 368175 tokens (docs/packing.md) in 500 batches of 8, 41.5% of their slots padding.
+  const std::string counted = "rank 0's micro-batches of epoch 1 that the run reads: 368175 real tokens; rows padded "
+                              "to each one's longest example would hold 628888 slots, 260713 of them padding (41.5%)";
+  EXPECT_NE(r.output.find("padding_free: each micro-batch's examples laid end to end in one row, no padding computed (" +
+                          counted + ")"),
+            std::string::npos)
+      << r.output;
+  auto padded = run_command(std::string("cd '") + FSDPQ_SOURCE_DIR + "' && '" + FSDPQ_BINARY +
+                            "' --dry_run inputs/sql.ini --padding_free false --model_name " +
+                            (dir_ / "model32k").string() + " --data_path " + sql.string() + " --output_dir " +
+                            (dir_ / "sqlout").string());
+  ASSERT_EQ(padded.exit_code, 0) << padded.output;
+  EXPECT_NE(padded.output.find("padding: " + counted + "; padding_free = true computes none of it"), std::string::npos)
+      << padded.output;
 }
 
 // A fake /proc and cgroup tree for fsdpq to read its available memory from ($FSDPQ_HOST_ROOT):

@@ -179,6 +179,25 @@ TEST(ConfigResolve, WarnsAboutSettingsWithoutEffect) {
   EXPECT_EQ(r.warnings[0], "lora_rank = 8 (t.ini:2) has no effect with train_type = full");
 }
 
+// packing and pad_to_context_length choose the layout over padding_free (inputs/sql.ini sets it):
+// padding_free goes off, with a warning that names both settings.
+TEST(ConfigResolve, PackingAndFixedLengthRowsTakePrecedenceOverPaddingFree) {
+  auto r = resolve_config_text("padding_free = true\n" + std::string(kDummy), "t.ini", {{"packing", "true"}});
+  EXPECT_TRUE(r.config.packing);
+  EXPECT_FALSE(r.config.padding_free);
+  ASSERT_EQ(r.warnings.size(), 1u);
+  EXPECT_EQ(r.warnings[0], "padding_free = true (t.ini:1) has no effect with packing = true (command line): packed "
+                           "rows already lay examples end to end (batch_size counts rows)");
+  r = resolve_config_text("padding_free = true\npad_to_context_length = true\n" + std::string(kDummy), "t.ini", {});
+  EXPECT_FALSE(r.config.padding_free);
+  ASSERT_EQ(r.warnings.size(), 1u);
+  EXPECT_EQ(r.warnings[0], "padding_free = true (t.ini:1) has no effect with pad_to_context_length = true (t.ini:2): "
+                           "every row is padded to context_length");
+  r = resolve_config_text("padding_free = true\n" + std::string(kDummy), "t.ini", {});
+  EXPECT_TRUE(r.config.padding_free);
+  EXPECT_TRUE(r.warnings.empty());
+}
+
 TEST(ConfigPrint, ShowsEveryKeyWithItsSource) {
   auto r = resolve_config_text("batch_size = 3\n" + std::string(kDummy), "inputs/x.ini", {{"lr", "0.001"}});
   std::string text = format_resolved_config(r);
@@ -285,14 +304,6 @@ INSTANTIATE_TEST_SUITE_P(
                       "use_activation_cpu_offload = true (cfg.ini:2) contradicts use_gradient_checkpointing = false "
                       "(cfg.ini:3): activation offload moves the checkpointed layer inputs, so it needs gradient "
                       "checkpointing"},
-        BadConfigCase{"PaddingFreeWithPacking", "dataset = dummy\npacking = true\npadding_free = true\n", {},
-                      "padding_free = true (cfg.ini:3) contradicts packing = true (cfg.ini:2): packing already lays "
-                      "examples end to end (batch_size counting rows); padding_free does it for the batch_size "
-                      "examples of an unpacked batch: choose one"},
-        BadConfigCase{"PaddingFreeWithPadToContextLength",
-                      "dataset = dummy\npadding_free = true\npad_to_context_length = true\n", {},
-                      "padding_free = true (cfg.ini:2) contradicts pad_to_context_length = true (cfg.ini:3): "
-                      "padding_free computes no padding, pad_to_context_length pads every row to context_length"},
         BadConfigCase{"CheckpointEveryWithoutCheckpointing",
                       "dataset = dummy\ncheckpoint_every = 2\nuse_gradient_checkpointing = false\n", {},
                       "checkpoint_every = 2 (cfg.ini:2) contradicts use_gradient_checkpointing = false (cfg.ini:3): it "

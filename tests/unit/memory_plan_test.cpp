@@ -688,6 +688,12 @@ TEST(PlanCommand, SaysWhatTheBatchCountsWithAndWithoutPacking) {
   ASSERT_EQ(packed.exit_code, 0) << packed.output;
   EXPECT_NE(packed.output.find("Packing is on: the batch counts rows"), std::string::npos) << packed.output;
   EXPECT_EQ(packed.output.find("The batch counts examples"), std::string::npos) << packed.output;
+  const auto free = plan("inputs/dummy_7b.ini --gpus 1 --gpu-mem 80 --pad_to_context_length false --padding_free true");
+  ASSERT_EQ(free.exit_code, 0) << free.output;
+  EXPECT_NE(free.output.find("padding_free is on: each micro-batch's examples are laid end to end in one row"),
+            std::string::npos)
+      << free.output;
+  EXPECT_EQ(free.output.find("The batch counts examples"), std::string::npos) << free.output;
 }
 
 TEST(PlanCommand, BadFlagsAreClearErrors) {
