@@ -158,11 +158,11 @@ std::vector<OptionSpec> build_specs() {
        "the same results bit for bit. `fsdpq plan` predicts the memory and weighs it against "
        "checkpointing."},
       {"keep_dequantized_layers", "sharding", OptionType::Int, &T::keep_dequantized_layers, "0",
-       "Quantised bases (qlora, hqq_lora and their DoRA forms): the last k decoder layers keep their "
-       "dequantised base weights from the forward to the backward instead of dequantising them again "
-       "(a 7B layer's: 0.4 GiB in bf16, each step's second dequantisation of it saved; the buffers stay "
-       "allocated between steps). 0 (fsdp_qlora's): every pass dequantises; above the number of layers: "
-       "all of them. `fsdpq plan` predicts the memory.",
+       "Quantised bases (qlora, hqq_lora and their DoRA forms): the last k decoder layers are made dense "
+       "once, by the first pass, and keep their dense base weights for every later pass instead of "
+       "dequantising them again (a frozen base never changes; a 7B layer's: 0.4 GiB in bf16, both of each "
+       "step's dequantisations of it saved). 0 (fsdp_qlora's): every pass dequantises; above the number "
+       "of layers: all of them. `fsdpq plan` predicts the memory.",
        {}, 0, 1 << 20},
       {"use_cpu_offload", "sharding", OptionType::Bool, &T::use_cpu_offload, "false",
        "Keep params, grads and optimizer state in pinned host memory: each layer's weights are copied "

@@ -154,14 +154,18 @@ struct LlamaModel::Impl {
   std::unique_ptr<SideStream> dequantize_stream;
   // Per module: the compute stream's last read of dequantized[m] so far (LayerCompute::buffer_free).
   std::array<StreamMark, kLinearModules> buffer_free;
-  // keep_dequantized_layers (ModelOptions): the last layers' dense base weights, made in every pass's
-  // forward and, in training, read again by the backward, each layer's in buffers of its own
-  // (kept[j] for layer L - kept.size() + j, only its quantised modules: the shared buffers are
-  // never made where every quantised layer is kept), with the compute stream's last read of them
-  // (its backward's end) for the next forward's dequantisation to wait for.
+  // keep_dequantized_layers (ModelOptions): the last layers' dense base weights, each layer's in
+  // buffers of its own (kept[j] for layer L - kept.size() + j, only its quantised modules: the
+  // shared buffers are never made where every quantised layer is kept). The first pass that reads
+  // them makes them dense; every later pass, forward and backward, reads what they hold: a frozen
+  // base never changes, so neither does its dense form (`filled`, with `ready`, the side stream's
+  // mark after that first dequantisation). `free`: the compute stream's last read so far, which
+  // that first dequantisation waits for where the buffers were there before.
   struct KeptLayer {
     std::array<Tensor, kLinearModules> dense;
     StreamMark free;
+    bool filled = false;
+    std::array<StreamMark, kLinearModules> ready;
   };
   std::vector<KeptLayer> kept;
   // Generation: each layer's DoRA weight norms, computed once (the weights do not change between
@@ -228,11 +232,10 @@ struct LlamaModel::Impl {
   // whole compute stream instead: the bytes are certain only once forward_begin's work is done.
   //
   // A kept layer (keep_dequantized_layers; `own` its buffers) makes its quantised modules dense in
-  // its own buffers, after the compute stream's last read of them (the previous step's backward);
-  // with `own_filled` (its backward, after its forward) it only hands out what they hold, which the
-  // compute stream has already waited for.
+  // its own buffers once, in the first pass that reads them; after that (`own->filled`) it only
+  // hands out what they hold, the compute stream waiting for that first dequantisation's marks.
   void dequantize_layer(LayerCompute& c, LayerWeights& layer, const std::array<int, kLinearModules>& order,
-                        KeptLayer* own = nullptr, bool own_filled = false) {
+                        KeptLayer* own = nullptr) {
     if (!dequantize_stream && device == Device::CUDA && gpu_dequantize_stream() == GpuDequantizeStream::Side)
       dequantize_stream = std::make_unique<SideStream>(device);
     if (dequantize_stream && gpu_dequantize_stream() != GpuDequantizeStream::Side) dequantize_stream.reset();
@@ -244,7 +247,12 @@ struct LlamaModel::Impl {
     // work queued there still uses, so the side stream waits for all of it before its first write.
     bool made = false;
     for (int m : order)
-      if (quantized_frozen(layer.linear[m])) made |= ensure_dense_buffer(buffer_of(m), layer.linear[m], extra[m]);
+      if (quantized_frozen(layer.linear[m])) {
+        const bool new_buffer = ensure_dense_buffer(buffer_of(m), layer.linear[m], extra[m]);
+        if (new_buffer && in_own(m)) own->filled = false;
+        made |= new_buffer;
+      }
+    const bool own_filled = own != nullptr && own->filled;
     std::optional<OnSideStream> redirected;
     if (dequantize_stream) {
       if (ahead) c.buffer_free = &buffer_free;  // the layer marks where its reads of each buffer end
@@ -257,15 +265,17 @@ struct LlamaModel::Impl {
       // Folded: the base's block of the buffer (the layer writes the adapter's).
       const MatrixView dense = extra[m] > 0 ? MatrixView(buffer.view(), 0, base.frozen.shape()[1]) : MatrixView{};
       if (in_own(m) && own_filled) {
-        c.set_weight(m, extra[m] > 0 ? dense : MatrixView(buffer.view()));
+        c.set_weight(m, extra[m] > 0 ? dense : MatrixView(buffer.view()), own->ready[m]);
         continue;
       }
       if (dequantize_stream && ahead) dequantize_stream->wait(in_own(m) ? own->free : buffer_free[m]);
       ScopedSection section("nf4 dequantize");  // on the side stream: its own time, overlapped
       if (extra[m] > 0) base.frozen.dequantize_into(dense);
-      c.set_weight(m, extra[m] > 0 ? dense : MatrixView(base.dense(buffer, act)),
-                   dequantize_stream ? dequantize_stream->mark() : StreamMark{});
+      const StreamMark ready = dequantize_stream ? dequantize_stream->mark() : StreamMark{};
+      c.set_weight(m, extra[m] > 0 ? dense : MatrixView(base.dense(buffer, act)), ready);
+      if (in_own(m)) own->ready[m] = ready;
     }
+    if (own != nullptr) own->filled = true;
     for (int group = 0; group < kLinearGroups; ++group) c.folded[group] = extra[group_modules(group)[0]] > 0;
   }
 
@@ -322,21 +332,23 @@ struct LlamaModel::Impl {
       bool made = false;
       for (int m = 0; m < kLinearModules; ++m)
         if (quantized_frozen(layer.linear[m])) made |= ensure_dense_buffer(own->dense[m], layer.linear[m], extra[m]);
-      if (made) own->free = mark_compute();
+      if (made) {
+        own->free = mark_compute();
+        own->filled = false;
+      }
     }
   }
 
-  // `own`, `own_filled`: dequantize_layer's.
+  // `own`: dequantize_layer's.
   LayerCompute layer_compute(int64_t index, bool training, uint64_t step_key,
-                             const std::array<int, kLinearModules>& order = kForwardOrder, KeptLayer* own = nullptr,
-                             bool own_filled = false) {
+                             const std::array<int, kLinearModules>& order = kForwardOrder, KeptLayer* own = nullptr) {
     LayerWeights& layer = weights.layers[static_cast<size_t>(index)];
     LayerCompute c;
     c.input_norm = dense_of(layer.input_norm);
     c.post_norm = dense_of(layer.post_norm);
     c.d_input_norm = layer.input_norm.grad_view();
     c.d_post_norm = layer.post_norm.grad_view();
-    dequantize_layer(c, layer, order, own, own_filled);
+    dequantize_layer(c, layer, order, own);
     for (int m = 0; m < kLinearModules; ++m) {
       c.d_weight[m] = layer.linear[m].grad_view();
       if (const LoraAdapter* adapter = layer.lora[m].get()) {
@@ -476,7 +488,7 @@ struct LlamaModel::Impl {
       if (i >= first_backward) {
         KeptLayer* const own = kept_layer(i);  // its dense weights from the forward above
         const bool recompute = saved.needs_recompute(i);  // (the same dropout masks and bits)
-        const LayerCompute w = layer_compute(i, true, step_key, recompute ? kForwardOrder : kBackwardOrder, own, true);
+        const LayerCompute w = layer_compute(i, true, step_key, recompute ? kForwardOrder : kBackwardOrder, own);
         if (recompute) saved.recompute(i, stream_at(i), w, rope, segments, back.attention_output_back);
         // The lowest such layer's input gradient feeds nothing that trains but its own input norm.
         const bool input_gradient = i > first_backward || weights.embedding.trainable || w.d_input_norm.data != nullptr;

@@ -194,11 +194,11 @@ TEST(GpuModel, DequantizingBesideTheComputeStreamGivesTheSameBits) {
     }
 }
 
-// keep_dequantized_layers on the GPU, the dequantisation on its side stream: the backward reads
-// the kept layers' buffers their forward filled, and the next pass refills them only after the
-// compute stream's last read (the previous backward, or a forward without one). Two training
-// passes of one model with the adapters moved between them, then a logits pass: the same bits as
-// dequantising every pass, or a product read a buffer mid-refill.
+// keep_dequantized_layers on the GPU, the dequantisation on its side stream: the first pass fills
+// the kept layers' buffers there and every later read (its backward, the next passes) waits for
+// that fill's marks. Two training passes of one model with the adapters moved between them (the
+// fold's s·B blocks rewritten), then a logits pass: the same bits as dequantising every pass, or a
+// product read a buffer before it was filled.
 TEST(GpuModel, KeptDequantizedLayersGiveTheSameBits) {
   test::use_gpu();
   const LlamaConfig config = test::tiny_llama_wide();

@@ -236,11 +236,12 @@ TEST(LlamaModel, ElementwiseRecomputeGivesBitIdenticalGradients) {
     }
 }
 
-// keep_dequantized_layers: the last k layers' backward reads the dense weights their forward made
-// instead of dequantising again: the same values, so the same bits, for NF4 and HQQ bases, folded
-// or not, DoRA, with and without checkpointing (a recomputed kept layer reads them too), and over
-// two steps of one model (the buffers are reused; the fold rewrites s·B into them each forward).
-// The "nf4 dequantize" sections count what it saves: 7 modules of each kept layer a pass.
+// keep_dequantized_layers: the last k layers are made dense once, by the first pass that reads
+// them, and every later pass (the backward, the next steps) reads those buffers instead of
+// dequantising again: the same values, so the same bits, for NF4 and HQQ bases, folded or not,
+// DoRA, with and without checkpointing (a recomputed kept layer reads them too), and over two steps
+// of one model (the fold rewrites s·B into them each forward). The "nf4 dequantize" sections count
+// what it saves: the second step dequantises none of the kept layers' 7 modules, forward or backward.
 TEST(LlamaModel, KeptDequantizedLayersGiveBitIdenticalGradients) {
   LlamaConfig config = test::tiny_llama();
   config.num_hidden_layers = 4;
@@ -301,7 +302,7 @@ TEST(LlamaModel, KeptDequantizedLayersGiveBitIdenticalGradients) {
   const GradSnapshot plain = two_steps(0, &none);
   expect_bit_identical(two_steps(2, &two), plain);
   EXPECT_EQ(none, 2 * 7 * config.num_hidden_layers);
-  EXPECT_EQ(two, none - 2 * 7);
+  EXPECT_EQ(two, none - 2 * 2 * 7);
 }
 
 // A recomputed layer keeps its adapters' xa from the forward, so its recompute runs only the B
