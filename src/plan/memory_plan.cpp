@@ -696,7 +696,7 @@ MemoryPrediction predict_memory(const PlanInput& p) {
   if (act.shared_elementwise > 0)
     items.add("activations: norm outputs and SwiGLU product, recomputed (one set)", act.shared_elementwise, 0);
   items.add(p.setting.keep_dequantized_layers > 0
-                ? fmt::format("dequantised NF4 layers (the last {} kept for backward) + RoPE tables",
+                ? fmt::format("dequantised NF4 layers (the last {} kept dense) + RoPE tables",
                               std::min(p.setting.keep_dequantized_layers, p.model.num_hidden_layers))
                 : std::string("dequantised NF4 layer + RoPE tables"),
             act.dequantized + act.rope, 0);
