@@ -79,20 +79,15 @@ void plan_packed_batches(const TrainConfig& c, BatchPlan& p, const data::Example
 }
 
 void plan_padding(const TrainConfig& c, BatchPlan& p, const data::ExampleSet& train) {
+  // Rank 0's micro-batches as the trainer makes them, padded (what padding_free would not compute).
   const data::DistributedSampler sampler(p.examples, p.world_size, 0, static_cast<uint64_t>(c.seed));
-  const std::vector<int64_t> order = sampler.indices(0);
-  const int64_t read = std::min(p.micro_batches_per_epoch, p.total_steps * c.gradient_accumulation_steps);
+  const EpochBatches batches(train, sampler, 0, {.batch_size = c.batch_size, .context_length = c.context_length});
+  const int64_t read = std::min(batches.size(), p.total_steps * c.gradient_accumulation_steps);
   p.unpacked_tokens = p.unpacked_padded_slots = 0;
-  for (int64_t begin = 0; begin < read * c.batch_size && begin < static_cast<int64_t>(order.size());
-       begin += c.batch_size) {
-    const int64_t end = std::min<int64_t>(begin + c.batch_size, static_cast<int64_t>(order.size()));
-    int64_t longest = 0;
-    for (int64_t k = begin; k < end; ++k) {
-      const auto length = static_cast<int64_t>(train[static_cast<size_t>(order[static_cast<size_t>(k)])].input_ids.size());
-      p.unpacked_tokens += length;
-      longest = std::max(longest, length);
-    }
-    p.unpacked_padded_slots += (end - begin) * longest;
+  for (int64_t i = 0; i < read; ++i) {
+    const data::Batch batch = batches.batch(i);
+    p.unpacked_tokens += batch.real_tokens;
+    p.unpacked_padded_slots += batch.batch_size * batch.seq_len;
   }
 }
 
