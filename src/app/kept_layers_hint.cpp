@@ -23,8 +23,8 @@ namespace {
 // (`then`, the plan's figure with them) and save.
 void offer(const char* key, int64_t layers, const char* what, const char* instead, int64_t now, int64_t then,
            uint64_t gpu_total) {
-  log::info("GPU memory: this run needs about {} of the GPU's {}; {} = {} would keep the last {} layers' {} for their "
-            "backward ({} more) instead of {} each step (docs/model.md; `fsdpq plan` weighs it against the batch size)",
+  log::info("GPU memory: this run needs about {} of the GPU's {}; {} = {} would keep the last {} layers' {} ({} more) "
+            "instead of {} (docs/model.md; `fsdpq plan` weighs it against the batch size)",
             human_bytes(static_cast<double>(now)), human_bytes(static_cast<double>(gpu_total)), key, layers, layers, what,
             human_bytes(static_cast<double>(then - now)), instead);
 }
@@ -41,11 +41,11 @@ void hint_kept_dense_layers(const World& world, const ResolvedConfig& resolved, 
   // not offered twice.
   if (const int64_t layers = activation_layers_to_suggest(c, input, gpu.total_memory); layers > 0) {
     input.setting.keep_activation_layers = layers;
-    offer("keep_activation_layers", layers, "activations", "recomputing their forward", now,
+    offer("keep_activation_layers", layers, "activations for their backward", "recomputing their forward each step", now,
           predict_memory(input).gpu_required, gpu.total_memory);
   } else if (const int64_t kept = kept_layers_to_suggest(c, input, gpu.total_memory); kept > 0) {
     input.setting.keep_dequantized_layers = kept;
-    offer("keep_dequantized_layers", kept, "dequantised weights", "dequantising them again", now,
+    offer("keep_dequantized_layers", kept, "base weights dense for every pass", "dequantising them in every pass", now,
           predict_memory(input).gpu_required, gpu.total_memory);
   }
 }
