@@ -62,6 +62,7 @@ void copy_from_pieces(const uint8_t* base, size_t stride, size_t piece, size_t b
 
 // Stores fp32 values in the compute dtype (bf16 / f16: round to nearest even, as refresh_compute).
 void store_compute(DType dtype, const float* src, int64_t n, uint8_t* dst) {
+  if (n == 0) return;  // an empty shard's pointers may be null, which memcpy may not be given
   if (dtype == DType::F32) {
     std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
   } else if (dtype == DType::BF16) {
