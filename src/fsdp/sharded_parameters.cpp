@@ -550,7 +550,7 @@ void ShardedParameters::gather_masters_into_model() {
     const size_t piece = static_cast<size_t>(u.shard_numel) * sizeof(float);
     const size_t chunk = round_up(piece, Communicator::kAllGatherGranule);
     std::vector<uint8_t> send(chunk, 0), recv(chunk * S);
-    std::memcpy(send.data(), state_.master_on_host(u.index).data(), piece);
+    if (piece > 0) std::memcpy(send.data(), state_.master_on_host(u.index).data(), piece);  // (an empty shard: null)
     groups_.shard->all_gather(send.data(), recv.data(), chunk).wait();
     for (const TrainableEntry& e : u.trainables) {
       if (!e.tensor->master.defined()) e.tensor->master = Tensor::empty(e.shape, DType::F32);
