@@ -307,6 +307,64 @@ void copy_block(void* dst, KType dst_type, int64_t dst_stride, const void* src, 
   });
 }
 
+namespace {
+
+// The blocks of one copy_blocks launch and where each one's 16-byte chunks begin in the launch's
+// numbering of them.
+struct BlockCopies {
+  BlockCopyArgs copy[kMaxBlockCopies];
+  int64_t first_chunk[kMaxBlockCopies + 1];
+  int count;
+};
+
+// 8 elements a thread: raw bits at scale 1 (copy_block's copy), else each scaled and rounded once
+// (copy_block's ScaledBlock).
+template <class T>
+__global__ void copy_blocks_kernel(const __grid_constant__ BlockCopies c) {
+  const int64_t chunks = c.first_chunk[c.count];
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < chunks;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int k = 0;
+    while (i >= c.first_chunk[k + 1]) ++k;
+    const BlockCopyArgs& b = c.copy[k];
+    const int64_t local = i - c.first_chunk[k], per_row = b.cols / 8;
+    const int64_t row = local / per_row, column = local % per_row * 8;
+    uint4 v = *reinterpret_cast<const uint4*>(static_cast<const T*>(b.src) + row * b.src_stride + column);
+    if (b.scale != 1.0f) {
+      T* e = reinterpret_cast<T*>(&v);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) e[j] = from_float<T>(__fmul_rn(to_float(e[j]), b.scale));
+    }
+    *reinterpret_cast<uint4*>(static_cast<T*>(b.dst) + row * b.dst_stride + column) = v;
+  }
+}
+
+}  // namespace
+
+bool block_copy_batches(const BlockCopyArgs& copy, KType dst_type, KType src_type) {
+  const auto whole = [](int64_t elements) { return elements % 8 == 0; };
+  return dst_type == src_type && (dst_type == KType::BF16 || dst_type == KType::F16) && whole(copy.cols) &&
+         whole(copy.dst_stride) && whole(copy.src_stride) && aligned16(copy.dst) && aligned16(copy.src) &&
+         copy.rows >= 0 && copy.cols >= 0;
+}
+
+void copy_blocks(const BlockCopyArgs* copies, int count, KType type, cudaStream_t stream) {
+  if (count < 0 || count > kMaxBlockCopies) throw std::logic_error("copy_blocks: 0 to kMaxBlockCopies blocks a launch");
+  BlockCopies c{};
+  c.count = count;
+  for (int k = 0; k < count; ++k) {
+    if (!block_copy_batches(copies[k], type, type)) throw std::logic_error("copy_blocks: a block copy_blocks does not take");
+    c.copy[k] = copies[k];
+    c.first_chunk[k + 1] = c.first_chunk[k] + copies[k].rows * (copies[k].cols / 8);
+  }
+  if (c.first_chunk[count] == 0) return;
+  with_ktype(type, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (sizeof(T) == 2) copy_blocks_kernel<T><<<blocks_for(c.first_chunk[count], 256), 256, 0, stream>>>(c);
+  });
+  check_launch("copy_blocks");
+}
+
 void fill_zero(void* x, size_t bytes, cudaStream_t stream) {
   if (bytes == 0) return;
   check_queued(cudaMemsetAsync(x, 0, bytes, stream), "fill_zero");

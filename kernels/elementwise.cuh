@@ -25,6 +25,19 @@ void copy_convert(void* dst, KType dst_type, const void* src, KType src_type, in
 // apart); same-type copies with scale 1 are cudaMemcpy2DAsync.
 void copy_block(void* dst, KType dst_type, int64_t dst_stride, const void* src, KType src_type, int64_t src_stride,
                 int64_t rows, int64_t cols, float scale, cudaStream_t stream);
+// Several copy_block's at once, each with copy_block's bits: one launch for up to kMaxBlockCopies
+// blocks (a folded LoRA group's xa and s·B blocks, model/llama_layer.cpp, were a launch each).
+// Takes 16-bit blocks of one type whose columns, row strides and pointers are whole 16-byte chunks
+// (block_copy_batches); the caller copies any other block with copy_block.
+struct BlockCopyArgs {
+  void* dst;
+  const void* src;
+  int64_t dst_stride, src_stride, rows, cols;  // elements
+  float scale;
+};
+inline constexpr int kMaxBlockCopies = 8;
+bool block_copy_batches(const BlockCopyArgs& copy, KType dst_type, KType src_type);
+void copy_blocks(const BlockCopyArgs* copies, int count, KType type, cudaStream_t stream);
 // bytes zero bytes at x (queued on the stream).
 void fill_zero(void* x, size_t bytes, cudaStream_t stream);
 

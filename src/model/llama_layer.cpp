@@ -63,6 +63,7 @@ void dora_linear_forward(TensorView y, const TensorView& x, int m, const LayerCo
 
 // A folded group's forward (LayerCompute): xa = [dropout_j(x)·A_jᵀ]_j, X = [x | xa], module j's
 // s_j·B_j into its block of W_cat_j, then ys[j] = X[:, :C + K_j] · W_cat_jᵀ, one GEMM a module.
+// The small blocks (xa, each s_j·B_j; a recompute's x too) are one copy_blocks pass, not a launch each.
 void folded_group_forward(std::span<const TensorView> ys, const TensorView& x, int group, const LayerCompute& w,
                           LayerActivations& a) {
   const std::span<const int> modules = group_modules(group);
@@ -72,31 +73,32 @@ void folded_group_forward(std::span<const TensorView> ys, const TensorView& x, i
   const TensorView xa = a.xa[group];
   const int64_t C = x.shape.last(), R = xa.shape.last();
   Tensor wide = Tensor::empty(Shape{x.shape.rows(), C + R}, x.dtype, x.device);
+  std::vector<BlockCopy> blocks;
   if (a.xa_kept) {
-    ScopedSection section("lora: fold");
-    copy_block(MatrixView(wide.view(), 0, C), x);
+    blocks.push_back(BlockCopy{MatrixView(wide.view(), 0, C), x});
   } else {
     ScopedSection section("lora");
     lora_down_group(xa, x, g.sites, MatrixView(wide.view(), 0, C));  // x into [x | xa] too
   }
+  blocks.push_back(BlockCopy{MatrixView(wide.view(), C, R), xa});
   std::vector<int64_t> width;  // C + K_j
+  int64_t first = C;
+  for (size_t j = 0; j < modules.size(); ++j) {
+    const LoraSite& site = g.sites[j];
+    const int64_t rank = site.A.shape[0];
+    const MatrixView base = w.weight(modules[j]);
+    const TensorView folded = base.tensor;
+    if (base.first_column != 0 || base.cols() != C || folded.shape.last() != first + rank)
+      throw std::logic_error(fmt::format("folded_group_forward: module {}'s folded weight {} holds columns [0, {}) of "
+                                         "the base; expected [0, {}) of a weight {} wide",
+                                         modules[j], folded.describe(), base.cols(), C, first + rank));
+    blocks.push_back(BlockCopy{MatrixView(folded, first, rank), site.B, lora_scaling(site.params, rank)});
+    first += rank;
+    width.push_back(first);
+  }
   {
     ScopedSection section("lora: fold");
-    copy_block(MatrixView(wide.view(), C, R), xa);
-    int64_t first = C;
-    for (size_t j = 0; j < modules.size(); ++j) {
-      const LoraSite& site = g.sites[j];
-      const int64_t rank = site.A.shape[0];
-      const MatrixView base = w.weight(modules[j]);
-      const TensorView folded = base.tensor;
-      if (base.first_column != 0 || base.cols() != C || folded.shape.last() != first + rank)
-        throw std::logic_error(fmt::format("folded_group_forward: module {}'s folded weight {} holds columns [0, {}) of "
-                                           "the base; expected [0, {}) of a weight {} wide",
-                                           modules[j], folded.describe(), base.cols(), C, first + rank));
-      copy_block(MatrixView(folded, first, rank), site.B, lora_scaling(site.params, rank));
-      first += rank;
-      width.push_back(first);
-    }
+    copy_blocks(blocks);
   }
   ScopedSection section("linear");
   for (size_t j = 0; j < modules.size(); ++j)

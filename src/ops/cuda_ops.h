@@ -14,6 +14,10 @@
 #include "ops/lora.h"
 #include "ops/rope.h"
 
+namespace fsdpq {
+struct BlockCopy;  // ops/elementwise.h
+}  // namespace fsdpq
+
 namespace fsdpq::cuda_ops {
 
 // elementwise.h
@@ -23,6 +27,7 @@ void accumulate(TensorView dst, const TensorView& src);
 void add_scaled(TensorView y, const TensorView& x, float factor);
 void copy_convert(TensorView dst, const TensorView& src);
 void copy_block(const MatrixView& dst, const MatrixView& src, float scale);
+void copy_blocks(std::span<const BlockCopy> copies);
 void fill_zero(TensorView x);
 double sum_of_squares(const TensorView& x);
 

@@ -135,6 +135,27 @@ void copy_block(const MatrixView& dst, const MatrixView& src, float scale) {
   });
 }
 
+void copy_blocks(std::span<const BlockCopy> copies) {
+  constexpr const char* op = "copy_blocks";
+  std::vector<BlockCopy> device_copies;
+  for (const BlockCopy& c : copies) {
+    check_float(op, "dst", c.dst.tensor);
+    check_float(op, "src", c.src.tensor);
+    for (const MatrixView* m : {&c.dst, &c.src})
+      check_that(m->first_column >= 0 && m->cols() >= 0 && m->first_column + m->cols() <= m->row_stride(),
+                 "{}: columns [{}, {}) lie outside {}", op, m->first_column, m->first_column + m->cols(),
+                 m->tensor.describe());
+    check_that(c.dst.rows() == c.src.rows() && c.dst.cols() == c.src.cols(), "{}: dst [{}, {}] and src [{}, {}] differ",
+               op, c.dst.rows(), c.dst.cols(), c.src.rows(), c.src.cols());
+    if (runs_on_cuda(op, {c.dst.tensor, c.src.tensor}))
+      device_copies.push_back(c);
+    else
+      copy_block(c.dst, c.src, c.scale);
+  }
+  if (device_copies.empty()) return;
+  if constexpr (kWithCuda) cuda_ops::copy_blocks(device_copies);
+}
+
 void fill_zero(TensorView x) {
   constexpr const char* op = "fill_zero";
   if (x.numel() == 0) return;

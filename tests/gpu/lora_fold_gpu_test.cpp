@@ -99,6 +99,30 @@ TEST(GpuLoraFold, CopyBlockGivesTheCpusBits) {
   }
 }
 
+// copy_blocks on the GPU: the one-launch kernel (16-bit, 16-byte chunks; more blocks than one
+// launch takes, scaled and not) and the copy_block fallback for any other block, the CPU's bits.
+TEST(GpuLoraFold, CopyBlocksGiveTheCpusBits) {
+  use_gpu();
+  for (DType type : {DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtype_name(type));
+    const Tensor src = test::random_tensor(Shape{300, 72}, type, 45), src32 = test::random_tensor(Shape{300, 8}, DType::F32, 46);
+    Tensor cpu = test::random_tensor(Shape{300, 168}, type, 47);
+    Tensor gpu = on_gpu(cpu.view());
+    const Tensor src_gpu = on_gpu(src.view()), src32_gpu = on_gpu(src32.view());
+    const auto blocks = [](Tensor& dst, const Tensor& s, const Tensor& s32) {
+      std::vector<BlockCopy> b;
+      for (int k = 0; k < 10; ++k)  // two launches' worth, every other one scaled
+        b.push_back(BlockCopy{MatrixView(dst.view(), 16 * k, 8), MatrixView(s.view(), 8 * k % 64, 8), k % 2 ? 0.375f : 1.0f});
+      b.push_back(BlockCopy{MatrixView(dst.view(), 8, 8), s32});          // another type: copy_block
+      b.push_back(BlockCopy{MatrixView(dst.view(), 161, 5), MatrixView(s.view(), 3, 5)});  // not whole chunks
+      return b;
+    };
+    copy_blocks(blocks(cpu, src, src32));
+    copy_blocks(blocks(gpu, src_gpu, src32_gpu));
+    EXPECT_EQ(test::values_of(gpu.view()), host_values(cpu));
+  }
+}
+
 struct Outcome {
   LossSum loss;
   std::vector<std::vector<double>> grads;

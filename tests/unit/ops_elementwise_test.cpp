@@ -82,6 +82,25 @@ TEST(OpsElementwise, CopyBlockWritesOnlyItsColumns) {
   EXPECT_THROW(copy_block(MatrixView(a.view(), 0, 3), MatrixView(b.view(), 0, 4)), std::logic_error);  // sizes differ
 }
 
+// copy_blocks gives copy_block's bits, block by block, whatever the types and scales.
+TEST(OpsElementwise, CopyBlocksEqualsCopyBlockOneByOne) {
+  const Tensor src16 = random_tensor(Shape{6, 24}, DType::BF16, 114), src32 = random_tensor(Shape{6, 10}, DType::F32, 115);
+  Tensor want = random_tensor(Shape{6, 40}, DType::BF16, 116), want32 = random_tensor(Shape{6, 12}, DType::F32, 117);
+  Tensor got = random_tensor(Shape{6, 40}, DType::BF16, 116), got32 = random_tensor(Shape{6, 12}, DType::F32, 117);
+  const auto blocks = [&](Tensor& dst, Tensor& dst32) {
+    return std::vector<BlockCopy>{{MatrixView(dst.view(), 0, 8), MatrixView(src16.view(), 16, 8)},
+                                  {MatrixView(dst.view(), 8, 16), MatrixView(src16.view(), 0, 16), 0.375f},
+                                  {MatrixView(dst32.view(), 2, 10), src32, 1.5f},
+                                  {MatrixView(dst.view(), 30, 10), src32}};
+  };
+  for (const BlockCopy& c : blocks(want, want32)) copy_block(c.dst, c.src, c.scale);
+  copy_blocks(blocks(got, got32));
+  EXPECT_EQ(to_doubles(got), to_doubles(want));
+  EXPECT_EQ(to_doubles(got32), to_doubles(want32));
+  const std::vector<BlockCopy> wrong{{MatrixView(got.view(), 0, 8), MatrixView(src16.view(), 0, 9)}};
+  EXPECT_THROW(copy_blocks(wrong), std::logic_error);  // sizes differ
+}
+
 TEST(OpsElementwise, MismatchedSizesAreALogicError) {
   Tensor a = random_tensor(Shape{4}, DType::F32, 107), b = random_tensor(Shape{5}, DType::F32, 108);
   EXPECT_THROW(residual_add(a, a, b), std::logic_error);

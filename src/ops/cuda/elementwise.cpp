@@ -3,6 +3,9 @@
 #include "kernels/elementwise.cuh"
 #include "ops/cuda/kernel_args.h"
 #include "ops/cuda_ops.h"
+#include "ops/elementwise.h"
+
+#include <vector>
 
 namespace fsdpq::cuda_ops {
 
@@ -35,6 +38,30 @@ void copy_block(const MatrixView& dst, const MatrixView& src, float scale) {
   constexpr const char* op = "copy_block";
   cuda::copy_block(dst.data(), ktype(op, dst.tensor), dst.row_stride(), src.data(), ktype(op, src.tensor),
                    src.row_stride(), dst.rows(), dst.cols(), scale, cuda::stream());
+}
+
+void copy_blocks(std::span<const BlockCopy> copies) {
+  constexpr const char* op = "copy_blocks";
+  // Batches of blocks the one-launch kernel takes, by type; copy_block for the rest.
+  std::vector<cuda::BlockCopyArgs> batch;
+  cuda::KType batch_type = cuda::KType::BF16;
+  const auto flush = [&] {
+    if (!batch.empty()) cuda::copy_blocks(batch.data(), static_cast<int>(batch.size()), batch_type, cuda::stream());
+    batch.clear();
+  };
+  for (const BlockCopy& c : copies) {
+    const cuda::KType dst = ktype(op, c.dst.tensor), src = ktype(op, c.src.tensor);
+    const cuda::BlockCopyArgs args{c.dst.data(), c.src.data(), c.dst.row_stride(), c.src.row_stride(),
+                                   c.dst.rows(),  c.dst.cols(), c.scale};
+    if (!cuda::block_copy_batches(args, dst, src)) {
+      cuda_ops::copy_block(c.dst, c.src, c.scale);
+      continue;
+    }
+    if (!batch.empty() && (dst != batch_type || batch.size() == cuda::kMaxBlockCopies)) flush();
+    batch_type = dst;
+    batch.push_back(args);
+  }
+  flush();
 }
 
 void fill_zero(TensorView x) { cuda::fill_zero(x.data, x.nbytes(), cuda::stream()); }
