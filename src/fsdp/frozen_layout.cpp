@@ -52,6 +52,7 @@ UnitLayout unit_layout(const ParamUnit& unit, int shard_size) {
 }
 
 void copy_frozen_bytes(const UnitLayout& layout, const ParamUnit& unit, size_t begin, uint8_t* out, size_t count) {
+  if (count == 0) return;  // an empty shard: out may be null, which memset may not be given
   std::memset(out, 0, count);
   const size_t end = begin + count;
   for (const FrozenSegment& seg : layout.segments) {
