@@ -54,6 +54,16 @@ constexpr int kStages = 4;
 // consumers have 240 registers (q, k, v is the largest group a Llama layer has).
 constexpr int kMaxCount = 3;
 constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
+// Blocks an SM: one, or two for the weight gradient of a group of one adapter (o, down), whose
+// blocks fit twice in an SM's shared memory: 16 warps an SM instead of 8 for a kernel that is
+// latency-bound as much as ALU-bound (bench/RESULTS.md, stop 48: the 7B step's "lora: dA, dx"
+// -2%). setmaxnreg moves registers within a block only (an increase waits for what the block's own
+// warpgroups released), so the consumers may grow by what the producer gives up: at two blocks
+// ptxas starts every thread at 80 (65536 / 768, rounded down to 8), the producer drops to 24, and
+// 128 · 56 / 256 = 28 more a consumer thread makes 108, rounded down to 104. (112, which the
+// registers an SM would allow, waits for registers that never come: the kernel hangs. The down
+// kernel at two blocks and 104 registers has ptxas serialise its products, for no gain: measured.)
+__host__ __device__ constexpr int consumer_registers(int blocks) { return blocks == 1 ? kConsumerRegisters : 104; }
 static_assert(kStepColumns == static_cast<int>(lora_fused::kTileK), "the split's k ranges are whole steps");
 static_assert(kStepColumns == kBoxColumns);
 
@@ -135,7 +145,7 @@ __device__ __forceinline__ void init_ring(uint64_t (&full)[STAGES], uint64_t (&e
 // A warp-specialised block's roles: thread 0 initialises the barriers (init), then warpgroup 0's
 // first thread produces with a small register budget and the consumer warpgroups consume with
 // the rest, as the attention kernels split them.
-template <class Init, class Produce, class Consume>
+template <int CONSUMER_REGISTERS = kConsumerRegisters, class Init, class Produce, class Consume>
 __device__ __forceinline__ void run_roles(Init&& init, Produce&& produce, Consume&& consume) {
   if (threadIdx.x == 0) {
     init();
@@ -146,7 +156,7 @@ __device__ __forceinline__ void run_roles(Init&& init, Produce&& produce, Consum
     release_registers<kProducerRegisters>();
     if (threadIdx.x == 0) produce();
   } else {
-    claim_registers<kConsumerRegisters>();
+    claim_registers<CONSUMER_REGISTERS>();
     consume();
   }
 }
@@ -855,8 +865,8 @@ struct WeightConsumer {
   }
 };
 
-template <class T, int COUNT>
-__global__ void __launch_bounds__(kThreads, 1)
+template <class T, int COUNT, int BLOCKS>
+__global__ void __launch_bounds__(kThreads, BLOCKS)
     lora_weight_grad_sm90a_kernel(const __grid_constant__ Maps maps, const __grid_constant__ CUtensorMap dxa_map,
                                   const __grid_constant__ Params p) {
   extern __shared__ uint8_t smem_raw[];
@@ -866,7 +876,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t row0 = static_cast<int64_t>(blockIdx.y) * p.chunk_rows;
   const int64_t rows = p.M - row0 < p.chunk_rows ? p.M - row0 : p.chunk_rows;
   const int steps = static_cast<int>((rows + 63) / 64);
-  run_roles([&] { init_ring(bar.full, bar.empty); },
+  run_roles<consumer_registers(BLOCKS)>([&] { init_ring(bar.full, bar.empty); },
             [&] { produce_weight<COUNT>(maps, dxa_map, p.g, smem, bar, c0, static_cast<int>(row0), steps); },
             [&] {
               WeightConsumer<T, COUNT> c{smem, bar, p, c0, static_cast<int>(row0)};
@@ -874,6 +884,11 @@ __global__ void __launch_bounds__(kThreads, 1)
               c.store(static_cast<float*>(p.out));
             });
 }
+
+// The weight-gradient kernel's blocks an SM for a group of `count` adapters (consumer_registers);
+// two of one adapter fit an SM's 228 KiB of shared memory (each also reserves 1 KiB).
+constexpr int weight_blocks_an_sm(int count) { return count == 1 ? 2 : 1; }
+static_assert(2 * (weight_smem_bytes<1>() + 1024) <= 228 * 1024);
 
 template <class Fn>
 void with_count(int count, Fn&& fn) {
@@ -1022,7 +1037,7 @@ void lora_weight_grad_sm90a(float* const* dA, const void* dxa, const void* x, KT
   auto launch = [&](auto tag, auto count) {
     using T = decltype(tag);
     constexpr int COUNT = decltype(count)::value;
-    const auto kernel = lora_weight_grad_sm90a_kernel<T, COUNT>;
+    const auto kernel = lora_weight_grad_sm90a_kernel<T, COUNT, weight_blocks_an_sm(COUNT)>;
     const size_t smem = weight_smem_bytes<COUNT>();
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) != cudaSuccess)
       check_launch("lora_weight_grad_sm90a (shared memory attribute)");
