@@ -3,7 +3,8 @@
 # compress 4-5x (xz). Packs the given paths (files or folders, relative to the repository root) into
 # .device/pack.tar.xz; carry [".device/pack.tar.xz"] and start the device command with
 #   tar xJf .device/pack.tar.xz && export LD_LIBRARY_PATH=$PWD/.device/lib:$LD_LIBRARY_PATH;
-# which puts every path back where it was here.
+# which puts every path back where it was here. A call script kept under .device (git-ignored)
+# reaches the device only if it is packed too.
 #   usage: scripts/device_pack.sh build/fsdpq build/tests/fsdpq_gpu_tests .device/lib .device/wheels
 set -euo pipefail
 cd "$(dirname "$0")/.."
