@@ -110,8 +110,10 @@ void copy_convert(TensorView dst, const TensorView& src) {
   });
 }
 
-void copy_block(const MatrixView& dst, const MatrixView& src, float scale) {
-  constexpr const char* op = "copy_block";
+namespace {
+
+// copy_block's and copy_blocks' checks of one block copy.
+void check_block_copy(const char* op, const MatrixView& dst, const MatrixView& src) {
   check_float(op, "dst", dst.tensor);
   check_float(op, "src", src.tensor);
   for (const MatrixView* m : {&dst, &src})
@@ -120,6 +122,13 @@ void copy_block(const MatrixView& dst, const MatrixView& src, float scale) {
                m->tensor.describe());
   check_that(dst.rows() == src.rows() && dst.cols() == src.cols(), "{}: dst [{}, {}] and src [{}, {}] differ", op,
              dst.rows(), dst.cols(), src.rows(), src.cols());
+}
+
+}  // namespace
+
+void copy_block(const MatrixView& dst, const MatrixView& src, float scale) {
+  constexpr const char* op = "copy_block";
+  check_block_copy(op, dst, src);
   if (runs_on_cuda(op, {dst.tensor, src.tensor}))
     if constexpr (kWithCuda) return cuda_ops::copy_block(dst, src, scale);
   with_storages({dst.dtype(), src.dtype()}, op, [&](auto out_tag, auto in_tag) {
@@ -139,14 +148,7 @@ void copy_blocks(std::span<const BlockCopy> copies) {
   constexpr const char* op = "copy_blocks";
   std::vector<BlockCopy> device_copies;
   for (const BlockCopy& c : copies) {
-    check_float(op, "dst", c.dst.tensor);
-    check_float(op, "src", c.src.tensor);
-    for (const MatrixView* m : {&c.dst, &c.src})
-      check_that(m->first_column >= 0 && m->cols() >= 0 && m->first_column + m->cols() <= m->row_stride(),
-                 "{}: columns [{}, {}) lie outside {}", op, m->first_column, m->first_column + m->cols(),
-                 m->tensor.describe());
-    check_that(c.dst.rows() == c.src.rows() && c.dst.cols() == c.src.cols(), "{}: dst [{}, {}] and src [{}, {}] differ",
-               op, c.dst.rows(), c.dst.cols(), c.src.rows(), c.src.cols());
+    check_block_copy(op, c.dst, c.src);
     if (runs_on_cuda(op, {c.dst.tensor, c.src.tensor}))
       device_copies.push_back(c);
     else
