@@ -2,7 +2,8 @@
 # The measurements issues #22 and #24 set their targets by, on whatever GPU the call got (the
 # targets are the H200's; record which card it was). PART=attention (~2 min): fsdpq's attention
 # routes beside PyTorch's SDPA backends at B·T 16k, H 32, D 128 (T 512, 2048, 8192, GQA 32/8).
-# PART=step (~9 min: split it where a call's 10 minutes are short): the 7B QLoRA step at ctx 2048 against HF + PEFT torch.compile, no
+# PART=step (~9.5 min; or PART=step-off, ~6.5 min, then PART=step-on, ~3.5 min, where a call's 10
+# minutes are short): the 7B QLoRA step at ctx 2048 against HF + PEFT torch.compile, no
 # checkpointing at bs 4 and 8 and checkpointing at bs 8, fsdpq keeping as many dense layers as fit
 # under the peer's measured peak at each point (bench.py --fsdpq-memory-of), then compare.py. With
 # checkpointing fsdpq runs its fastest setting there, activation offload with recompute_elementwise
@@ -12,7 +13,7 @@
 #   bash scripts/device_pack.sh .device/lib build/fsdpq build/tests/fsdpq_gpu_tests
 # Run there with carry [".device/pack.tar.xz"]:
 #   tar xJf .device/pack.tar.xz && PART=attention bash scripts/device_issue_targets.sh
-#   tar xJf .device/pack.tar.xz && PART=step bash scripts/device_issue_targets.sh
+#   tar xJf .device/pack.tar.xz && PART=step bash scripts/device_issue_targets.sh   (or step-off, then step-on)
 export LD_LIBRARY_PATH=$PWD/.device/lib:${LD_LIBRARY_PATH:-}
 date; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 case "${PART:-}" in
@@ -21,19 +22,20 @@ case "${PART:-}" in
       grep -E "^PERF" | tee $OUT/attention_fsdpq.txt
     timeout 150 python3 bench/attention_torch.py 2>&1 | grep -E "^PERF" | tee $OUT/attention_torch.txt
     ;;
-  step)
-    # (fsdpq_lora: the bf16-base point beside the NF4 one)
-    timeout 370 python3 bench/bench.py --peers hf_lora_compile,fsdpq_qlora,fsdpq_lora --fsdpq build/fsdpq \
+  step|step-off|step-on)
+    # (fsdpq_lora: the bf16-base point beside the NF4 one. Split in two calls, each part's results come
+    # back in its own targets.jsonl: run bench/compare.py on both here.)
+    [ "$PART" != step-on ] && timeout 370 python3 bench/bench.py --peers hf_lora_compile,fsdpq_qlora,fsdpq_lora --fsdpq build/fsdpq \
       --fsdpq-memory-of hf_lora_compile --shapes llama2-7b --ctx 2048 --grad-ckpt off --bs 4,8 --budget 360 \
       --results $OUT/targets.jsonl --log $OUT/bench.log 2>&1 | grep -E "tok/s|OOM|error|skip"
-    timeout 190 python3 bench/bench.py --peers hf_lora_compile,fsdpq_qlora,fsdpq_lora --fsdpq build/fsdpq \
+    [ "$PART" != step-off ] && timeout 190 python3 bench/bench.py --peers hf_lora_compile,fsdpq_qlora,fsdpq_lora --fsdpq build/fsdpq \
       --fsdpq-memory-of hf_lora_compile --shapes llama2-7b --ctx 2048 --grad-ckpt on --bs 8 --budget 180 \
       --fsdpq-args "--use_activation_cpu_offload true --recompute_elementwise true" \
       --results $OUT/targets.jsonl --log $OUT/bench.log 2>&1 | grep -E "tok/s|OOM|error|skip"
     python3 bench/compare.py $OUT/targets.jsonl
     ;;
   *)
-    echo "set PART=attention or PART=step" >&2
+    echo "set PART=attention, step, step-off or step-on" >&2
     exit 2
     ;;
 esac
