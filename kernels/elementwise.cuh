@@ -22,7 +22,8 @@ void add_scaled(void* y, KType y_type, const void* x, KType x_type, float factor
 // dst = src converted to dst's type.
 void copy_convert(void* dst, KType dst_type, const void* src, KType src_type, int64_t n, cudaStream_t stream);
 // dst = scale * src for a [rows, cols] block of each (rows dst_stride and src_stride elements
-// apart); same-type copies with scale 1 are cudaMemcpy2DAsync.
+// apart); same-type copies with scale 1 move 16 bytes a thread where aligned, else
+// cudaMemcpy2DAsync.
 void copy_block(void* dst, KType dst_type, int64_t dst_stride, const void* src, KType src_type, int64_t src_stride,
                 int64_t rows, int64_t cols, float scale, cudaStream_t stream);
 // Several copy_block's at once, each with copy_block's bits: one launch for up to kMaxBlockCopies

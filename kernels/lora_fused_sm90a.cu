@@ -53,17 +53,22 @@ constexpr int kStages = 4;
 // Adapters a block takes: each holds 32 accumulators and 16 masked registers per thread, and the
 // consumers have 240 registers (q, k, v is the largest group a Llama layer has).
 constexpr int kMaxCount = 3;
-constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
-// Blocks an SM: one, or two for the weight gradient of a group of one adapter (o, down), whose
-// blocks fit twice in an SM's shared memory: 16 warps an SM instead of 8 for a kernel that is
-// latency-bound as much as ALU-bound (bench/RESULTS.md, stop 48: the 7B step's "lora: dA, dx"
-// -2%). setmaxnreg moves registers within a block only (an increase waits for what the block's own
-// warpgroups released), so the consumers may grow by what the producer gives up: at two blocks
-// ptxas starts every thread at 80 (65536 / 768, rounded down to 8), the producer drops to 24, and
-// 128 · 56 / 256 = 28 more a consumer thread makes 108, rounded down to 104. (112, which the
+constexpr int kProducerRegisters = 24;
+// The consumers' registers a thread at `blocks` blocks an SM: one, or two for the weight gradient
+// of a group of one adapter (o, down), whose blocks fit twice in an SM's shared memory: 16 warps an
+// SM instead of 8 for a kernel that is latency-bound as much as ALU-bound (bench/RESULTS.md, stop
+// 48: the 7B step's "lora: dA, dx" -2%). ptxas starts every thread at the register file's share
+// (65536 / (384 · blocks), rounded down to 8: 168, or 80 at two), and setmaxnreg moves registers
+// within a block only (a claim waits for what the block's own warpgroups released), so the
+// consumers grow by what the producer gives up: 240 at one block, 104 at two. (112, which the
 // registers an SM would allow, waits for registers that never come: the kernel hangs. The down
 // kernel at two blocks and 104 registers has ptxas serialise its products, for no gain: measured.)
-__host__ __device__ constexpr int consumer_registers(int blocks) { return blocks == 1 ? kConsumerRegisters : 104; }
+__host__ __device__ constexpr int consumer_registers(int blocks) {
+  const int entry = 65536 / (kThreads * blocks) / 8 * 8;
+  return (entry + (entry - kProducerRegisters) * 128 / (128 * kConsumers)) / 8 * 8;
+}
+constexpr int kConsumerRegisters = consumer_registers(1);
+static_assert(kConsumerRegisters == 240 && consumer_registers(2) == 104);
 static_assert(kStepColumns == static_cast<int>(lora_fused::kTileK), "the split's k ranges are whole steps");
 static_assert(kStepColumns == kBoxColumns);
 
