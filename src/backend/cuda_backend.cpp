@@ -7,9 +7,12 @@
 #include <cstring>
 #include <new>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "runtime/watchdog.h"
 #include "runtime/host_out_of_memory.h"
@@ -42,6 +45,7 @@ CublasApi load_cublas() {
     if (!fn) throw UserError(fmt::format("cuBLAS library has no {}", name));
   };
   symbol(api.create, "cublasCreate_v2");
+  symbol(api.destroy, "cublasDestroy_v2");
   symbol(api.set_stream, "cublasSetStream_v2");
   symbol(api.gemm_ex, "cublasGemmEx");
   symbol(api.status_string, "cublasGetStatusString");
@@ -84,10 +88,78 @@ void* raw_allocate(size_t bytes) {
 
 void raw_release(void* p) { cudaFree(p); }
 
-void* hook_allocate(size_t bytes) { return ready().allocator->allocate(bytes); }
+// OnSideStream's redirection of this thread's queued work (a null stream: the compute stream).
+thread_local Queue queue_override;
+
+// Blocks freed while this thread's work went to a side stream: work queued there may still use
+// them, and the caching allocator's pool belongs to the compute stream, so each goes back to the
+// pool only once the compute stream is ordered after its release (it waited for a side stream mark
+// taken after it: compute_stream_joined) or the side stream has passed it (an event recorded at
+// the release, checked on each allocation; all are waited for before an out-of-memory error).
+// PyTorch's recordStream, in the stream-ordered form.
+struct SideReleases {
+  struct Pending {
+    void* block;
+    cudaStream_t stream;
+    uint64_t number;  // of the stream's releases
+    cudaEvent_t passed;
+  };
+  std::mutex mutex;
+  std::vector<Pending> pending;
+  std::vector<std::pair<cudaStream_t, uint64_t>> counts;  // per stream, its releases so far
+
+  uint64_t& count_of(cudaStream_t stream) {
+    for (auto& [s, n] : counts)
+      if (s == stream) return n;
+    return counts.emplace_back(stream, 0).second;
+  }
+  void add(void* block, cudaStream_t stream) {
+    cudaEvent_t passed = nullptr;
+    check(cudaEventCreateWithFlags(&passed, cudaEventDisableTiming), "event create (side release)");
+    check(cudaEventRecord(passed, stream), "event record (side release)");
+    const std::lock_guard lock(mutex);
+    pending.push_back({block, stream, count_of(stream)++, passed});
+  }
+  uint64_t so_far(cudaStream_t stream) {
+    const std::lock_guard lock(mutex);
+    return count_of(stream);
+  }
+  // Returns to `allocator` the blocks that `done` says may go.
+  template <typename Done>
+  void settle(CachingAllocator& allocator, Done&& done) {
+    const std::lock_guard lock(mutex);
+    std::erase_if(pending, [&](const Pending& p) {
+      if (!done(p)) return false;
+      cudaEventDestroy(p.passed);
+      allocator.release(p.block);
+      return true;
+    });
+  }
+};
+
+SideReleases& side_releases() {
+  static SideReleases releases;
+  return releases;
+}
+
+void* hook_allocate(size_t bytes) {
+  CachingAllocator& allocator = *ready().allocator;
+  side_releases().settle(allocator, [](const SideReleases::Pending& p) { return cudaEventQuery(p.passed) == cudaSuccess; });
+  try {
+    return allocator.allocate(bytes);
+  } catch (const DeviceOutOfMemory&) {
+    side_releases().settle(allocator, [](const SideReleases::Pending& p) {
+      check(cudaEventSynchronize(p.passed), "event synchronize (side release)");
+      return true;
+    });
+    return allocator.allocate(bytes);
+  }
+}
 void hook_release(void* p) {
   Backend& b = backend();
-  if (b.allocator) b.allocator->release(p);  // at exit the backend may be gone already
+  if (!b.allocator) return;  // at exit the backend may be gone already
+  if (queue_override.stream) return side_releases().add(p, queue_override.stream);
+  b.allocator->release(p);
 }
 void hook_fill_zero(void* p, size_t bytes) { check(cudaMemsetAsync(p, 0, bytes, stream()), "memset"); }
 
@@ -113,21 +185,33 @@ void check_launch(const char* kernel) {
   if (err != cudaSuccess) throw std::runtime_error(fmt::format("CUDA kernel {}: {}", kernel, cudaGetErrorString(err)));
 }
 
-namespace {
-// OnSideStream's redirection of this thread's queued work (nullptr: the compute stream).
-thread_local cudaStream_t queue_override = nullptr;
-}  // namespace
+cudaStream_t stream() { return queue_override.stream ? queue_override.stream : ready().stream; }
 
-cudaStream_t stream() { return queue_override ? queue_override : ready().stream; }
-cudaStream_t redirect_queue(cudaStream_t to) {
-  const cudaStream_t previous = queue_override;
+uint64_t side_releases_so_far(cudaStream_t side) { return side_releases().so_far(side); }
+void compute_stream_joined(cudaStream_t side, uint64_t releases) {
+  if (queue_override.stream) return;  // (a side stream waited, not the compute stream)
+  side_releases().settle(*ready().allocator,
+                         [&](const SideReleases::Pending& p) { return p.stream == side && p.number < releases; });
+}
+Queue redirect_queue(Queue to) {
+  const Queue previous = queue_override;
   queue_override = to;
   return previous;
 }
 cublasHandle_t cublas() {
-  // The one cuBLAS handle is bound to the compute stream, and other threads may use it.
-  if (queue_override) throw std::logic_error("cuBLAS is called while work is redirected to a side stream");
-  return ready().cublas;
+  Backend& b = ready();
+  if (!queue_override.stream) return b.cublas;  // (other threads may use the compute stream's handle too)
+  if (!queue_override.cublas) throw std::logic_error("cuBLAS is called on a side stream that has no handle slot");
+  cublasHandle_t& handle = *queue_override.cublas;
+  if (!handle) {
+    const CublasApi& api = cublas_api();
+    cublasMath_t mode{};
+    check_cublas(api.get_math_mode(b.cublas, &mode), "GetMathMode");
+    check_cublas(api.create(&handle), "create (side stream)");
+    check_cublas(api.set_stream(handle, queue_override.stream), "set stream (side stream)");
+    check_cublas(api.set_math_mode(handle, mode), "SetMathMode (side stream)");
+  }
+  return handle;
 }
 int device() { return ready().device; }
 

@@ -1,13 +1,15 @@
 // The CUDA backend's process-wide state: the GPU this rank drives, its compute stream, the cuBLAS
-// handle, and the caching allocator behind every CUDA Tensor. Every op on CUDA tensors runs on
-// the one compute stream, so ops are ordered without events and a freed block can be reused by
-// the next op at once (PyTorch's rule for a single stream). Copies to the host wait for the
-// stream; nothing else synchronises.
+// handle, and the caching allocator behind every CUDA Tensor. Ops on CUDA tensors run on the one
+// compute stream, so they are ordered without events and a freed block can be reused by the next
+// op at once (PyTorch's rule for a single stream); ops a side stream runs (backend/side_stream.h)
+// have their freed blocks held back until the compute stream is ordered after them. Copies to the
+// host wait for the stream; nothing else synchronises.
 //
 // The functions without a cuda:: prefix exist in every build: without CUDA (or without a GPU)
 // cuda_device_count() is 0 and cuda_init() throws a UserError saying why.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 
 #include "backend/caching_allocator.h"
 #include "backend/tensor.h"
@@ -71,18 +73,34 @@ class HostStaging {
 
 namespace fsdpq::cuda {
 
+// Where this thread's work goes: a stream, and the slot of the cuBLAS handle bound to it (a side
+// stream's own, made on first use: cuBLAS's workspace belongs to its handle, so two streams
+// running products at once must not share one).
+struct Queue {
+  cudaStream_t stream = nullptr;  // nullptr: the compute stream
+  cublasHandle_t* cublas = nullptr;
+};
 // The stream this thread queues work to: the compute stream (cuda_init must have run), or a side
 // stream while an OnSideStream (backend/side_stream.h) redirects this thread's work.
 cudaStream_t stream();
-// Redirects this thread's kernels and memsets to `to` (nullptr: back to the compute stream) and
-// returns the previous redirection; OnSideStream is its one user.
-cudaStream_t redirect_queue(cudaStream_t to);
-cublasHandle_t cublas();  // bound to the compute stream: a logic_error while work is redirected
+// Redirects this thread's kernels, memsets and cuBLAS products to `to` ({}: back to the compute
+// stream) and returns the previous redirection; OnSideStream is its one user.
+Queue redirect_queue(Queue to);
+// Blocks freed while work went to a side stream return to the caching allocator's pool (which
+// is the compute stream's) once that stream has passed their release, or once the compute stream
+// waits for a mark of it taken after it (backend/cuda_backend.cpp). How many `side` has had so
+// far, and: the calling thread's stream now waits for `side` as it was at `releases` of them.
+uint64_t side_releases_so_far(cudaStream_t side);
+void compute_stream_joined(cudaStream_t side, uint64_t releases);
+// The cuBLAS handle bound to stream(): the compute stream's, or the side stream's (made here the
+// first time, with the compute handle's math mode).
+cublasHandle_t cublas();
 
 // cuBLAS is opened by cuda_init (dlopen), not linked: loading it costs ~200 MiB of resident
 // memory per process, which CPU ranks and the tools that never touch a GPU should not pay.
 struct CublasApi {
   decltype(&cublasCreate_v2) create = nullptr;
+  decltype(&cublasDestroy_v2) destroy = nullptr;
   decltype(&cublasSetStream_v2) set_stream = nullptr;
   // cublasGemmEx's C signature (C++ also sees a deprecated overload, so no decltype).
   using GemmEx = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,

@@ -31,7 +31,9 @@ void StreamMark::host_wait() const {
 }
 
 void StreamMark::compute_waits() const {
-  if (event_) cuda::check(cudaStreamWaitEvent(cuda::stream(), event_of(event_), 0), "stream wait (compute)");
+  if (!event_) return;
+  cuda::check(cudaStreamWaitEvent(cuda::stream(), event_of(event_), 0), "stream wait (compute)");
+  if (side_) cuda::compute_stream_joined(static_cast<cudaStream_t>(side_), side_releases_);
 }
 
 StreamMark mark_compute() {
@@ -40,16 +42,20 @@ StreamMark mark_compute() {
   return m;
 }
 
-SideStream::SideStream(Device device) : device_(device) {
+SideStream::SideStream(Device device, StreamPriority priority) : device_(device) {
   if (device_ != Device::CUDA) return;
+  int least = 0, greatest = 0;  // (greatest: the numerically smallest)
+  cuda::check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "stream priority range");
   cudaStream_t s = nullptr;
-  cuda::check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "side stream create");
+  cuda::check(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, priority == StreamPriority::High ? greatest : least),
+              "side stream create");
   stream_ = s;
 }
 
 SideStream::~SideStream() {
   if (!stream_) return;
   cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));  // no copy may outlive its buffers' owner
+  if (cublas_) cuda::cublas_api().destroy(cublas_);
   cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
 }
 
@@ -71,18 +77,23 @@ void SideStream::copy(void* dst, Device dst_device, const void* src, Device src_
 
 StreamMark SideStream::mark() {
   StreamMark m;
-  if (stream_) m.event_ = record_event(static_cast<cudaStream_t>(stream_));
+  if (!stream_) return m;
+  m.side_releases_ = cuda::side_releases_so_far(static_cast<cudaStream_t>(stream_));
+  m.event_ = record_event(static_cast<cudaStream_t>(stream_));
+  m.side_ = stream_;
   return m;
 }
 
 OnSideStream::OnSideStream(SideStream& side) {
   if (!side.stream_) return;
-  previous_ = cuda::redirect_queue(static_cast<cudaStream_t>(side.stream_));
+  const cuda::Queue previous = cuda::redirect_queue({static_cast<cudaStream_t>(side.stream_), &side.cublas_});
+  previous_stream_ = previous.stream;
+  previous_cublas_ = previous.cublas;
   redirected_ = true;
 }
 
 OnSideStream::~OnSideStream() {
-  if (redirected_) cuda::redirect_queue(static_cast<cudaStream_t>(previous_));
+  if (redirected_) cuda::redirect_queue({static_cast<cudaStream_t>(previous_stream_), previous_cublas_});
 }
 
 std::function<void()> follow_current_gpu() {
@@ -97,7 +108,7 @@ void StreamMark::host_wait() const {}
 void StreamMark::compute_waits() const {}
 StreamMark mark_compute() { return {}; }
 
-SideStream::SideStream(Device device) : device_(device) {
+SideStream::SideStream(Device device, StreamPriority) : device_(device) {
   if (device == Device::CUDA) throw std::logic_error("SideStream: this fsdpq was built without CUDA");
 }
 SideStream::~SideStream() = default;

@@ -14,10 +14,13 @@
 // every mark is already complete, so the same engine code runs, and is tested, on the CPU.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 
 #include "backend/tensor.h"
+
+struct cublasContext;  // (cublasHandle_t points to one)
 
 namespace fsdpq {
 
@@ -35,16 +38,22 @@ class StreamMark {
   friend class SideStream;
   friend StreamMark mark_compute();
   std::shared_ptr<void> event_;
+  void* side_ = nullptr;             // a side stream's mark: its cudaStream_t,
+  uint64_t side_releases_ = 0;       // and the blocks freed on it before the mark (cuda_backend.h)
 };
 
 // A mark at the end of the work queued on the compute stream so far (complete without a GPU).
 StreamMark mark_compute();
 
+// High: the GPU's block scheduler starts this stream's blocks before the compute stream's waiting
+// ones, so short work beside a long product is not queued behind all of that product's blocks.
+enum class StreamPriority { Normal, High };
+
 class SideStream {
  public:
   // On Device::CUDA a stream of its own on the current GPU (cuda_init must have run); on
   // Device::CPU, immediate copies.
-  explicit SideStream(Device device);
+  explicit SideStream(Device device, StreamPriority priority = StreamPriority::Normal);
   ~SideStream();
   SideStream(const SideStream&) = delete;
   SideStream& operator=(const SideStream&) = delete;
@@ -60,12 +69,13 @@ class SideStream {
  private:
   friend class OnSideStream;
   Device device_;
-  void* stream_ = nullptr;  // cudaStream_t
+  void* stream_ = nullptr;            // cudaStream_t
+  cublasContext* cublas_ = nullptr;  // its cuBLAS handle, made by the first product queued here
 };
 
 // While alive, the kernels and memsets this thread queues (every op, and the section marks of
-// backend/section_times.h) go to `side` instead of the compute stream, as PyTorch's
-// `with torch.cuda.stream(s)` does; cuBLAS, bound to the compute stream, refuses to run meanwhile.
+// backend/section_times.h) and cuBLAS products go to `side` instead of the compute stream, as
+// PyTorch's `with torch.cuda.stream(s)` does.
 // Ordering stays explicit: wait for the compute stream before touching what it uses, and have it
 // wait for a mark before it reads the results. Nothing changes on the CPU backend.
 class OnSideStream {
@@ -76,7 +86,8 @@ class OnSideStream {
   OnSideStream& operator=(const OnSideStream&) = delete;
 
  private:
-  void* previous_ = nullptr;  // cudaStream_t
+  void* previous_stream_ = nullptr;             // cudaStream_t
+  cublasContext** previous_cublas_ = nullptr;  // its handle's slot
   bool redirected_ = false;
 };
 
