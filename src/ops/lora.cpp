@@ -373,21 +373,24 @@ void lora_backward_output(TensorView dxa, size_t i, TensorView dB, const TensorV
   const GroupDims g = check_group(op, x, xa, sites);
   check_that(i < sites.size(), "{}: adapter {} of a group of {}", op, i, sites.size());
   check_float(op, "dy", dy);
-  check_f32(op, "dB", dB);
-  check_f32(op, "dxa", dxa);
-  runs_on_cuda(op, {dxa, dB, dy, x});  // every operand on one device
-  check_shape(op, "dB", dB, sites[i].B.shape);
-  check_shape(op, "dxa", dxa, xa.shape);
   check_that(dy.shape.rows() == g.site[i].rows && dy.shape.last() == g.site[i].out,
              "{}: dy {} does not match x {} and B {}", op, dy.shape.to_string(), x.shape.to_string(),
              sites[i].B.shape.to_string());
   const float scaling = lora_scaling(sites[i].params, g.site[i].rank);
-  {
+  if (dB.data != nullptr) {
+    check_f32(op, "dB", dB);
+    check_shape(op, "dB", dB, sites[i].B.shape);
+    runs_on_cuda(op, {dB, dy, x});  // every operand on one device
     ScopedSection section("lora: dB");
     linear_backward_weight(dB, dy, columns_of(xa, g, i), /*accumulate=*/true, scaling);
   }
-  ScopedSection section("lora: dxa");
-  linear_backward_input(columns_of(dxa, g, i), dy, sites[i].B, /*accumulate=*/false, scaling);
+  if (dxa.data != nullptr) {
+    check_f32(op, "dxa", dxa);
+    check_shape(op, "dxa", dxa, xa.shape);
+    runs_on_cuda(op, {dxa, dy, x});
+    ScopedSection section("lora: dxa");
+    linear_backward_input(columns_of(dxa, g, i), dy, sites[i].B, /*accumulate=*/false, scaling);
+  }
 }
 
 void lora_backward_input(TensorView dx, std::span<const TensorView> dAs, const TensorView& dxa_f32,
@@ -395,19 +398,21 @@ void lora_backward_input(TensorView dx, std::span<const TensorView> dAs, const T
                          bool accumulate_dx) {
   constexpr const char* op = "lora_backward";
   const GroupDims g = check_group(op, x, xa, sites);
-  check_that(dAs.size() == sites.size(), "{}: {} dA for {} adapters", op, dAs.size(), sites.size());
+  check_that(dAs.empty() || dAs.size() == sites.size(), "{}: {} dA for {} adapters", op, dAs.size(), sites.size());
   check_f32(op, "dxa", dxa_f32);
   check_shape(op, "dxa", dxa_f32, xa.shape);
-  for (size_t i = 0; i < sites.size(); ++i) {
+  for (size_t i = 0; i < dAs.size(); ++i) {
     check_f32(op, "dA", dAs[i]);
     check_shape(op, "dA", dAs[i], sites[i].A.shape);
-    runs_on_cuda(op, {dx, dAs[i], dxa_f32, x});  // every operand on one device
+    runs_on_cuda(op, {dAs[i], dxa_f32, x});  // every operand on one device
   }
   if (dx.data != nullptr) {
     check_float(op, "dx", dx);
     check_that(dx.shape.rows() == x.shape.rows() && dx.shape.last() == x.shape.last(),
                "{}: dx {} does not match x {}", op, dx.shape.to_string(), x.shape.to_string());
+    runs_on_cuda(op, {dx, dxa_f32, x});
   }
+  if (dAs.empty() && dx.data == nullptr) return;
   const int64_t rows = x.shape.rows(), in = g.site[0].in;
 
   // d(xa) as the GEMMs against A read it: one copy where the device rounds it.
@@ -417,7 +422,8 @@ void lora_backward_input(TensorView dx, std::span<const TensorView> dAs, const T
   std::optional<ScopedSection> timed(std::in_place, "lora: dA, dx (stacked or fused)");
   if (const StackedA stacked = stack_a(sites, g); stacked.view.data != nullptr) {
     // dA += d(xa)ᵀ · x for the whole stack, and dx += d(xa) · A: one GEMM each.
-    if (sites.size() == 1) {
+    if (dAs.empty()) {
+    } else if (sites.size() == 1) {
       linear_backward_weight(dAs[0], dxa, x, /*accumulate=*/true);
     } else {
       Tensor dA_stacked = Tensor::empty(Shape{g.total_rank, in}, DType::F32, x.device);
@@ -439,7 +445,7 @@ void lora_backward_input(TensorView dx, std::span<const TensorView> dAs, const T
 
   // Per adapter: dA += d(xa)ᵀ · dropout(x), the masks regenerated from the keys.
   timed.reset();  // the dropout copies are timed on their own
-  {
+  if (!dAs.empty()) {
     const AdapterInputs inputs = adapter_inputs(x, sites);
     timed.emplace("lora: dA");
     for (size_t i = 0; i < sites.size(); ++i)

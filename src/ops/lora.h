@@ -102,9 +102,10 @@ void lora_backward_group(TensorView dx, std::span<const LoraSiteGrads> grads, st
 
 // lora_backward_group in two steps, so a caller can let go of each dy after its step: for each
 // adapter i, lora_backward_output (dB_i += …, and adapter i's columns of dxa, F32 [M, Σr]); then
-// lora_backward_input once (every dA += …, and dx += the adapters' part unless dx.data is null;
-// with accumulate_dx false dx = the adapters' part, its old values unread: a caller that adds the
-// base weight's part after it saves a pass over dx).
+// lora_backward_input once (every dA += …, and dx += the adapters' part; with accumulate_dx false
+// dx = the adapters' part, its old values unread: a caller that adds the base weight's part after
+// it saves a pass over dx). Either part of each step may be left out (a null dB or dxa, an empty
+// dAs, a null dx), so a caller may run the parts nothing waits for (dB, dA) on another stream.
 void lora_backward_output(TensorView dxa, size_t i, TensorView dB, const TensorView& dy, const TensorView& x,
                           const TensorView& xa, std::span<const LoraSite> sites);
 void lora_backward_input(TensorView dx, std::span<const TensorView> dAs, const TensorView& dxa, const TensorView& x,

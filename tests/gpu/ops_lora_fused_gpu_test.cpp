@@ -75,6 +75,18 @@ class LoraGroup {
       backward_output(dxa);
       backward_input(dxa, /*accumulate_dx=*/false);
     }
+    // The same, each step's two parts in calls of their own (lora.h: d(xa), then dB; dx, then dA),
+    // as a layer with an adapter stream runs them.
+    void step_in_parts(bool accumulate_dx) {
+      lora_forward_group(ys, xa, x, sites);
+      Tensor dxa = Tensor::empty(xa.shape(), DType::F32, x.device());
+      for (size_t i = 0; i < sites.size(); ++i) lora_backward_output(dxa, i, TensorView{}, dys[i], x, xa, sites);
+      for (size_t i = 0; i < sites.size(); ++i) lora_backward_output(TensorView{}, i, grads[i].dB, dys[i], x, xa, sites);
+      lora_backward_input(dx, {}, dxa, x, xa, sites, accumulate_dx);
+      std::vector<TensorView> dAs;
+      for (const LoraSiteGrads& g : grads) dAs.push_back(g.dA);
+      lora_backward_input(TensorView{}, dAs, dxa, x, xa, sites);
+    }
     // The backward's two steps (lora.h): dB and d(xa) per adapter (cuBLAS on either path), then
     // every dA and dx, where the fused kernels differ from the separate ones.
     void backward_output(Tensor& dxa) {
@@ -112,9 +124,11 @@ class LoraGroup {
     return p;
   }
 
-  GroupRun run(Device device, bool accumulate_dx = true) const {
+  GroupRun run(Device device, bool accumulate_dx = true, bool in_parts = false) const {
     Placed p = place(device);
-    if (accumulate_dx)
+    if (in_parts)
+      p.step_in_parts(accumulate_dx);
+    else if (accumulate_dx)
       p.step();
     else
       p.step_writing_dx();
@@ -338,6 +352,27 @@ TEST_F(GpuOpsLoraFused, RepeatsBitForBit) {
   EXPECT_EQ(test::values_of(a.xa), test::values_of(b.xa));
   EXPECT_EQ(test::values_of(a.dx), test::values_of(b.dx));
   for (size_t i = 0; i < a.dA.size(); ++i) EXPECT_EQ(test::values_of(a.dA[i]), test::values_of(b.dA[i]));
+}
+
+// The backward's steps in parts (each of dB, d(xa), dx and dA on its own, as the layer's adapter
+// stream runs them) give the bits of the whole steps: the Hopper kernels (one adapter, three), the
+// mma kernels (ranks they do not take), dx added to and written.
+TEST_F(GpuOpsLoraFused, BackwardInPartsGivesTheWholeBits) {
+  set_gpu_lora_kernels(GpuLoraKernels::Fused);
+  for (const GroupCase& c : {GroupCase{3000, 512, {64, 64, 64}, {512, 128, 128}, DType::BF16, DType::BF16},
+                             GroupCase{300, 512, {64}, {256}, DType::BF16, DType::F32},
+                             GroupCase{77, 256, {64, 16, 16}, {256, 64, 64}, DType::F16, DType::F16}})
+    for (bool accumulate_dx : {true, false}) {
+      SCOPED_TRACE(fmt::format("{}, dx {}", c.name(), accumulate_dx ? "added to" : "written"));
+      const LoraGroup group(c);
+      const GroupRun whole = group.run(Device::CUDA, accumulate_dx);
+      const GroupRun parts = group.run(Device::CUDA, accumulate_dx, /*in_parts=*/true);
+      EXPECT_EQ(test::values_of(parts.dx), test::values_of(whole.dx));
+      for (size_t i = 0; i < whole.dA.size(); ++i) {
+        EXPECT_EQ(test::values_of(parts.dA[i]), test::values_of(whole.dA[i])) << "dA " << i;
+        EXPECT_EQ(test::values_of(parts.dB[i]), test::values_of(whole.dB[i])) << "dB " << i;
+      }
+    }
 }
 
 // Groups the kernels do not take run the separate path, and still match the CPU: a rank that is

@@ -293,6 +293,59 @@ TEST(OpsLora, WrittenInputGradientIsTheAddedOneOnZeros) {
       }
 }
 
+// The backward's steps with parts left out (a null dB or dxa, no dA, a null dx), each part in a
+// call of its own, give the bits of the whole steps: every path (stacked, per adapter, dropout),
+// dx added to and written.
+TEST(OpsLora, BackwardStepsInPartsGiveTheWholeBits) {
+  const int64_t M = 9, in = 24;
+  for (const std::vector<int64_t>& ranks : {std::vector<int64_t>{4}, std::vector<int64_t>{4, 2, 4}})
+    for (DType dtype : {DType::F32, DType::BF16})
+      for (float dropout : {0.0f, 0.25f})
+        for (bool accumulate_dx : {true, false}) {
+          SCOPED_TRACE(fmt::format("{} adapters {} dropout {} accumulate {}", ranks.size(), dtype_name(dtype), dropout,
+                                   accumulate_dx));
+          const Tensor x = random_tensor(Shape{M, in}, dtype, 50);
+          std::vector<Tensor> As, Bs, dys;
+          std::vector<LoraSite> sites;
+          int64_t total_rank = 0;
+          for (size_t i = 0; i < ranks.size(); ++i) {
+            As.push_back(random_tensor(Shape{ranks[i], in}, dtype, 51 + i));
+            Bs.push_back(random_tensor(Shape{8, ranks[i]}, dtype, 61 + i));
+            dys.push_back(random_tensor(Shape{M, 8}, DType::F32, 81 + i));
+            sites.push_back(LoraSite{As[i].view(), Bs[i].view(), LoraParams{8.0f, dropout, true, 900 + i}});
+            total_rank += ranks[i];
+          }
+          const Tensor xa = random_tensor(Shape{M, total_rank}, dtype, 70);
+          struct Grads {
+            Tensor dx, dxa;
+            std::vector<Tensor> dA, dB;
+            std::vector<TensorView> dA_views;
+          };
+          auto fresh = [&] {
+            Grads g{random_tensor(Shape{M, in}, DType::F32, 72), Tensor::zeros(Shape{M, total_rank}, DType::F32), {}, {}, {}};
+            for (size_t i = 0; i < ranks.size(); ++i) {
+              g.dA.push_back(random_tensor(As[i].shape(), DType::F32, 73 + i));
+              g.dB.push_back(random_tensor(Bs[i].shape(), DType::F32, 76 + i));
+              g.dA_views.push_back(g.dA[i].view());
+            }
+            return g;
+          };
+          Grads whole = fresh(), parts = fresh();
+          for (size_t i = 0; i < ranks.size(); ++i) lora_backward_output(whole.dxa, i, whole.dB[i], dys[i], x, xa, sites);
+          lora_backward_input(whole.dx, whole.dA_views, whole.dxa, x, xa, sites, accumulate_dx);
+          for (size_t i = 0; i < ranks.size(); ++i) lora_backward_output(parts.dxa, i, TensorView{}, dys[i], x, xa, sites);
+          for (size_t i = 0; i < ranks.size(); ++i) lora_backward_output(TensorView{}, i, parts.dB[i], dys[i], x, xa, sites);
+          lora_backward_input(parts.dx, {}, parts.dxa, x, xa, sites, accumulate_dx);
+          lora_backward_input(TensorView{}, parts.dA_views, parts.dxa, x, xa, sites);
+          EXPECT_EQ(to_doubles(parts.dxa), to_doubles(whole.dxa));
+          EXPECT_EQ(to_doubles(parts.dx), to_doubles(whole.dx));
+          for (size_t i = 0; i < ranks.size(); ++i) {
+            EXPECT_EQ(to_doubles(parts.dA[i]), to_doubles(whole.dA[i])) << "dA " << i;
+            EXPECT_EQ(to_doubles(parts.dB[i]), to_doubles(whole.dB[i])) << "dB " << i;
+          }
+        }
+}
+
 TEST(OpsLora, GroupChecksItsArguments) {
   Tensor x = random_tensor(Shape{5, 8}, DType::F32, 1);
   Tensor A0 = random_tensor(Shape{2, 8}, DType::F32, 2), B0 = random_tensor(Shape{4, 2}, DType::F32, 3);

@@ -78,18 +78,21 @@ bool lora_fused_backward_input(TensorView dx, bool accumulate_dx, std::span<cons
   const cuda::LoraFusedGroup g = fused_group(x, sites, mask, {&dxa});
   if (g.count == 0) return false;
   const int64_t M = x.shape.rows(), in = x.shape.last();
-  Tensor workspace =
-      Tensor::empty(Shape{lora_fused::weight_grad_workspace_floats(M, in, g.total_rank)}, DType::F32, Device::CUDA);
-  std::vector<float*> grads;
-  for (const TensorView& dA : dAs) grads.push_back(dA.as<float>());
   const cuda::KType type = ktype("lora_backward", x);
   const bool hopper = cuda::lora_fused_sm90a_unavailable().empty();
-  if (hopper && cuda::lora_weight_grad_sm90a_takes(type, in, g)) {
-    cuda::lora_weight_grad_sm90a(grads.data(), dxa.data, x.data, type, g, M, in, workspace.data<float>(), cuda::stream());
-    ++hopper_weight_grad_runs;
-  } else {
-    cuda::lora_fused_weight_grad(grads.data(), dxa.data, x.data, type, g, M, in, workspace.data<float>(),
-                                 cuda::stream());
+  if (!dAs.empty()) {
+    Tensor workspace =
+        Tensor::empty(Shape{lora_fused::weight_grad_workspace_floats(M, in, g.total_rank)}, DType::F32, Device::CUDA);
+    std::vector<float*> grads;
+    for (const TensorView& dA : dAs) grads.push_back(dA.as<float>());
+    if (hopper && cuda::lora_weight_grad_sm90a_takes(type, in, g)) {
+      cuda::lora_weight_grad_sm90a(grads.data(), dxa.data, x.data, type, g, M, in, workspace.data<float>(),
+                                   cuda::stream());
+      ++hopper_weight_grad_runs;
+    } else {
+      cuda::lora_fused_weight_grad(grads.data(), dxa.data, x.data, type, g, M, in, workspace.data<float>(),
+                                   cuda::stream());
+    }
   }
   if (dx.data != nullptr) {
     const cuda::KType dx_type = ktype("lora_backward", dx);
