@@ -143,10 +143,24 @@ TensorView gemm_ready(const TensorView& dy, int m, const LayerCompute& w, Tensor
   return round_for_gemms(dy, {weight, adapter}, storage, "dy rounding");
 }
 
+// Queues `work` on the layer's adapter stream once the compute stream's work so far is done (or
+// runs it here, on the compute stream, where there is none). `held` are let go of in there: a
+// block freed on a side stream returns to the pool only once that stream has passed the free
+// (backend/cuda_backend.cpp), so what the work reads stays intact until it has read it.
+template <typename Work>
+void beside(const LayerCompute& w, Work&& work, std::initializer_list<Tensor*> held = {}) {
+  if (!w.adapter_stream) return work();
+  w.adapter_stream->wait_for_compute();
+  const OnSideStream on_side(*w.adapter_stream);
+  work();
+  for (Tensor* t : held) *t = Tensor();
+}
+
 // A group of one adapted module (o, down): dx = its adapter's part (written, not added), then
 // dx += dy·W through the base GEMM's beta, which reads dx as it stores its output: the adapter's
 // pass over dx [M, in] (down: 11,008 columns) no longer reads it. dW for a trainable base weight.
-// Its dy copy is held through both.
+// Its dy copy is held through both. dA, which nothing in the layer reads, goes to the adapter
+// stream where there is one (dB stays: dy may be the layer's d_resid, which its backward rewrites).
 void adapter_first_backward(TensorView dx, const TensorView& dy_in, const TensorView& x, int group,
                             const LayerCompute& w, const LayerActivations& a, const GroupAdapters& g) {
   const int m = group_modules(group)[0];
@@ -157,7 +171,12 @@ void adapter_first_backward(TensorView dx, const TensorView& dy_in, const Tensor
     Tensor dxa = Tensor::empty(a.xa[group].shape(), DType::F32, x.device);
     lora_backward_output(dxa, 0, w.lora[m]->B.grad.view(), dy, x, a.xa[group], g.sites);
     const TensorView dA = w.lora[m]->A.grad.view();
-    lora_backward_input(dx, std::span(&dA, 1), dxa, x, a.xa[group], g.sites, /*accumulate_dx=*/false);
+    if (!w.adapter_stream) {
+      lora_backward_input(dx, std::span(&dA, 1), dxa, x, a.xa[group], g.sites, /*accumulate_dx=*/false);
+    } else {
+      lora_backward_input(dx, {}, dxa, x, a.xa[group], g.sites, /*accumulate_dx=*/false);
+      beside(w, [&] { lora_backward_input(TensorView{}, std::span(&dA, 1), dxa, x, a.xa[group], g.sites); }, {&dxa});
+    }
   }
   ScopedSection section("linear bwd");
   linear_backward_input(dx, dy, w.weight(m), /*accumulate=*/true);
@@ -165,7 +184,9 @@ void adapter_first_backward(TensorView dx, const TensorView& dy_in, const Tensor
 }
 
 // dx (+)= Σ_j dys[j]·W_m (+ the adapters' part), adding dW for trainable base weights and dA, dB
-// for adapters. Each module's dy is let go of once its own GEMMs have read it.
+// for adapters. Each module's dy is let go of once its own GEMMs have read it. With an adapter
+// stream, each module's dB and d(xa) run there beside the base GEMMs, and dA after them, which
+// nothing in the layer waits for; the adapters' part of dx waits for the d(xa).
 void linear_group_backward(TensorView dx, bool accumulate, std::span<const TensorView> dys, const TensorView& x,
                            int group, const LayerCompute& w, const LayerActivations& a) {
   const std::span<const int> modules = group_modules(group);
@@ -187,15 +208,25 @@ void linear_group_backward(TensorView dx, bool accumulate, std::span<const Tenso
     }
     Tensor dy_storage;
     const TensorView dy = gemm_ready(dys[j], m, w, dy_storage);
+    const bool adapted = g.site_of[j] >= 0;
+    if (adapted && w.adapter_stream)
+      beside(w, [&] {
+        ScopedSection section("lora bwd");
+        lora_backward_output(dxa, static_cast<size_t>(g.site_of[j]), w.lora[m]->B.grad.view(), dy, x, a.xa[group],
+                             g.sites);
+      });
     if (dx.data != nullptr || w.d_weight[m].data != nullptr) {  // (no dx: the first layer's q/k/v)
       ScopedSection section("linear bwd");
       if (dx.data) linear_backward_input(dx, dy, w.weight(m), accumulate || j > 0);
       if (w.d_weight[m].data) linear_backward_weight(w.d_weight[m], dy, x, /*accumulate=*/true);
     }
-    if (g.site_of[j] < 0) continue;
-    ScopedSection section("lora bwd");
-    lora_backward_output(dxa, static_cast<size_t>(g.site_of[j]), w.lora[m]->B.grad.view(), dy, x, a.xa[group],
-                         g.sites);
+    if (adapted && w.adapter_stream) {
+      beside(w, [] {}, {&dy_storage});  // (read by dB there)
+    } else if (adapted) {
+      ScopedSection section("lora bwd");
+      lora_backward_output(dxa, static_cast<size_t>(g.site_of[j]), w.lora[m]->B.grad.view(), dy, x, a.xa[group],
+                           g.sites);
+    }
   }
   w.release_group(group);  // the adapters' part below reads no base weight
   if (g.sites.empty()) return;
@@ -203,7 +234,12 @@ void linear_group_backward(TensorView dx, bool accumulate, std::span<const Tenso
   for (int m : modules)
     if (w.lora[m] && !is_dora(w, m)) dAs.push_back(w.lora[m]->A.grad.view());
   ScopedSection section("lora bwd");
-  lora_backward_input(dx, dAs, dxa, x, a.xa[group], g.sites);
+  if (!w.adapter_stream) return lora_backward_input(dx, dAs, dxa, x, a.xa[group], g.sites);
+  const StreamMark dxa_ready = w.adapter_stream->mark();
+  beside(w, [&] { lora_backward_input(TensorView{}, dAs, dxa, x, a.xa[group], g.sites); });
+  dxa_ready.compute_waits();
+  if (dx.data) lora_backward_input(dx, {}, dxa, x, a.xa[group], g.sites);
+  beside(w, [] {}, {&dxa});
 }
 
 }  // namespace
@@ -497,6 +533,9 @@ void layer_backward(TensorView d_resid, LayerGradScratch& s, LayerActivations& a
   }
   const TensorView d_qkv[] = {s.dq, s.dk, s.dv};
   linear_group_backward(input_gradient ? s.d_norm.view() : TensorView{}, false, d_qkv, a.n1, kQkvGroup, w, a);
+  // The adapters' dB and dA read this layer's activations and gradient buffers: the compute stream
+  // waits for them before anything may reuse those.
+  if (w.adapter_stream) w.adapter_stream->mark().compute_waits();
   if (!input_gradient) return;
   ScopedSection section("rmsnorm + residual bwd");
   rmsnorm_backward_add(d_resid, w.d_input_norm, s.d_norm, x, w.input_norm, a.rstd1);  // the layer input's gradient

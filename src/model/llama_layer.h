@@ -82,6 +82,11 @@ struct LayerCompute {
   // is past that point, while the rest of this layer still runs.
   std::array<StreamMark, kLinearModules>* buffer_free = nullptr;
   void release_group(int group) const;
+  // Where a group of several adapted modules (q/k/v, gate/up) runs its adapters' dB and d(xa)
+  // products in backward, beside the base input-gradient GEMMs on the compute stream (null: on the
+  // compute stream, after each GEMM). Those products read only dy, xa and B; what follows them
+  // (dA and the adapters' part of dx) waits for them.
+  SideStream* adapter_stream = nullptr;
   std::array<const LoraAdapter*, kLinearModules> lora{};
   std::array<LoraParams, kLinearModules> lora_params{};
   // DoRA's weight norms when the caller already has them (generation, where the weights do not

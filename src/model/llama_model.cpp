@@ -125,6 +125,15 @@ int64_t first_backward_layer(const LlamaWeights& w) {
   return L;
 }
 
+std::optional<StreamPriority>& adapter_stream_choice() {
+  static std::optional<StreamPriority> choice = []() -> std::optional<StreamPriority> {
+    const char* env = std::getenv("FSDPQ_ADAPTER_STREAM");  // runtime/environment.cpp checks the value
+    if (env != nullptr && std::string_view(env) == "off") return std::nullopt;
+    return env != nullptr && std::string_view(env) == "high" ? StreamPriority::High : StreamPriority::Normal;
+  }();
+  return choice;
+}
+
 bool& lora_fold_choice() {
   static bool choice = [] {
     const char* env = std::getenv("FSDPQ_LORA_FOLD");  // runtime/environment.cpp checks the value
@@ -136,6 +145,8 @@ bool& lora_fold_choice() {
 }  // namespace
 
 GpuDequantizeStream gpu_dequantize_stream() { return gpu_dequantize_choice(); }
+std::optional<StreamPriority> gpu_adapter_stream() { return adapter_stream_choice(); }
+void set_gpu_adapter_stream(std::optional<StreamPriority> priority) { adapter_stream_choice() = priority; }
 void set_gpu_dequantize_stream(GpuDequantizeStream stream) { gpu_dequantize_choice() = stream; }
 bool lora_fold() { return lora_fold_choice(); }
 void set_lora_fold(bool fold) { lora_fold_choice() = fold; }
@@ -152,6 +163,10 @@ struct LlamaModel::Impl {
   // compute stream, module by module in the order the pass uses them, so that each one's
   // dequantisation overlaps the products of the modules before it instead of delaying the layer.
   std::unique_ptr<SideStream> dequantize_stream;
+  // Where the adapters' dB, d(xa) and dA run in backward (LayerCompute::adapter_stream), made at
+  // the priority gpu_adapter_stream() says.
+  std::unique_ptr<SideStream> adapter_stream;
+  StreamPriority adapter_stream_priority = StreamPriority::Normal;
   // Per module: the compute stream's last read of dequantized[m] so far (LayerCompute::buffer_free).
   std::array<StreamMark, kLinearModules> buffer_free;
   // keep_dequantized_layers (ModelOptions): the last layers' dense base weights, each layer's in
@@ -349,6 +364,13 @@ struct LlamaModel::Impl {
     c.d_input_norm = layer.input_norm.grad_view();
     c.d_post_norm = layer.post_norm.grad_view();
     dequantize_layer(c, layer, order, own);
+    if (const std::optional<StreamPriority> priority = gpu_adapter_stream(); training && device == Device::CUDA && priority) {
+      if (!adapter_stream || adapter_stream_priority != *priority) {
+        adapter_stream = std::make_unique<SideStream>(device, *priority);
+        adapter_stream_priority = *priority;
+      }
+      c.adapter_stream = adapter_stream.get();
+    }
     for (int m = 0; m < kLinearModules; ++m) {
       c.d_weight[m] = layer.linear[m].grad_view();
       if (const LoraAdapter* adapter = layer.lora[m].get()) {

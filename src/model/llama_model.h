@@ -7,9 +7,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "backend/side_stream.h"
 #include "backend/tensor.h"
 #include "data/collate.h"
 #include "io/model_files.h"
@@ -93,6 +95,14 @@ struct ParamUnit;  // model/llama_weights.h: the tensors of one FSDP unit
 enum class GpuDequantizeStream { Side, Compute };
 GpuDequantizeStream gpu_dequantize_stream();
 void set_gpu_dequantize_stream(GpuDequantizeStream stream);
+// Where the GPU runs a layer's LoRA dB, d(xa) and dA products in backward (LayerCompute::
+// adapter_stream, model/llama_layer.h): on a side stream of this priority (the default: Normal),
+// beside the base input-gradient GEMMs and the rest of the layer, which fill the SMs those leave
+// idle; nullopt, on the compute stream. The same bits either way (bench/RESULTS.md, stop 49: +1.1%
+// on the 7B step). The environment's FSDPQ_ADAPTER_STREAM (normal, high, off) sets it at start-up;
+// tests set it here.
+std::optional<StreamPriority> gpu_adapter_stream();
+void set_gpu_adapter_stream(std::optional<StreamPriority> priority);
 // Whether each group (q/k/v, o, gate/up, down) folds its LoRA adapters' B products into the base
 // GEMMs where every module of the group is plain LoRA on a quantised base (LayerCompute,
 // model/llama_layer.h; the same values up to rounding, on every device). On by default: on the GPU

@@ -19,6 +19,7 @@ const std::vector<EnvironmentKnob>& environment_knobs() {
       {"FSDPQ_LORA_FOLD", {"0", "1"}, "fold the LoRA B products into their base GEMMs (quantised bases): one rounding"},
       {"FSDPQ_GEMM_ACCUMULATE", {"output-type", "pedantic"}, "how cuBLAS adds a product into a 16-bit output: the product rounded before C is added (fast), or one rounding of the sum (COMPUTE_32F_PEDANTIC, ~24x slower)"},
       {"FSDPQ_DEQUANTIZE_STREAM", {"side", "compute"}, "the GPU stream that makes a layer's quantised weights dense"},
+      {"FSDPQ_ADAPTER_STREAM", {"normal", "high", "off"}, "the stream of the LoRA adapters' dB, d(xa) and dA in backward: a side stream of this priority beside the base GEMMs, or off (the compute stream); the same bits"},
       {"FSDPQ_HQQ_SOLVER", {"auto", "cpu", "gpu"}, "where HQQ's quantisation solver runs (the same bytes either way)"},
       {"FSDPQ_GRADIENTS_IN_STATE", {"1", "0"}, "one GPU: the model accumulates a zero gradient shard's gradients in place (the same bits)"},
       {"FSDPQ_FUSED_COMPUTE_COPIES", {"1", "0"}, "state on the GPU: the optimizer's pass also writes the unit's compute copies (the same bits)"},

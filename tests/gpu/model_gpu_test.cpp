@@ -34,6 +34,14 @@ Outcome run(const LlamaConfig& config, const ModelOptions& options, const data::
   return out;
 }
 
+// The same loss, logits and gradients, bit for bit.
+void expect_same_bits(const Outcome& got, const Outcome& want) {
+  EXPECT_EQ(got.loss.loss_sum, want.loss.loss_sum);
+  EXPECT_EQ(got.logits, want.logits);
+  ASSERT_EQ(got.grads.size(), want.grads.size());
+  for (size_t i = 0; i < want.grads.size(); ++i) EXPECT_EQ(got.grads[i], want.grads[i]) << "gradient " << i;
+}
+
 TEST(GpuModel, LossAndGradientsMatchTheCpuBackend) {
   test::use_gpu();
   const LlamaConfig config = test::tiny_llama();
@@ -186,12 +194,42 @@ TEST(GpuModel, DequantizingBesideTheComputeStreamGivesTheSameBits) {
       set_gpu_dequantize_stream(GpuDequantizeStream::Compute);
       const Outcome in_line = run(config, c.options, batch, Device::CUDA);
       set_gpu_dequantize_stream(GpuDequantizeStream::Side);
-      const Outcome beside = run(config, c.options, batch, Device::CUDA);
-      EXPECT_EQ(beside.loss.loss_sum, in_line.loss.loss_sum);
-      EXPECT_EQ(beside.logits, in_line.logits);
-      ASSERT_EQ(beside.grads.size(), in_line.grads.size());
-      for (size_t i = 0; i < in_line.grads.size(); ++i) EXPECT_EQ(beside.grads[i], in_line.grads[i]) << "gradient " << i;
+      expect_same_bits(run(config, c.options, batch, Device::CUDA), in_line);
     }
+}
+
+// The adapters' dB, d(xa) and dA on their side stream (the default) against on the compute stream:
+// the same bits, or the compute stream read a d(xa) before it was written, or a block the side
+// stream still read went back to the allocator's pool and was overwritten (another gradient).
+// Widths at which the Hopper LoRA kernels run, every group of a layer, dropout and none, fp32, and
+// the backward's orders (plain, every layer recomputed, every other layer); DoRA keeps its own path.
+TEST(GpuModel, AdapterStreamGivesTheSameBits) {
+  test::use_gpu();
+  const LlamaConfig config = test::tiny_llama_wide();
+  const data::Batch batch = test::random_batch(2, 64, config.vocab_size, 8);
+  struct Case {
+    const char* name;
+    ModelOptions options;
+  };
+  std::vector<Case> cases = {{"qlora bf16 dropout r64", test::lora_options(Precision::BF16, true, 0.1, 64)},
+                             {"qlora bf16", test::lora_options(Precision::BF16, true)},
+                             {"lora fp32 dropout r64", test::lora_options(Precision::FP32, false, 0.1, 64)},
+                             {"bnb_dora bf16", test::lora_options(Precision::BF16, true)}};
+  cases[3].options.use_dora = true;
+  const std::optional<StreamPriority> saved = gpu_adapter_stream();
+  for (Case& c : cases)
+    for (int every : {0, 1, 2}) {
+      SCOPED_TRACE(fmt::format("{}, checkpoint_every {}", c.name, every));
+      c.options.gradient_checkpointing = every > 0;
+      c.options.checkpoint_every = std::max(every, 1);
+      set_gpu_adapter_stream(std::nullopt);
+      const Outcome in_line = run(config, c.options, batch, Device::CUDA, /*random_b=*/true);
+      for (StreamPriority priority : {StreamPriority::Normal, StreamPriority::High}) {
+        set_gpu_adapter_stream(priority);
+        expect_same_bits(run(config, c.options, batch, Device::CUDA, /*random_b=*/true), in_line);
+      }
+    }
+  set_gpu_adapter_stream(saved);
 }
 
 // keep_dequantized_layers on the GPU, the dequantisation on its side stream: the first pass fills
