@@ -6,6 +6,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include "backend/cuda_backend.h"
@@ -28,26 +30,38 @@ class HeldStream {
     const OnSideStream on_side(side);
     cuda::check(cudaLaunchHostFunc(cuda::stream(), &HeldStream::wait, &released_), "launch host function");
     timer_ = std::thread([this] {
-      std::this_thread::sleep_for(std::chrono::seconds(10));
-      release();
+      std::unique_lock lock(mutex_);
+      woken_.wait_for(lock, std::chrono::seconds(10), [this] { return released_.load(); });
+      released_.store(true);
     });
   }
   ~HeldStream() {
     release();
     timer_.join();
   }
-  void release() { released_.store(true); }
+  void release() {
+    {
+      const std::lock_guard lock(mutex_);
+      released_.store(true);
+    }
+    woken_.notify_all();
+  }
 
  private:
   static void wait(void* flag) {
     while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::yield();
   }
   std::atomic<bool> released_{false};
+  std::mutex mutex_;
+  std::condition_variable woken_;
   std::thread timer_;
 };
 
-// Two blocks of one size in the pool; returns them.
+// Two blocks of one size the only ones in the pool (other tests' cached blocks returned first, so
+// nothing else of that size is handed out); returns them. No device allocation is needed after this
+// while a stream is held (cudaMalloc and cudaFree may wait for every stream).
 std::pair<void*, void*> two_cached_blocks() {
+  cuda_empty_cache();
   Tensor a = new_block(), b = new_block();
   return {block_of(a), block_of(b)};
 }
