@@ -145,8 +145,9 @@ TensorView gemm_ready(const TensorView& dy, int m, const LayerCompute& w, Tensor
 
 // Queues `work` on the layer's adapter stream once the compute stream's work so far is done (or
 // runs it here, on the compute stream, where there is none). `held` are let go of in there: a
-// block freed on a side stream returns to the pool only once that stream has passed the free
-// (backend/cuda_backend.cpp), so what the work reads stays intact until it has read it.
+// block freed on a side stream returns to the pool only once the compute stream has waited for a
+// later mark of that stream, or the stream has passed the free (backend/cuda_backend.cpp), so
+// what the work reads stays intact until it has read it.
 template <typename Work>
 void beside(const LayerCompute& w, Work&& work, std::initializer_list<Tensor*> held = {}) {
   if (!w.adapter_stream) return work();
