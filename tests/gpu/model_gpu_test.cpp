@@ -34,6 +34,12 @@ Outcome run(const LlamaConfig& config, const ModelOptions& options, const data::
   return out;
 }
 
+// A case of the bit-for-bit tests: its name and the model's options.
+struct NamedOptions {
+  const char* name;
+  ModelOptions options;
+};
+
 // The same loss, logits and gradients, bit for bit.
 void expect_same_bits(const Outcome& got, const Outcome& want) {
   EXPECT_EQ(got.loss.loss_sum, want.loss.loss_sum);
@@ -176,17 +182,13 @@ TEST(GpuModel, DequantizingBesideTheComputeStreamGivesTheSameBits) {
   test::use_gpu();
   const LlamaConfig config = test::tiny_llama_wide();
   const data::Batch batch = test::random_batch(2, 64, config.vocab_size, 8);
-  struct Case {
-    const char* name;
-    ModelOptions options;
-  };
-  std::vector<Case> cases = {{"qlora bf16 dropout", test::lora_options(Precision::BF16, true, 0.1)},
+  std::vector<NamedOptions> cases = {{"qlora bf16 dropout", test::lora_options(Precision::BF16, true, 0.1)},
                              {"qlora fp32", test::lora_options(Precision::FP32, true)},
                              {"hqq 4 bits bf16", test::lora_options(Precision::BF16, true)},
                              {"bnb_dora bf16", test::lora_options(Precision::BF16, true)}};
   cases[2].options.hqq_bits = 4;
   cases[3].options.use_dora = true;
-  for (Case& c : cases)
+  for (NamedOptions& c : cases)
     for (int every : {0, 1, 2}) {
       SCOPED_TRACE(fmt::format("{}, checkpoint_every {}", c.name, every));
       c.options.gradient_checkpointing = every > 0;
@@ -207,17 +209,13 @@ TEST(GpuModel, AdapterStreamGivesTheSameBits) {
   test::use_gpu();
   const LlamaConfig config = test::tiny_llama_wide();
   const data::Batch batch = test::random_batch(2, 64, config.vocab_size, 8);
-  struct Case {
-    const char* name;
-    ModelOptions options;
-  };
-  std::vector<Case> cases = {{"qlora bf16 dropout r64", test::lora_options(Precision::BF16, true, 0.1, 64)},
+  std::vector<NamedOptions> cases = {{"qlora bf16 dropout r64", test::lora_options(Precision::BF16, true, 0.1, 64)},
                              {"qlora bf16", test::lora_options(Precision::BF16, true)},
                              {"lora fp32 dropout r64", test::lora_options(Precision::FP32, false, 0.1, 64)},
                              {"bnb_dora bf16", test::lora_options(Precision::BF16, true)}};
   cases[3].options.use_dora = true;
   const std::optional<StreamPriority> saved = gpu_adapter_stream();
-  for (Case& c : cases)
+  for (NamedOptions& c : cases)
     for (int every : {0, 1, 2}) {
       SCOPED_TRACE(fmt::format("{}, checkpoint_every {}", c.name, every));
       c.options.gradient_checkpointing = every > 0;
