@@ -423,6 +423,14 @@ TEST_F(GpuOpsLoraFused, Perf) {
       if (c.ranks.size() == 1)  // o and down run their adapter's part first, writing dx (model/llama_layer.cpp)
         test::report_perf(what + " backward dA, dx written", 0, 0, [&] { placed.backward_input(dxa, false); });
     }
+    // The folded forward's down product with and without its copy of x into [x | xa]
+    // (model/llama_layer.cpp): what writing x into that buffer in the first place would save.
+    set_gpu_lora_kernels(GpuLoraKernels::Fused);
+    Tensor wide = Tensor::empty(Shape{M, c.in + placed.xa.shape()[1]}, c.dtype, Device::CUDA);
+    const std::string what = fmt::format("lora group {} fused M {}", name, M);
+    test::report_perf(what + " down product", 0, 0, [&] { lora_down_group(placed.xa, placed.x, placed.sites); });
+    test::report_perf(what + " down product copying x", 0, 0,
+                      [&] { lora_down_group(placed.xa, placed.x, placed.sites, MatrixView(wide.view(), 0, c.in)); });
   }
 }
 
