@@ -162,6 +162,7 @@ void beside(const LayerCompute& w, Work&& work, std::initializer_list<Tensor*> h
 // pass over dx [M, in] (down: 11,008 columns) no longer reads it. dW for a trainable base weight.
 // Its dy copy is held through both. dA, which nothing in the layer reads, goes to the adapter
 // stream where there is one (dB stays: dy may be the layer's d_resid, which its backward rewrites).
+// dx and dA are lora_backward_input's two parts, each in a call of its own (the same bits).
 void adapter_first_backward(TensorView dx, const TensorView& dy_in, const TensorView& x, int group,
                             const LayerCompute& w, const LayerActivations& a, const GroupAdapters& g) {
   const int m = group_modules(group)[0];
@@ -171,13 +172,9 @@ void adapter_first_backward(TensorView dx, const TensorView& dy_in, const Tensor
     ScopedSection section("lora bwd");
     Tensor dxa = Tensor::empty(a.xa[group].shape(), DType::F32, x.device);
     lora_backward_output(dxa, 0, w.lora[m]->B.grad.view(), dy, x, a.xa[group], g.sites);
+    lora_backward_input(dx, {}, dxa, x, a.xa[group], g.sites, /*accumulate_dx=*/false);
     const TensorView dA = w.lora[m]->A.grad.view();
-    if (!w.adapter_stream) {
-      lora_backward_input(dx, std::span(&dA, 1), dxa, x, a.xa[group], g.sites, /*accumulate_dx=*/false);
-    } else {
-      lora_backward_input(dx, {}, dxa, x, a.xa[group], g.sites, /*accumulate_dx=*/false);
-      beside(w, [&] { lora_backward_input(TensorView{}, std::span(&dA, 1), dxa, x, a.xa[group], g.sites); }, {&dxa});
-    }
+    beside(w, [&] { lora_backward_input(TensorView{}, std::span(&dA, 1), dxa, x, a.xa[group], g.sites); }, {&dxa});
   }
   ScopedSection section("linear bwd");
   linear_backward_input(dx, dy, w.weight(m), /*accumulate=*/true);
@@ -210,7 +207,7 @@ void linear_group_backward(TensorView dx, bool accumulate, std::span<const Tenso
     Tensor dy_storage;
     const TensorView dy = gemm_ready(dys[j], m, w, dy_storage);
     const bool adapted = g.site_of[j] >= 0;
-    if (adapted && w.adapter_stream)
+    if (adapted)
       beside(w, [&] {
         ScopedSection section("lora bwd");
         lora_backward_output(dxa, static_cast<size_t>(g.site_of[j]), w.lora[m]->B.grad.view(), dy, x, a.xa[group],
@@ -221,13 +218,7 @@ void linear_group_backward(TensorView dx, bool accumulate, std::span<const Tenso
       if (dx.data) linear_backward_input(dx, dy, w.weight(m), accumulate || j > 0);
       if (w.d_weight[m].data) linear_backward_weight(w.d_weight[m], dy, x, /*accumulate=*/true);
     }
-    if (adapted && w.adapter_stream) {
-      beside(w, [] {}, {&dy_storage});  // (read by dB there)
-    } else if (adapted) {
-      ScopedSection section("lora bwd");
-      lora_backward_output(dxa, static_cast<size_t>(g.site_of[j]), w.lora[m]->B.grad.view(), dy, x, a.xa[group],
-                           g.sites);
-    }
+    if (adapted) beside(w, [] {}, {&dy_storage});  // (dB on the adapter stream reads it: let go of there)
   }
   w.release_group(group);  // the adapters' part below reads no base weight
   if (g.sites.empty()) return;
@@ -235,10 +226,9 @@ void linear_group_backward(TensorView dx, bool accumulate, std::span<const Tenso
   for (int m : modules)
     if (w.lora[m] && !is_dora(w, m)) dAs.push_back(w.lora[m]->A.grad.view());
   ScopedSection section("lora bwd");
-  if (!w.adapter_stream) return lora_backward_input(dx, dAs, dxa, x, a.xa[group], g.sites);
-  const StreamMark dxa_ready = w.adapter_stream->mark();
+  const StreamMark dxa_written = w.adapter_stream ? w.adapter_stream->mark() : StreamMark{};
   beside(w, [&] { lora_backward_input(TensorView{}, dAs, dxa, x, a.xa[group], g.sites); });
-  dxa_ready.compute_waits();
+  dxa_written.compute_waits();
   if (dx.data) lora_backward_input(dx, {}, dxa, x, a.xa[group], g.sites);
   beside(w, [] {}, {&dxa});
 }
