@@ -41,6 +41,9 @@ if [ -n "${PERF:-}" ]; then
   done
 fi
 
+# (each part below needs a floor of the budget left; one it cannot start says so, not silently)
+skipped() { echo "device_compare: $1 skipped: $(left) s of BUDGET=${BUDGET:-560} left, it needs more than $2" >&2; }
+[ "${STEP:-1}" = 1 ] && [ $(left) -le 120 ] && skipped "the step" 120
 if [ "${STEP:-1}" = 1 ] && [ $(left) -gt 120 ]; then
   binaries=""
   for b in $BUILDS; do
@@ -56,11 +59,13 @@ if [ "${STEP:-1}" = 1 ] && [ $(left) -gt 120 ]; then
   BINARIES="$binaries" ROUTES=${ROUTES:-auto} POINTS="${POINTS:-false:4}" STEPS=${STEPS:-6} SKIP=hf bash scripts/device_attention_step.sh  # prints the sections too
 fi
 
+[ "${HF:-0}" = 1 ] && [ $(left) -le 150 ] && skipped "HF parity" 150
 if [ "${HF:-0}" = 1 ] && [ $(left) -gt 150 ]; then  # HF + PEFT (+ bitsandbytes) parity of the last build
   FSDPQ=$PWD/$last_root/build/fsdpq TESTS=$PWD/$last_root/build/tests/fsdpq_gpu_tests ROUTES_HF=auto SKIP=step \
     bash scripts/device_attention_step.sh
 fi
 
+[ -n "${PROFILE:-}" ] && [ $(left) -le 150 ] && skipped "the profile" 150
 if [ -n "${PROFILE:-}" ] && [ $(left) -gt 150 ]; then
   # ncu over one step of a 2-layer model of the 7B's width (a whole 7B step is too many kernels for
   # ncu's replay): every kernel's name and duration, for a per-layer breakdown, and how close it runs
