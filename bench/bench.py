@@ -8,6 +8,7 @@ On the GPU machine:  python3 bench/bench.py --results $OUT/results.jsonl --log $
 Then:                python3 bench/compare.py $OUT/results.jsonl
 """
 import argparse
+import collections
 import datetime
 import glob
 import json
@@ -28,27 +29,35 @@ HF_PEERS = ("hf_lora_eager", "hf_lora_compile", "hf_qlora_bnb", "hf_lora_liger")
 FSDPQ_PEERS = {"fsdpq_lora": "lora", "fsdpq_qlora": "qlora"}
 
 
+# A run's LoRA settings, every peer's the same: rank (α stays 16, fsdp_qlora's) and dropout.
+Lora = collections.namedtuple("Lora", "rank dropout")
+
+
+def lora_of(a):
+    return Lora(a.lora_rank, a.lora_dropout)
+
+
 def peer_command(a, peer, shape, ctx, bs, ckpt, workdir):
     cmd = [sys.executable, os.path.join(HERE, "peer_train.py"), "--peer", peer, "--shape", shape,
            "--batch-size", str(bs), "--context-length", str(ctx), "--warmup", str(a.warmup),
            "--steps", str(a.steps), "--device", a.device, "--peak-tflops", str(a.peak_tflops),
-           "--lora-dropout", str(a.lora_dropout),
+           "--lora-r", str(a.lora_rank), "--lora-dropout", str(a.lora_dropout),
            "--grad-ckpt" if ckpt else "--no-grad-ckpt"]
     return cmd + shlex.split(a.peer_args), lambda proc: last_json_line(proc.stdout)
 
 
-def fsdpq_point(train_type, shape, ctx, bs, ckpt, dropout):
-    """fsdpq's flags for a point: the peers' shape, batch, context and LoRA settings."""
+def fsdpq_point(train_type, shape, ctx, bs, ckpt, lora):
+    """fsdpq's flags for a point: the peers' shape, batch, context and LoRA settings (a Lora)."""
     return ["--model_name", f"preset:{shape}", "--train_type", train_type, "--dataset", "dummy",
             "--context_length", str(ctx), "--batch_size", str(bs),
             "--use_gradient_checkpointing", "true" if ckpt else "false",
-            "--lora_rank", "64", "--lora_alpha", "16", "--lora_dropout", str(dropout)]
+            "--lora_rank", str(lora.rank), "--lora_alpha", "16", "--lora_dropout", str(lora.dropout)]
 
 
 def fsdpq_command(a, peer, shape, ctx, bs, ckpt, workdir):
     """fsdpq at the point, on fixed-length dummy records."""
     steps = a.warmup + a.steps
-    cmd = [a.fsdpq, *fsdpq_point(FSDPQ_PEERS[peer], shape, ctx, bs, ckpt, a.lora_dropout),
+    cmd = [a.fsdpq, *fsdpq_point(FSDPQ_PEERS[peer], shape, ctx, bs, ckpt, lora_of(a)),
            "--tokenizer_path", "builtin:bytes", "--dataset_samples", str(bs * steps),
            "--pad_to_context_length", "true", "--max_steps", str(steps), "--lr", "1e-5",
            "--log_to", "stdout", "--output_dir", workdir]
@@ -83,11 +92,11 @@ def fsdpq_record(a, workdir, shape, ctx, proc):
 PEERS = {name: peer_command for name in HF_PEERS} | {name: fsdpq_command for name in FSDPQ_PEERS}
 
 
-def plan_peak_gib(fsdpq, shape, ctx, bs, ckpt, dropout, keep, activations=0, extra=()):
+def plan_peak_gib(fsdpq, shape, ctx, bs, ckpt, lora, keep, activations=0, extra=()):
     """`fsdpq plan`'s peak allocated GiB for fsdpq_qlora at this point with `keep` kept dense layers
     (and, with checkpointing, the last `activations` layers not recomputed), with the run's extra
     settings (--fsdpq-args: an offload changes what fits)."""
-    cmd = [fsdpq, "plan", *fsdpq_point("qlora", shape, ctx, bs, ckpt, dropout), *extra,
+    cmd = [fsdpq, "plan", *fsdpq_point("qlora", shape, ctx, bs, ckpt, lora), *extra,
            "--keep_dequantized_layers", str(keep)]
     if activations:
         cmd += ["--keep_activation_layers", str(activations)]
@@ -116,19 +125,19 @@ def most_layers_under(peak_with, layers, cap_gib, lowest=0):
     return lo
 
 
-def kept_layers_under(fsdpq, shape, ctx, bs, ckpt, dropout, cap_gib, activations=0, extra=()):
+def kept_layers_under(fsdpq, shape, ctx, bs, ckpt, lora, cap_gib, activations=0, extra=()):
     """The most layers fsdpq_qlora keeps dense (keep_dequantized_layers) with its planned peak at most
     cap_gib, or None where even none fits."""
-    return most_layers_under(lambda k: plan_peak_gib(fsdpq, shape, ctx, bs, ckpt, dropout, k, activations, extra),
+    return most_layers_under(lambda k: plan_peak_gib(fsdpq, shape, ctx, bs, ckpt, lora, k, activations, extra),
                              shape_dict(shape)["num_hidden_layers"], cap_gib)
 
 
-def activation_layers_under(fsdpq, shape, ctx, bs, dropout, cap_gib, extra=()):
+def activation_layers_under(fsdpq, shape, ctx, bs, lora, cap_gib, extra=()):
     """With checkpointing: the most last layers fsdpq_qlora leaves unrecomputed (keep_activation_layers)
     with its planned peak at most cap_gib (no dense layers kept), or None where even none fits (one,
     with recompute_elementwise, which trims the layers kept and refuses a run that keeps none)."""
     trims = any(flag == "--recompute_elementwise" and value == "true" for flag, value in zip(extra, extra[1:]))
-    return most_layers_under(lambda n: plan_peak_gib(fsdpq, shape, ctx, bs, True, dropout, 0, n, extra),
+    return most_layers_under(lambda n: plan_peak_gib(fsdpq, shape, ctx, bs, True, lora, 0, n, extra),
                              shape_dict(shape)["num_hidden_layers"], cap_gib, lowest=1 if trims else 0)
 
 
@@ -160,8 +169,9 @@ def install_wheel(a, module, wheel_prefix, peer):
 
 
 def key(r):
+    """A record's point: records from before bench.py wrote lora_rank ran at 64."""
     return (r.get("peer"), r.get("model_shape"), r.get("context_length"), r.get("batch_size"),
-            r.get("gradient_checkpointing"), r.get("lora_dropout", 0.1))
+            r.get("gradient_checkpointing"), r.get("lora_dropout", 0.1), r.get("lora_rank", 64))
 
 
 def grid_peers(peers_arg, fsdpq):
@@ -194,6 +204,7 @@ def main(argv=None):
     p.add_argument("--resume", action="store_true", help="skip points already in --results (OOM included)")
     p.add_argument("--wheels", default=".device/wheels")
     p.add_argument("--lora-dropout", type=float, default=0.1, help="every peer's LoRA dropout (fsdp_qlora's 0.1)")
+    p.add_argument("--lora-rank", type=int, default=64, help="every peer's LoRA rank (fsdp_qlora's 64; α stays 16)")
     p.add_argument("--peer-args", default="", help="extra flags for peer_train.py")
     p.add_argument("--fsdpq", help="the fsdpq binary: adds the fsdpq_lora and fsdpq_qlora entries (only those of "
                                    "them --peers names, if it names any)")
@@ -239,7 +250,7 @@ def main(argv=None):
                         sizes = [int(b) for b in a.bs.split(",")] if a.bs else \
                             [1 << i for i in range(a.max_bs.bit_length()) if 1 << i <= a.max_bs]
                         for bs in sizes:
-                            k = (peer, shape, ctx, bs, ckpt, a.lora_dropout)
+                            k = (peer, shape, ctx, bs, ckpt, a.lora_dropout, a.lora_rank)
                             extra = []
                             if peer == "fsdpq_qlora" and a.fsdpq_memory_of and k not in done:
                                 # where the peer did not run or fit there is no memory to match: none kept
@@ -255,7 +266,7 @@ def memory_matched_args(a, done, shape, ctx, bs, ckpt):
     """fsdpq_qlora's flags at --fsdpq-memory-of's measured peak here, or None: with checkpointing first
     as many of the last layers not recomputed as fit (each saves a layer's forward), then as many
     layers kept dense as the rest allows (each saves a layer's dequantisation); without, the latter."""
-    peer = done.get((a.fsdpq_memory_of, shape, ctx, bs, ckpt, a.lora_dropout)) or {}
+    peer = done.get((a.fsdpq_memory_of, shape, ctx, bs, ckpt, a.lora_dropout, a.lora_rank)) or {}
     cap = peer.get("peak_allocated_gib")
     if not cap:
         return None
@@ -263,11 +274,11 @@ def memory_matched_args(a, done, shape, ctx, bs, ckpt):
     # measured at ctx 512, bs 4, 27 kept, against the peer's 25.74 that the plan had kept under):
     # a margin keeps the measured peak at or below the peer's, which #24 asks of every point.
     extra = shlex.split(a.fsdpq_args)  # the run's own settings, planned with it
-    activations = (activation_layers_under(a.fsdpq, shape, ctx, bs, a.lora_dropout, cap * PLAN_MARGIN, extra)
+    activations = (activation_layers_under(a.fsdpq, shape, ctx, bs, lora_of(a), cap * PLAN_MARGIN, extra)
                    if ckpt else 0)
     if activations is None:
         return None
-    keep = kept_layers_under(a.fsdpq, shape, ctx, bs, ckpt, a.lora_dropout, cap * PLAN_MARGIN, activations, extra)
+    keep = kept_layers_under(a.fsdpq, shape, ctx, bs, ckpt, lora_of(a), cap * PLAN_MARGIN, activations, extra)
     if keep is None:
         return None
     return ["--keep_dequantized_layers", str(keep)] + (["--keep_activation_layers", str(activations)] if activations else [])
@@ -302,7 +313,7 @@ def run_one(a, peer, shape, ctx, bs, ckpt, start, results, logf, extra=()):
         except (OSError, ValueError, KeyError, TypeError) as e:  # e.g. fsdpq wrote no metrics.jsonl
             rec = {"error": f"no result readable: {type(e).__name__}: {e}"}
     rec.update(peer=peer, model_shape=shape, context_length=ctx, batch_size=bs, gradient_checkpointing=ckpt,
-               lora_dropout=a.lora_dropout, rc=None if timed_out else proc.returncode, wall_s=round(time.time() - t0, 1),
+               lora_dropout=a.lora_dropout, lora_rank=a.lora_rank, rc=None if timed_out else proc.returncode, wall_s=round(time.time() - t0, 1),
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                command=shlex.join(cmd))
     for flag in ("--keep_dequantized_layers", "--keep_activation_layers"):

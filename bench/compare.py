@@ -12,18 +12,27 @@ import json
 import sys
 
 KEY = ("model_shape", "context_length", "gradient_checkpointing", "batch_size")
-HEADER = ("| shape | ctx | ckpt | dropout | bs | peer | tokens/s | MFU | peak alloc GiB | peak reserved GiB "
-          "| fsdpq / best peer |\n|---|---|---|---|---|---|---|---|---|---|---|")
+HEADER = ("| shape | ctx | ckpt | r | dropout | bs | peer | tokens/s | MFU | peak alloc GiB | peak reserved GiB "
+          "| fsdpq / best peer |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
 DEFAULT_DROPOUT = 0.1  # what bench.py ran before its results recorded lora_dropout
+DEFAULT_RANK = 64  # and lora_rank
 
 
 def dropout(r):
     return r.get("lora_dropout", DEFAULT_DROPOUT)
 
 
+def rank(r):
+    return r.get("lora_rank", DEFAULT_RANK)
+
+
+def lora(r):
+    return (rank(r), dropout(r))
+
+
 def same_point(a, b, keys=KEY):
-    """Runs that compare: the same shape, context, checkpointing (and batch), and LoRA dropout."""
-    return all(a[k] == b[k] for k in keys) and dropout(a) == dropout(b)
+    """Runs that compare: the same shape, context, checkpointing (and batch), LoRA rank and dropout."""
+    return all(a[k] == b[k] for k in keys) and lora(a) == lora(b)
 
 
 def load(paths, warn):
@@ -46,7 +55,7 @@ def load(paths, warn):
             if missing:
                 warn(f"{path}:{n}: skipped, no {', '.join(missing)}")
                 continue
-            rows[(r["peer"],) + tuple(r[k] for k in KEY) + (dropout(r), variant(r))] = r
+            rows[(r["peer"],) + tuple(r[k] for k in KEY) + lora(r) + (variant(r),)] = r
     return list(rows.values())
 
 
@@ -105,13 +114,14 @@ def peer_text(r):
 
 def line(r, ratio):
     ckpt = "on" if r["gradient_checkpointing"] else "off"
-    return (f"| {r['model_shape']} | {r['context_length']} | {ckpt} | {dropout(r):g} | {r['batch_size']} | {peer_text(r)} "
+    return (f"| {r['model_shape']} | {r['context_length']} | {ckpt} | {rank(r)} | {dropout(r):g} | {r['batch_size']} "
+            f"| {peer_text(r)} "
             f"| {outcome(r)} | {num(r.get('mfu') if tps(r) else None, '.1%')} | {num(r.get('peak_allocated_gib'), '.1f')} "
             f"| {num(r.get('peak_reserved_gib'), '.1f')} | {ratio} |")
 
 
 def order(r):
-    return (str(r["model_shape"]), r["context_length"], not r["gradient_checkpointing"], dropout(r), r["batch_size"],
+    return (str(r["model_shape"]), r["context_length"], not r["gradient_checkpointing"], lora(r), r["batch_size"],
             is_fsdpq(r), r["peer"], variant(r))
 
 
@@ -124,7 +134,7 @@ def tables(rows):
     # batch than the peers.
     best = {}
     for r in rows:
-        k = (r["peer"],) + tuple(r[k] for k in KEY[:3]) + (dropout(r), variant(r))
+        k = (r["peer"],) + tuple(r[k] for k in KEY[:3]) + lora(r) + (variant(r),)
         if tps(r) is not None and (k not in best or tps(r) > tps(best[k])):
             best[k] = r
     out += ["", "## Best batch size of each", "", HEADER]

@@ -44,7 +44,7 @@ def test_every_run_rows_and_ratios(tmp_path):
     assert any("| 2 | hf_lora_compile | timeout |" in r for r in rows)
     assert any("| 4 | fsdpq_qlora | 8,000 |" in r and r.endswith("| — |") for r in rows)  # no peer at bs 4
     # peers come before fsdpq within a point, points in bs order
-    assert [r.split("|")[5].strip() for r in rows[:3]] == ["1"] * 3 and "fsdpq" in rows[3]  # column 5: bs
+    assert [r.split("|")[6].strip() for r in rows[:3]] == ["1"] * 3 and "fsdpq" in rows[3]  # column 6: bs
     eager = next(r for r in rows if "| 1 | hf_lora_eager |" in r)
     assert "| 2,000 | 25.0% | 5.0 | 6.0 | — |" in eager
     assert "| error | — |" in rows[0]  # no MFU without a measurement
@@ -65,6 +65,18 @@ def test_runs_at_another_dropout_are_their_own_rows(tmp_path):
     # Each fsdpq row is compared with the peers at its own dropout (0.1 where none is recorded).
     assert any("| 0.1 | 1 | fsdpq_qlora | 5,000 |" in r and "2.00× (hf_qlora_bnb)" in r for r in every)
     assert any("| 0 | 1 | fsdpq_qlora | 6,000 |" in r and "1.50× (hf_lora_eager)" in r for r in every)
+
+
+def test_runs_at_another_rank_are_their_own_rows(tmp_path):
+    """bench.py --lora-rank: each rank is a point of its own, in both tables (64 where none is recorded)."""
+    rows = FIXTURE[:3] + [rec("hf_lora_eager", 1, 2200.0, lora_rank=16), rec("fsdpq_qlora", 1, 4400.0, lora_rank=16)]
+    text = compare.tables(compare.load([write(tmp_path, rows)], print))
+    every = table_lines(text, "Every run")
+    assert len(every) == 5
+    assert any("| 64 | 0.1 | 1 | fsdpq_qlora | 5,000 |" in r and "2.00× (hf_qlora_bnb)" in r for r in every)
+    assert any("| 16 | 0.1 | 1 | fsdpq_qlora | 4,400 |" in r and "2.00× (hf_lora_eager)" in r for r in every)
+    best = table_lines(text, "Best batch size of each")
+    assert sum("fsdpq_qlora" in r for r in best) == 2
 
 
 def test_corrupt_and_incomplete_lines_are_reported_not_raised(tmp_path):
