@@ -434,5 +434,31 @@ TEST_F(GpuOpsLoraFused, Perf) {
   }
 }
 
+// The same groups across LoRA ranks, with the kernels auto picks (FSDPQ_GPU_PERF=1 prints): the
+// Hopper kernels take rank 64 only, other multiples of 16 take the mma kernels (a group's ranks
+// up to 256), the rest the separate path. What a user's rank costs against fsdp_qlora's 64.
+TEST_F(GpuOpsLoraFused, PerfAcrossRanks) {
+  if (!test::perf_mode()) GTEST_SKIP() << "FSDPQ_GPU_PERF=1 prints the timings";
+  use_automatic_gpu_lora_kernels();
+  const int64_t M = 8192;
+  for (int64_t r : {8, 16, 32, 64, 128}) {
+    const std::vector<std::pair<std::string, GroupCase>> groups = {
+        {"q,k,v", {M, 4096, {r, r, r}, {4096, 4096, 4096}, DType::BF16, DType::BF16}},
+        {"gate,up", {M, 4096, {r, r}, {11008, 11008}, DType::BF16, DType::BF16}},
+        {"down", {M, 11008, {r}, {4096}, DType::BF16, DType::BF16}}};
+    for (const auto& [name, c] : groups) {
+      LoraGroup::Placed placed = LoraGroup(c).place(Device::CUDA);
+      Tensor dxa = Tensor::empty(placed.xa.shape(), DType::F32, Device::CUDA);
+      const int64_t before = cuda_ops::lora_fused_runs();
+      placed.step();
+      const char* path = cuda_ops::lora_fused_runs() > before ? "fused" : "separate";
+      const std::string what = fmt::format("lora rank {} group {} ({}) M {}", r, name, path, M);
+      test::report_perf(what + " forward", 0, 0, [&] { lora_forward_group(placed.ys, placed.xa, placed.x, placed.sites); });
+      test::report_perf(what + " backward dB, d(xa)", 0, 0, [&] { placed.backward_output(dxa); });
+      test::report_perf(what + " backward dA, dx", 0, 0, [&] { placed.backward_input(dxa); });
+    }
+  }
+}
+
 }  // namespace
 }  // namespace fsdpq
