@@ -105,6 +105,11 @@ bool lora_fused_forward(TensorView xa, const TensorView& x, std::span<const Lora
 bool lora_fused_backward_input(TensorView dx, bool accumulate_dx, std::span<const TensorView> dAs,
                                const TensorView& dxa, const TensorView& x, std::span<const LoraSite> sites,
                                const LoraGroupMask& mask);
+// Whether groups with ranks other than 64 run the Hopper kernels as rank-64 slots where those run
+// (FSDPQ_LORA_RANK_SLOTS, 1 by default; ops/cuda/lora_fused.cpp); else the mma kernels or the
+// separate products take them. Tests set it directly.
+bool lora_rank_slots();
+void set_lora_rank_slots(bool on);
 // How many group products the fused kernels ran since the process started, and how many of their
 // down products, input and weight gradients the Hopper kernels took (kernels/lora_fused_sm90a.cuh;
 // the tests check them).

@@ -16,6 +16,7 @@ const std::vector<EnvironmentKnob>& environment_knobs() {
       {"FSDPQ_SECTION_TIMES", {"0", "1"}, "log the compute stream's time per section of the pass"},
       {"FSDPQ_LORA_KERNELS", {"auto", "separate", "fused"}, "the GPU kernels of LoRA adapters with dropout"},
       {"FSDPQ_DORA_NORM", {"direct", "expanded"}, "how the GPU computes DoRA's weight norms"},
+      {"FSDPQ_LORA_RANK_SLOTS", {"1", "0"}, "on Hopper, LoRA ranks other than 64 run the wgmma kernels as slots of rank 64 (1, the default), or take the mma kernels or separate products (0)"},
       {"FSDPQ_LORA_FOLD", {"0", "1"}, "fold the LoRA B products into their base GEMMs (quantised bases): one rounding"},
       {"FSDPQ_GEMM_ACCUMULATE", {"output-type", "pedantic"}, "how cuBLAS adds a product into a 16-bit output: the product rounded before C is added (fast), or one rounding of the sum (COMPUTE_32F_PEDANTIC, ~24x slower)"},
       {"FSDPQ_DEQUANTIZE_STREAM", {"side", "compute"}, "the GPU stream that makes a layer's quantised weights dense"},

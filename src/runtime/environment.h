@@ -9,6 +9,8 @@
 //   FSDPQ_LORA_KERNELS   auto | separate | fused  LoRA with dropout on the GPU (ops/lora.h)
 //   FSDPQ_HQQ_SOLVER     auto | cpu | gpu  where HQQ's solver runs (quant/hqq_solve.h)
 //   FSDPQ_DORA_NORM      direct | expanded  DoRA's weight norms on the GPU (ops/dora.h)
+//   FSDPQ_LORA_RANK_SLOTS  1 | 0        on Hopper, other LoRA ranks than 64 as rank-64 slots of the
+//                                       wgmma kernels (ops/cuda/lora_fused.cpp; 1, the default)
 //   FSDPQ_LORA_FOLD      1 | 0          fold the LoRA B products into the base GEMMs on quantised
 //                                       bases (model/llama_model.h; 1, the default)
 //   FSDPQ_GEMM_ACCUMULATE  output-type | pedantic  cuBLAS's accumulate into 16 bits: fast, or one

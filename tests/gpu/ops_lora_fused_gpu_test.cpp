@@ -182,8 +182,10 @@ TEST_F(GpuOpsLoraFused, MatchesTheCpuAndTheSeparatePath) {
       {300, 1024, {128, 64, 64}, {1024, 256, 256}, DType::BF16, DType::F32},
       {64, 640, {64, 64, 64, 64}, {128, 128, 128, 128}, DType::F16, DType::F32},
   };
-  for (const GroupCase& c : cases) {
-    SCOPED_TRACE(c.name());
+  for (const GroupCase& c : cases)
+    for (bool slots : {true, false}) {  // on Hopper: the slots of the Hopper kernels, or the mma kernels
+    SCOPED_TRACE(c.name() + (slots ? ", rank slots" : ", no rank slots"));
+    cuda_ops::set_lora_rank_slots(slots);
     const LoraGroup group(c);
     const GroupRun cpu = group.run(Device::CPU);
     set_gpu_lora_kernels(GpuLoraKernels::Fused);
@@ -196,6 +198,7 @@ TEST_F(GpuOpsLoraFused, MatchesTheCpuAndTheSeparatePath) {
     expect_runs_close(fused, cpu, "fused vs cpu");
     expect_runs_close(fused, separate, "fused vs separate");
   }
+  cuda_ops::set_lora_rank_slots(true);
 }
 
 // The Hopper kernels (kernels/lora_fused_sm90a.cuh) take rank-64 groups of 1 to 3 on an H100 or
@@ -238,6 +241,47 @@ TEST_F(GpuOpsLoraFused, HopperKernelsMatchTheCpu) {
   }
 }
 
+// Ranks other than 64 on Hopper (ops/cuda/lora_fused.cpp): each adapter as ceil(r / 64) slots of
+// the rank-64 kernels, the last padded with zero rows, slots of one adapter sharing its mask, at
+// most 3 slots a launch. Against the CPU (xa, outputs, dx added to and written, dA, dB), the steps
+// in parts against the whole steps bit for bit, and the launches counted: ranks under 64 (8, 16, a
+// mix with 64), over it (100 + 28, 128), six slots in two launches, both 16-bit types, fp32 dx.
+// Elsewhere (no Hopper kernels) the groups take the mma kernels or the separate products.
+TEST_F(GpuOpsLoraFused, OtherRanksRunTheHopperKernelsInSlots) {
+  const bool hopper = cuda::lora_fused_sm90a_unavailable().empty();
+  cuda_ops::set_lora_rank_slots(true);
+  set_gpu_lora_kernels(GpuLoraKernels::Fused);
+  struct SlotCase {
+    GroupCase c;
+    int launches;  // ceil(Σ slots / 3)
+  };
+  for (const SlotCase& s : {SlotCase{{300, 512, {16}, {256}, DType::BF16, DType::BF16}, 1},
+                            SlotCase{{300, 256, {8, 8}, {64, 64}, DType::BF16, DType::BF16}, 1},
+                            SlotCase{{3000, 512, {32, 16, 48}, {256, 64, 64}, DType::BF16, DType::BF16}, 1},
+                            SlotCase{{77, 256, {64, 16, 16}, {256, 64, 64}, DType::F16, DType::F16}, 1},
+                            SlotCase{{300, 512, {100, 28}, {128, 64}, DType::BF16, DType::F32}, 1},
+                            SlotCase{{1000, 256, {128}, {128}, DType::BF16, DType::BF16}, 1},
+                            SlotCase{{1000, 384, {128, 128, 128}, {64, 64, 64}, DType::BF16, DType::BF16}, 2}}) {
+    const GroupCase& c = s.c;
+    SCOPED_TRACE(c.name());
+    const LoraGroup group(c);
+    for (bool accumulate_dx : {true, false}) {
+      SCOPED_TRACE(accumulate_dx ? "dx added to" : "dx written");
+      const int64_t down = cuda_ops::lora_down_sm90a_runs(), input_grad = cuda_ops::lora_input_grad_sm90a_runs(),
+                    weight_grad = cuda_ops::lora_weight_grad_sm90a_runs();
+      const GroupRun gpu = group.run(Device::CUDA, accumulate_dx);
+      EXPECT_EQ(cuda_ops::lora_down_sm90a_runs() - down, hopper ? s.launches : 0) << cuda::lora_fused_sm90a_unavailable();
+      EXPECT_EQ(cuda_ops::lora_input_grad_sm90a_runs() - input_grad, hopper ? s.launches : 0);
+      EXPECT_EQ(cuda_ops::lora_weight_grad_sm90a_runs() - weight_grad, hopper ? s.launches : 0);
+      expect_runs_close(gpu, group.run(Device::CPU, accumulate_dx), "rank slots vs cpu");
+      const GroupRun parts = group.run(Device::CUDA, accumulate_dx, /*in_parts=*/true);
+      EXPECT_EQ(test::values_of(parts.dx), test::values_of(gpu.dx)) << "dx in parts";
+      for (size_t i = 0; i < gpu.dA.size(); ++i)
+        EXPECT_EQ(test::values_of(parts.dA[i]), test::values_of(gpu.dA[i])) << "dA " << i << " in parts";
+    }
+  }
+}
+
 // lora_down_group with a copy of x (the folded GEMM's [x | xa], model/llama_layer.cpp): on Hopper
 // the down kernel stores the x tiles it loads into the block, elsewhere copy_block does. Either
 // way: the block holds x bit for bit, the columns around it are untouched, and xa is what the
@@ -246,7 +290,9 @@ TEST_F(GpuOpsLoraFused, DownProductCopiesXIntoABlock) {
   set_gpu_lora_kernels(GpuLoraKernels::Fused);
   for (const GroupCase& c : {GroupCase{300, 512, {64, 64, 64}, {64, 64, 64}, DType::BF16, DType::BF16},
                              GroupCase{8192, 1024, {64, 64}, {64, 64}, DType::BF16, DType::BF16},
-                             GroupCase{1, 128, {64}, {64}, DType::F16, DType::F16}}) {
+                             GroupCase{1, 128, {64}, {64}, DType::F16, DType::F16},
+                             GroupCase{300, 512, {16, 128}, {64, 64}, DType::BF16, DType::BF16},  // rank slots
+                             GroupCase{300, 256, {128, 128, 128}, {64, 64, 64}, DType::BF16, DType::BF16}}) {
     SCOPED_TRACE(c.name());
     const LoraGroup group(c);
     LoraGroup::Placed p = group.place(Device::CUDA);
@@ -385,7 +431,9 @@ TEST_F(GpuOpsLoraFused, OtherGroupsTakeTheSeparatePath) {
     float dropout;
     double tolerance;
   };
-  for (const Other& o : {Other{{100, 256, {8, 8}, {64, 64}, DType::BF16, DType::BF16}, 0.1f, 2e-2},
+  // (Ranks off multiples of 16 take the separate path too, but on Hopper the rank slots:
+  // OtherRanksRunTheHopperKernelsInSlots.)
+  for (const Other& o : {Other{{100, 200, {8, 8}, {64, 64}, DType::BF16, DType::BF16}, 0.1f, 2e-2},
                          Other{{100, 200, {16}, {64}, DType::BF16, DType::BF16}, 0.1f, 2e-2},
                          Other{{100, 256, {16}, {64}, DType::F32, DType::F32}, 0.1f, 1e-5},
                          Other{{100, 256, {16, 16}, {64, 64}, DType::BF16, DType::BF16}, 0.0f, 2e-2}}) {
@@ -435,8 +483,9 @@ TEST_F(GpuOpsLoraFused, Perf) {
 }
 
 // The same groups across LoRA ranks, with the kernels auto picks (FSDPQ_GPU_PERF=1 prints): the
-// Hopper kernels take rank 64 only, other multiples of 16 take the mma kernels (a group's ranks
-// up to 256), the rest the separate path. What a user's rank costs against fsdp_qlora's 64.
+// Hopper kernels as they are at rank 64; at other ranks with and without the rank slots (without:
+// the mma kernels for multiples of 16 up to a group's 256, else the separate products). What a
+// user's rank costs against fsdp_qlora's 64.
 TEST_F(GpuOpsLoraFused, PerfAcrossRanks) {
   if (!test::perf_mode()) GTEST_SKIP() << "FSDPQ_GPU_PERF=1 prints the timings";
   use_automatic_gpu_lora_kernels();
@@ -446,18 +495,24 @@ TEST_F(GpuOpsLoraFused, PerfAcrossRanks) {
         {"q,k,v", {M, 4096, {r, r, r}, {4096, 4096, 4096}, DType::BF16, DType::BF16}},
         {"gate,up", {M, 4096, {r, r}, {11008, 11008}, DType::BF16, DType::BF16}},
         {"down", {M, 11008, {r}, {4096}, DType::BF16, DType::BF16}}};
-    for (const auto& [name, c] : groups) {
-      LoraGroup::Placed placed = LoraGroup(c).place(Device::CUDA);
-      Tensor dxa = Tensor::empty(placed.xa.shape(), DType::F32, Device::CUDA);
-      const int64_t before = cuda_ops::lora_fused_runs();
-      placed.step();
-      const char* path = cuda_ops::lora_fused_runs() > before ? "fused" : "separate";
-      const std::string what = fmt::format("lora rank {} group {} ({}) M {}", r, name, path, M);
-      test::report_perf(what + " forward", 0, 0, [&] { lora_forward_group(placed.ys, placed.xa, placed.x, placed.sites); });
-      test::report_perf(what + " backward dB, d(xa)", 0, 0, [&] { placed.backward_output(dxa); });
-      test::report_perf(what + " backward dA, dx", 0, 0, [&] { placed.backward_input(dxa); });
-    }
+    for (const auto& [name, c] : groups)
+      for (bool slots : {false, true}) {
+        if (slots && r == 64) continue;  // (rank 64 takes the Hopper kernels as it is)
+        cuda_ops::set_lora_rank_slots(slots);
+        LoraGroup::Placed placed = LoraGroup(c).place(Device::CUDA);
+        Tensor dxa = Tensor::empty(placed.xa.shape(), DType::F32, Device::CUDA);
+        const int64_t before = cuda_ops::lora_fused_runs(), hopper = cuda_ops::lora_down_sm90a_runs();
+        placed.step();
+        const char* path = cuda_ops::lora_down_sm90a_runs() > hopper ? (slots && r != 64 ? "hopper slots" : "hopper")
+                           : cuda_ops::lora_fused_runs() > before  ? "mma"
+                                                                   : "separate";
+        const std::string what = fmt::format("lora rank {} group {} ({}) M {}", r, name, path, M);
+        test::report_perf(what + " forward", 0, 0, [&] { lora_forward_group(placed.ys, placed.xa, placed.x, placed.sites); });
+        test::report_perf(what + " backward dB, d(xa)", 0, 0, [&] { placed.backward_output(dxa); });
+        test::report_perf(what + " backward dA, dx", 0, 0, [&] { placed.backward_input(dxa); });
+      }
   }
+  cuda_ops::set_lora_rank_slots(true);
 }
 
 }  // namespace
