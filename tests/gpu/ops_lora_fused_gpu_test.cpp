@@ -184,20 +184,20 @@ TEST_F(GpuOpsLoraFused, MatchesTheCpuAndTheSeparatePath) {
   };
   for (const GroupCase& c : cases)
     for (bool slots : {true, false}) {  // on Hopper: the slots of the Hopper kernels, or the mma kernels
-    SCOPED_TRACE(c.name() + (slots ? ", rank slots" : ", no rank slots"));
-    cuda_ops::set_lora_rank_slots(slots);
-    const LoraGroup group(c);
-    const GroupRun cpu = group.run(Device::CPU);
-    set_gpu_lora_kernels(GpuLoraKernels::Fused);
-    const int64_t before = cuda_ops::lora_fused_runs();
-    const GroupRun fused = group.run(Device::CUDA);
-    EXPECT_EQ(cuda_ops::lora_fused_runs() - before, 2) << "the forward and the backward on the fused kernels";
-    set_gpu_lora_kernels(GpuLoraKernels::Separate);
-    const GroupRun separate = group.run(Device::CUDA);
-    EXPECT_EQ(cuda_ops::lora_fused_runs() - before, 2) << "the separate path ran a fused kernel";
-    expect_runs_close(fused, cpu, "fused vs cpu");
-    expect_runs_close(fused, separate, "fused vs separate");
-  }
+      SCOPED_TRACE(c.name() + (slots ? ", rank slots" : ", no rank slots"));
+      cuda_ops::set_lora_rank_slots(slots);
+      const LoraGroup group(c);
+      const GroupRun cpu = group.run(Device::CPU);
+      set_gpu_lora_kernels(GpuLoraKernels::Fused);
+      const int64_t before = cuda_ops::lora_fused_runs();
+      const GroupRun fused = group.run(Device::CUDA);
+      EXPECT_EQ(cuda_ops::lora_fused_runs() - before, 2) << "the forward and the backward on the fused kernels";
+      set_gpu_lora_kernels(GpuLoraKernels::Separate);
+      const GroupRun separate = group.run(Device::CUDA);
+      EXPECT_EQ(cuda_ops::lora_fused_runs() - before, 2) << "the separate path ran a fused kernel";
+      expect_runs_close(fused, cpu, "fused vs cpu");
+      expect_runs_close(fused, separate, "fused vs separate");
+    }
   cuda_ops::set_lora_rank_slots(true);
 }
 

@@ -221,14 +221,14 @@ bool slot_backward_input(TensorView dx, bool accumulate_dx, std::span<const Tens
       for (size_t k = 0; k < l.slots.size(); ++k) {
         const Slot& s = l.slots[k];
         cuda_ops::accumulate(dAs[static_cast<size_t>(s.adapter)].slice_rows(s.row0, s.rows),
-                   slot_grads.view().slice_rows(kSlotRank * static_cast<int64_t>(k), s.rows));
+                             slot_grads.view().slice_rows(kSlotRank * static_cast<int64_t>(k), s.rows));
       }
       ++hopper_weight_grad_runs;
     }
     if (dx.data != nullptr) {
       const bool accumulate_here = accumulate_dx || begin > 0;
-      cuda::lora_input_grad_sm90a(dx.data, ktype("lora_backward", dx), accumulate_here, padded_dxa.view().data, type, l.g,
-                                  M, in, cuda::stream());
+      cuda::lora_input_grad_sm90a(dx.data, ktype("lora_backward", dx), accumulate_here, padded_dxa.view().data, type,
+                                  l.g, M, in, cuda::stream());
       ++hopper_input_grad_runs;
     }
   }
