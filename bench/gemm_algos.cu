@@ -17,22 +17,7 @@
 #include <string>
 #include <vector>
 
-#define CHECK_CUDA(x)                                                             \
-  do {                                                                            \
-    cudaError_t e = (x);                                                          \
-    if (e != cudaSuccess) {                                                       \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); \
-      std::exit(1);                                                               \
-    }                                                                             \
-  } while (0)
-#define CHECK_BLAS(x)                                                              \
-  do {                                                                             \
-    cublasStatus_t status_ = (x);                                                  \
-    if (status_ != CUBLAS_STATUS_SUCCESS) {                                           \
-      std::fprintf(stderr, "%s:%d cublas status %d\n", __FILE__, __LINE__, (int)status_); \
-      std::exit(1);                                                                \
-    }                                                                              \
-  } while (0)
+#include "cuda_bench.cuh"
 
 namespace {
 
@@ -45,43 +30,9 @@ struct Shape {
   float beta;         // 1: accumulate into C (the input gradients of a group after the first)
 };
 
-__global__ void fill(__nv_bfloat16* p, long n, unsigned seed) {
-  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
-    unsigned h = (unsigned)i * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    p[i] = __float2bfloat16(((h & 0xFFFF) / 65536.0f - 0.5f) * 0.1f);
-  }
-}
-
 template <class F>
 double sustained_tflops(F&& run, double flops, double seconds, cudaStream_t stream) {
-  cudaEvent_t a, b;
-  CHECK_CUDA(cudaEventCreate(&a));
-  CHECK_CUDA(cudaEventCreate(&b));
-  // Warm: run for a third of the interval untimed, then time the rest in batches of 10.
-  float warm_ms = 0;
-  CHECK_CUDA(cudaEventRecord(a, stream));
-  while (warm_ms < seconds * 1e3 / 3) {
-    for (int i = 0; i < 10; ++i) run();
-    CHECK_CUDA(cudaEventRecord(b, stream));
-    CHECK_CUDA(cudaEventSynchronize(b));
-    CHECK_CUDA(cudaEventElapsedTime(&warm_ms, a, b));
-  }
-  long calls = 0;
-  float ms = 0;
-  CHECK_CUDA(cudaEventRecord(a, stream));
-  while (ms < seconds * 1e3 * 2 / 3) {
-    for (int i = 0; i < 10; ++i) run();
-    calls += 10;
-    CHECK_CUDA(cudaEventRecord(b, stream));
-    CHECK_CUDA(cudaEventSynchronize(b));
-    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
-  }
-  CHECK_CUDA(cudaEventDestroy(a));
-  CHECK_CUDA(cudaEventDestroy(b));
-  return flops * calls / (ms * 1e-3) / 1e12;
+  return flops / (bench::sustained_ms(run, seconds, stream) * 1e-3) / 1e12;
 }
 
 }  // namespace
@@ -115,9 +66,9 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaMalloc(&A, s.M * s.K * 2));
     CHECK_CUDA(cudaMalloc(&B, s.N * s.K * 2));
     CHECK_CUDA(cudaMalloc(&C, s.M * s.N * 2));
-    fill<<<1024, 256, 0, stream>>>(A, s.M * s.K, 1);
-    fill<<<1024, 256, 0, stream>>>(B, s.N * s.K, 2);
-    fill<<<1024, 256, 0, stream>>>(C, s.M * s.N, 3);
+    bench::fill<<<1024, 256, 0, stream>>>(A, s.M * s.K, 1);
+    bench::fill<<<1024, 256, 0, stream>>>(B, s.N * s.K, 2);
+    bench::fill<<<1024, 256, 0, stream>>>(C, s.M * s.N, 3);
     const double flops = 2.0 * s.M * s.N * s.K;
     const float alpha = 1.0f, beta = s.beta;
     // Column-major: Cᵀ [N, M] (ld N) = op(B') [N, K] · Aᵀ [K, M] (ld K). Forward: B' = B [N, K]

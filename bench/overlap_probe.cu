@@ -22,34 +22,9 @@
 #include <cstdlib>
 #include <vector>
 
-#define CHECK_CUDA(x)                                                                \
-  do {                                                                               \
-    cudaError_t e = (x);                                                             \
-    if (e != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); \
-      std::exit(1);                                                                  \
-    }                                                                                \
-  } while (0)
-#define CHECK_BLAS(x)                                                                     \
-  do {                                                                                    \
-    cublasStatus_t status_ = (x);                                                         \
-    if (status_ != CUBLAS_STATUS_SUCCESS) {                                               \
-      std::fprintf(stderr, "%s:%d cublas status %d\n", __FILE__, __LINE__, (int)status_); \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
+#include "cuda_bench.cuh"
 
 namespace {
-
-__global__ void fill(__nv_bfloat16* p, long n, unsigned seed) {
-  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
-    unsigned h = (unsigned)i * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    p[i] = __float2bfloat16(((h & 0xFFFF) / 65536.0f - 0.5f) * 0.1f);
-  }
-}
 
 // h = silu(g) · u, 8 elements a thread a turn (16-byte accesses), grid-stride: any grid covers it.
 __global__ void swiglu_pass(__nv_bfloat16* h, const __nv_bfloat16* g, const __nv_bfloat16* u, long n8) {
@@ -66,35 +41,6 @@ __global__ void swiglu_pass(__nv_bfloat16* h, const __nv_bfloat16* g, const __nv
     }
     reinterpret_cast<uint4*>(h)[i] = out;
   }
-}
-
-// ms per call of `run`, sustained: a third of the interval untimed, the rest timed in batches of 10.
-template <class F>
-double sustained_ms(F&& run, double seconds, cudaStream_t stream) {
-  cudaEvent_t a, b;
-  CHECK_CUDA(cudaEventCreate(&a));
-  CHECK_CUDA(cudaEventCreate(&b));
-  float ms = 0;
-  CHECK_CUDA(cudaEventRecord(a, stream));
-  while (ms < seconds * 1e3 / 3) {
-    for (int i = 0; i < 10; ++i) run();
-    CHECK_CUDA(cudaEventRecord(b, stream));
-    CHECK_CUDA(cudaEventSynchronize(b));
-    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
-  }
-  long calls = 0;
-  ms = 0;
-  CHECK_CUDA(cudaEventRecord(a, stream));
-  while (ms < seconds * 1e3 * 2 / 3) {
-    for (int i = 0; i < 10; ++i) run();
-    calls += 10;
-    CHECK_CUDA(cudaEventRecord(b, stream));
-    CHECK_CUDA(cudaEventSynchronize(b));
-    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
-  }
-  CHECK_CUDA(cudaEventDestroy(a));
-  CHECK_CUDA(cudaEventDestroy(b));
-  return ms / calls;
 }
 
 }  // namespace
@@ -129,10 +75,10 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaMalloc(&g, M * N * 2));
   CHECK_CUDA(cudaMalloc(&u, M * N * 2));
   CHECK_CUDA(cudaMalloc(&h, M * N * 2));
-  fill<<<1024, 256, 0, s1>>>(x, M * K, 1);
-  fill<<<1024, 256, 0, s1>>>(w, N * K, 2);
-  fill<<<1024, 256, 0, s1>>>(g, M * N, 3);
-  fill<<<1024, 256, 0, s1>>>(u, M * N, 4);
+  bench::fill<<<1024, 256, 0, s1>>>(x, M * K, 1);
+  bench::fill<<<1024, 256, 0, s1>>>(w, N * K, 2);
+  bench::fill<<<1024, 256, 0, s1>>>(g, M * N, 3);
+  bench::fill<<<1024, 256, 0, s1>>>(u, M * N, 4);
   CHECK_CUDA(cudaStreamSynchronize(s1));
 
   // Row-major y [M, N] = x [M, K] · wᵀ: column-major yᵀ [N, M] = w' [N, K] (w as [K, N], op T) · xᵀ [K, M].
@@ -179,9 +125,9 @@ int main(int argc, char** argv) {
   const double flops = 2.0 * M * N * K, bytes = 3.0 * M * N * 2;
 
   const auto gemm_all = make_gemm(0);
-  const double gemm_ms = sustained_ms([&] { gemm_on(gemm_all, s1); }, seconds, s1);
-  const double pass_ms = sustained_ms([&] { pass_on(full_grid, s1); }, seconds, s1);
-  const double serial_ms = sustained_ms(
+  const double gemm_ms = bench::sustained_ms([&] { gemm_on(gemm_all, s1); }, seconds, s1);
+  const double pass_ms = bench::sustained_ms([&] { pass_on(full_grid, s1); }, seconds, s1);
+  const double serial_ms = bench::sustained_ms(
       [&] {
         gemm_on(gemm_all, s1);
         pass_on(full_grid, s1);
@@ -198,15 +144,15 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaEventRecord(join, s2));
     CHECK_CUDA(cudaStreamWaitEvent(s1, join, 0));
   };
-  const double shared_ms = sustained_ms([&] { beside(gemm_all, full_grid); }, seconds, s1);
+  const double shared_ms = bench::sustained_ms([&] { beside(gemm_all, full_grid); }, seconds, s1);
   std::printf("two streams, all SMs each: %.4f ms a pair (%+.1f%% against one stream)\n", shared_ms,
               100.0 * (shared_ms - serial_ms) / serial_ms);
   for (int k : {8, 16, 24, 33, 44}) {
     if (k >= sms) continue;
     const auto gemm_part = make_gemm(sms - k);
-    const double part_gemm_ms = sustained_ms([&] { gemm_on(gemm_part, s1); }, seconds, s1);
-    const double part_pass_ms = sustained_ms([&] { pass_on(k * pass_blocks_per_sm, s1); }, seconds, s1);
-    const double split_ms = sustained_ms([&] { beside(gemm_part, k * pass_blocks_per_sm); }, seconds, s1);
+    const double part_gemm_ms = bench::sustained_ms([&] { gemm_on(gemm_part, s1); }, seconds, s1);
+    const double part_pass_ms = bench::sustained_ms([&] { pass_on(k * pass_blocks_per_sm, s1); }, seconds, s1);
+    const double split_ms = bench::sustained_ms([&] { beside(gemm_part, k * pass_blocks_per_sm); }, seconds, s1);
     std::printf("GEMM on %d SMs %.4f ms alone, pass on %d SMs %.4f ms alone; beside each other %.4f ms a pair "
                 "(%+.1f%% against one stream)\n",
                 sms - k, part_gemm_ms, k, part_pass_ms, split_ms, 100.0 * (split_ms - serial_ms) / serial_ms);
