@@ -1,5 +1,6 @@
 """bench.py's --fsdpq-memory-of: the kept dense layers chosen from `fsdpq plan` (pytest; needs the
 fsdpq binary in $FSDPQ, as ctest's python test gives it; no GPU, no torch)."""
+import argparse
 import os
 import sys
 
@@ -87,7 +88,7 @@ def test_fsdpq_entries_are_both_unless_peers_names_one():
 
 def test_every_peer_runs_the_grids_rank_and_dropout(tmp_path):
     """--lora-rank and --lora-dropout reach the HF peers' and fsdpq's command lines alike."""
-    a = bench.main.__globals__["argparse"].Namespace(
+    a = argparse.Namespace(
         warmup=1, steps=2, device="cuda", peak_tflops=989.0, lora_rank=16, lora_dropout=0.05, peer_args="",
         fsdpq="fsdpq", fsdpq_args="")
     peer, _ = bench.peer_command(a, "hf_lora_compile", "llama2-7b", 512, 4, False, str(tmp_path))

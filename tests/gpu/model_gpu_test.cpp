@@ -40,6 +40,13 @@ struct NamedOptions {
   ModelOptions options;
 };
 
+// The backward orders the bit-for-bit tests run: 0 plain, 1 every layer recomputed, 2 every other.
+constexpr int kRecomputeOrders[] = {0, 1, 2};
+void recompute_every(ModelOptions& options, int every) {
+  options.gradient_checkpointing = every > 0;
+  options.checkpoint_every = std::max(every, 1);
+}
+
 // The same loss, logits and gradients, bit for bit.
 void expect_same_bits(const Outcome& got, const Outcome& want) {
   EXPECT_EQ(got.loss.loss_sum, want.loss.loss_sum);
@@ -189,10 +196,9 @@ TEST(GpuModel, DequantizingBesideTheComputeStreamGivesTheSameBits) {
   cases[2].options.hqq_bits = 4;
   cases[3].options.use_dora = true;
   for (NamedOptions& c : cases)
-    for (int every : {0, 1, 2}) {
+    for (int every : kRecomputeOrders) {
       SCOPED_TRACE(fmt::format("{}, checkpoint_every {}", c.name, every));
-      c.options.gradient_checkpointing = every > 0;
-      c.options.checkpoint_every = std::max(every, 1);
+      recompute_every(c.options, every);
       set_gpu_dequantize_stream(GpuDequantizeStream::Compute);
       const Outcome in_line = run(config, c.options, batch, Device::CUDA);
       set_gpu_dequantize_stream(GpuDequantizeStream::Side);
@@ -216,10 +222,9 @@ TEST(GpuModel, AdapterStreamGivesTheSameBits) {
   cases[3].options.use_dora = true;
   const std::optional<StreamPriority> saved = gpu_adapter_stream();
   for (NamedOptions& c : cases)
-    for (int every : {0, 1, 2}) {
+    for (int every : kRecomputeOrders) {
       SCOPED_TRACE(fmt::format("{}, checkpoint_every {}", c.name, every));
-      c.options.gradient_checkpointing = every > 0;
-      c.options.checkpoint_every = std::max(every, 1);
+      recompute_every(c.options, every);
       set_gpu_adapter_stream(std::nullopt);
       const Outcome in_line = run(config, c.options, batch, Device::CUDA, /*random_b=*/true);
       for (StreamPriority priority : {StreamPriority::Normal, StreamPriority::High}) {
@@ -266,10 +271,9 @@ TEST(GpuModel, KeptDequantizedLayersGiveTheSameBits) {
   };
   set_gpu_dequantize_stream(GpuDequantizeStream::Side);
   for (const auto& [name, base] : {std::pair{"qlora bf16 dropout", qlora}, std::pair{"hqq 4 bits", hqq}, std::pair{"bnb_dora", dora}})
-    for (int every : {0, 1, 2}) {
+    for (int every : kRecomputeOrders) {
       ModelOptions options = base;
-      options.gradient_checkpointing = every > 0;
-      options.checkpoint_every = std::max(every, 1);
+      recompute_every(options, every);
       const Outcome plain = two_passes(options);
       for (int64_t keep : {2, 4}) {
         SCOPED_TRACE(fmt::format("{}, checkpoint_every {}, keep {}", name, every, keep));
