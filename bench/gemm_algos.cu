@@ -6,7 +6,8 @@
 // each algorithm cublasLtMatmulAlgoGetHeuristic offers, each run back to back for a sustained
 // interval so the clocks settle, and prints TFLOP/s.
 //   nvcc -O2 -std=c++17 -arch=sm_90 bench/gemm_algos.cu -lcublasLt -lcublas -o build/gemm_algos
-//   build/gemm_algos [M=8192] [seconds per algorithm=1.5] [algorithms=8]
+//   build/gemm_algos [M=8192] [seconds per algorithm=1.5] [algorithms=8] [wide | db]
+// (wide: the input gradients with a folded group's adapter columns; db: LoRA's dB products.)
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -35,6 +36,72 @@ double sustained_tflops(F&& run, double flops, double seconds, cudaStream_t stre
   return flops / (bench::sustained_ms(run, seconds, stream) * 1e-3) / 1e12;
 }
 
+// LoRA's dB = s · dyᵀ · xa (fp32 [out, r], added to), a skinny product bound by its read of dy
+// [M, out]: cublasGemmEx's default and each cuBLASLt algorithm, in GB/s of dy and xa read.
+void probe_lora_db(long M, double seconds, int wanted, cublasHandle_t blas, cublasLtHandle_t lt, void* workspace,
+                   size_t workspace_bytes, cudaStream_t stream) {
+  const long r = 64;
+  for (long out : {4096L, 11008L}) {
+    __nv_bfloat16 *dy, *xa;
+    float* dB;
+    CHECK_CUDA(cudaMalloc(&dy, M * out * 2));
+    CHECK_CUDA(cudaMalloc(&xa, M * r * 2));
+    CHECK_CUDA(cudaMalloc(&dB, out * r * 4));
+    bench::fill<<<1024, 256, 0, stream>>>(dy, M * out, 4);
+    bench::fill<<<1024, 256, 0, stream>>>(xa, M * r, 5);
+    CHECK_CUDA(cudaMemsetAsync(dB, 0, out * r * 4, stream));
+    const double bytes = 2.0 * (M * out + M * r);
+    const float alpha = 0.25f, beta = 1.0f;
+    // Column-major: dBᵀ [r, out] (ld r) = xaᵀ [r, M] (xa row-major, ld r) · dy [M, out] (row-major: [out, M], op T).
+    auto gemm_ex = [&] {
+      CHECK_BLAS(cublasGemmEx(blas, CUBLAS_OP_N, CUBLAS_OP_T, (int)r, (int)out, (int)M, &alpha, xa, CUDA_R_16BF, (int)r,
+                              dy, CUDA_R_16BF, (int)out, &beta, dB, CUDA_R_32F, (int)r, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
+    };
+    double ms = bench::sustained_ms(gemm_ex, seconds, stream);
+    std::printf("dB [%ld, %ld] over M %ld: cublasGemmEx default %.4f ms, %.0f GB/s\n", out, r, M, ms, bytes / ms / 1e6);
+    std::fflush(stdout);
+    cublasLtMatmulDesc_t desc;
+    CHECK_BLAS(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t op_t = CUBLAS_OP_T;
+    CHECK_BLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_t, sizeof(op_t)));
+    cublasLtMatrixLayout_t la, lb, lc;
+    CHECK_BLAS(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, r, M, r));
+    CHECK_BLAS(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, out, M, out));
+    CHECK_BLAS(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, r, out, r));
+    cublasLtMatmulPreference_t pref;
+    CHECK_BLAS(cublasLtMatmulPreferenceCreate(&pref));
+    CHECK_BLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+                                                    sizeof(workspace_bytes)));
+    std::vector<cublasLtMatmulHeuristicResult_t> results(wanted);
+    int found = 0;
+    CHECK_BLAS(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, wanted, results.data(), &found));
+    for (int i = 0; i < found; ++i) {
+      const cublasLtMatmulAlgo_t algo = results[i].algo;
+      auto run = [&] {
+        CHECK_BLAS(cublasLtMatmul(lt, desc, &alpha, xa, la, dy, lb, &beta, dB, lc, dB, lc, &algo, workspace,
+                                  workspace_bytes, stream));
+      };
+      int id = 0, tile = 0, splitk = 0;
+      size_t written = 0;
+      cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &written);
+      cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), &written);
+      cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof(splitk), &written);
+      ms = bench::sustained_ms(run, seconds, stream);
+      std::printf("  lt #%d (algo %d tile %d splitk %d): %.4f ms, %.0f GB/s\n", i, id, tile, splitk, ms, bytes / ms / 1e6);
+      std::fflush(stdout);
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(lc);
+    cublasLtMatmulDescDestroy(desc);
+    CHECK_CUDA(cudaFree(dy));
+    CHECK_CUDA(cudaFree(xa));
+    CHECK_CUDA(cudaFree(dB));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -49,6 +116,15 @@ int main(int argc, char** argv) {
       {"gate/up dx (+=)", M, 4096, 11008, false, 1.0f},
       {"down dx", M, 11008, 4096, false, 0.0f},
   };
+  // "wide": the input gradients with the folded adapters' columns of W_cat (N = in + K_j), for
+  // d(xa) computed inside the base GEMM; beside the plain ones.
+  const std::vector<Shape> wide = {
+      {"q dx", M, 4096, 4096, false, 0.0f},        {"q dx wide", M, 4096 + 64, 4096, false, 0.0f},
+      {"k dx wide (+=)", M, 4096 + 128, 4096, false, 1.0f}, {"v dx wide (+=)", M, 4096 + 192, 4096, false, 1.0f},
+      {"gate dx", M, 4096, 11008, false, 0.0f},    {"gate dx wide", M, 4096 + 64, 11008, false, 0.0f},
+      {"up dx wide (+=)", M, 4096 + 128, 11008, false, 1.0f}, {"down dx wide", M, 11008 + 64, 4096, false, 0.0f},
+  };
+  const bool use_wide = argc > 4 && std::string(argv[4]) == "wide";
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreate(&stream));
   cublasHandle_t blas;
@@ -61,7 +137,11 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaMalloc(&workspace, workspace_bytes));
   CHECK_BLAS(cublasSetWorkspace(blas, workspace, workspace_bytes));
 
-  for (const Shape& s : shapes) {
+  if (argc > 4 && std::string(argv[4]) == "db") {
+    probe_lora_db(M, seconds, wanted, blas, lt, workspace, workspace_bytes, stream);
+    return 0;
+  }
+  for (const Shape& s : use_wide ? wide : shapes) {
     __nv_bfloat16 *A, *B, *C;
     CHECK_CUDA(cudaMalloc(&A, s.M * s.K * 2));
     CHECK_CUDA(cudaMalloc(&B, s.N * s.K * 2));
