@@ -36,6 +36,42 @@ double sustained_tflops(F&& run, double flops, double seconds, cudaStream_t stre
   return flops / (bench::sustained_ms(run, seconds, stream) * 1e-3) / 1e12;
 }
 
+// A cuBLASLt algorithm's configuration, as one line.
+std::string describe(const cublasLtMatmulAlgo_t& algo) {
+  int id = 0, tile = 0, stages = 0, splitk = 0, cluster = 0;
+  size_t written = 0;
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &written);
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), &written);
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof(stages), &written);
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof(splitk), &written);
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof(cluster),
+                                       &written);
+  char text[128];
+  std::snprintf(text, sizeof text, "algo %d tile %d stages %d splitk %d cluster %d", id, tile, stages, splitk, cluster);
+  return text;
+}
+
+// body(index, heuristic result) for each algorithm cuBLASLt's heuristic offers (at most `wanted`)
+// for the product described by desc and the three layouts (C and D alike); destroys all four after.
+template <class F>
+void for_each_lt_algorithm(cublasLtHandle_t lt, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t la,
+                           cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t lc, size_t workspace_bytes, int wanted,
+                           F&& body) {
+  cublasLtMatmulPreference_t pref;
+  CHECK_BLAS(cublasLtMatmulPreferenceCreate(&pref));
+  CHECK_BLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+                                                  sizeof(workspace_bytes)));
+  std::vector<cublasLtMatmulHeuristicResult_t> results(wanted);
+  int found = 0;
+  CHECK_BLAS(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, wanted, results.data(), &found));
+  for (int i = 0; i < found; ++i) body(i, results[i]);
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatrixLayoutDestroy(lc);
+  cublasLtMatmulDescDestroy(desc);
+}
+
 // LoRA's dB = s · dyᵀ · xa (fp32 [out, r], added to), a skinny product bound by its read of dy
 // [M, out]: cublasGemmEx's default and each cuBLASLt algorithm, in GB/s of dy and xa read.
 void probe_lora_db(long M, double seconds, int wanted, cublasHandle_t blas, cublasLtHandle_t lt, void* workspace,
@@ -69,33 +105,17 @@ void probe_lora_db(long M, double seconds, int wanted, cublasHandle_t blas, cubl
     CHECK_BLAS(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, r, M, r));
     CHECK_BLAS(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, out, M, out));
     CHECK_BLAS(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, r, out, r));
-    cublasLtMatmulPreference_t pref;
-    CHECK_BLAS(cublasLtMatmulPreferenceCreate(&pref));
-    CHECK_BLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
-                                                    sizeof(workspace_bytes)));
-    std::vector<cublasLtMatmulHeuristicResult_t> results(wanted);
-    int found = 0;
-    CHECK_BLAS(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, wanted, results.data(), &found));
-    for (int i = 0; i < found; ++i) {
-      const cublasLtMatmulAlgo_t algo = results[i].algo;
-      auto run = [&] {
-        CHECK_BLAS(cublasLtMatmul(lt, desc, &alpha, xa, la, dy, lb, &beta, dB, lc, dB, lc, &algo, workspace,
-                                  workspace_bytes, stream));
-      };
-      int id = 0, tile = 0, splitk = 0;
-      size_t written = 0;
-      cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &written);
-      cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), &written);
-      cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof(splitk), &written);
-      ms = bench::sustained_ms(run, seconds, stream);
-      std::printf("  lt #%d (algo %d tile %d splitk %d): %.4f ms, %.0f GB/s\n", i, id, tile, splitk, ms, bytes / ms / 1e6);
-      std::fflush(stdout);
-    }
-    cublasLtMatmulPreferenceDestroy(pref);
-    cublasLtMatrixLayoutDestroy(la);
-    cublasLtMatrixLayoutDestroy(lb);
-    cublasLtMatrixLayoutDestroy(lc);
-    cublasLtMatmulDescDestroy(desc);
+    for_each_lt_algorithm(lt, desc, la, lb, lc, workspace_bytes, wanted,
+                          [&](int i, const cublasLtMatmulHeuristicResult_t& result) {
+                            auto run = [&] {
+                              CHECK_BLAS(cublasLtMatmul(lt, desc, &alpha, xa, la, dy, lb, &beta, dB, lc, dB, lc,
+                                                        &result.algo, workspace, workspace_bytes, stream));
+                            };
+                            const double t = bench::sustained_ms(run, seconds, stream);
+                            std::printf("  lt #%d (%s): %.4f ms, %.0f GB/s\n", i, describe(result.algo).c_str(), t,
+                                        bytes / t / 1e6);
+                            std::fflush(stdout);
+                          });
     CHECK_CUDA(cudaFree(dy));
     CHECK_CUDA(cudaFree(xa));
     CHECK_CUDA(cudaFree(dB));
@@ -172,37 +192,16 @@ int main(int argc, char** argv) {
     CHECK_BLAS(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, s.b_transposed ? s.K : s.N, s.b_transposed ? s.N : s.K, ldb));
     CHECK_BLAS(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, s.K, s.M, s.K));
     CHECK_BLAS(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, s.N, s.M, s.N));
-    cublasLtMatmulPreference_t pref;
-    CHECK_BLAS(cublasLtMatmulPreferenceCreate(&pref));
-    CHECK_BLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
-                                                    sizeof(workspace_bytes)));
-    std::vector<cublasLtMatmulHeuristicResult_t> results(wanted);
-    int found = 0;
-    CHECK_BLAS(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, wanted, results.data(), &found));
-    for (int i = 0; i < found; ++i) {
-      const cublasLtMatmulAlgo_t algo = results[i].algo;
-      auto run = [&] {
-        CHECK_BLAS(cublasLtMatmul(lt, desc, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &algo, workspace,
-                                  workspace_bytes, stream));
-      };
-      int id = 0, tile = 0, stages = 0, splitk = 0, cluster = 0;
-      size_t written = 0;
-      cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &written);
-      cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), &written);
-      cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof(stages), &written);
-      cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof(splitk), &written);
-      cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof(cluster),
-                                           &written);
-      std::printf("  lt #%d (algo %d tile %d stages %d splitk %d cluster %d, waves %.2f): %.1f TFLOP/s\n", i, id,
-                  tile, stages, splitk, cluster, results[i].wavesCount,
-                  sustained_tflops(run, flops, seconds, stream));
-      std::fflush(stdout);
-    }
-    cublasLtMatmulPreferenceDestroy(pref);
-    cublasLtMatrixLayoutDestroy(la);
-    cublasLtMatrixLayoutDestroy(lb);
-    cublasLtMatrixLayoutDestroy(lc);
-    cublasLtMatmulDescDestroy(desc);
+    for_each_lt_algorithm(lt, desc, la, lb, lc, workspace_bytes, wanted,
+                          [&](int i, const cublasLtMatmulHeuristicResult_t& result) {
+                            auto run = [&] {
+                              CHECK_BLAS(cublasLtMatmul(lt, desc, &alpha, B, la, A, lb, &beta, C, lc, C, lc,
+                                                        &result.algo, workspace, workspace_bytes, stream));
+                            };
+                            std::printf("  lt #%d (%s, waves %.2f): %.1f TFLOP/s\n", i, describe(result.algo).c_str(),
+                                        result.wavesCount, sustained_tflops(run, flops, seconds, stream));
+                            std::fflush(stdout);
+                          });
     CHECK_CUDA(cudaFree(A));
     CHECK_CUDA(cudaFree(B));
     CHECK_CUDA(cudaFree(C));
