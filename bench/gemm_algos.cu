@@ -137,7 +137,8 @@ int main(int argc, char** argv) {
       {"down dx", M, 11008, 4096, false, 0.0f},
   };
   // "wide": the input gradients with the folded adapters' columns of W_cat (N = in + K_j), for
-  // d(xa) computed inside the base GEMM; beside the plain ones.
+  // d(xa) computed inside the base GEMM, beside the plain ones (slower in the step: stop 51,
+  // docs/architecture.md).
   const std::vector<Shape> wide = {
       {"q dx", M, 4096, 4096, false, 0.0f},        {"q dx wide", M, 4096 + 64, 4096, false, 0.0f},
       {"k dx wide (+=)", M, 4096 + 128, 4096, false, 1.0f}, {"v dx wide (+=)", M, 4096 + 192, 4096, false, 1.0f},
