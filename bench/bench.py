@@ -64,6 +64,17 @@ def fsdpq_command(a, peer, shape, ctx, bs, ckpt, workdir):
     return cmd + shlex.split(a.fsdpq_args), lambda proc: fsdpq_record(a, workdir, shape, ctx, proc)
 
 
+def fsdpq_environment(a):
+    """fsdpq's FSDPQ_* settings for a run: those it inherits, then --fsdpq-env's (VAR=VALUE words)."""
+    env = {k: v for k, v in os.environ.items() if k.startswith("FSDPQ_")}
+    for word in shlex.split(a.fsdpq_env):
+        name, sep, value = word.partition("=")
+        if not sep or not name.startswith("FSDPQ_"):
+            raise SystemExit(f"bench.py: --fsdpq-env wants FSDPQ_NAME=value words, not {word!r}")
+        env[name] = value
+    return env
+
+
 def fsdpq_record(a, workdir, shape, ctx, proc):
     """tokens/s over the steps after the warm-up, from output_dir/metrics.jsonl's "step" records."""
     rec = {"tokens_per_second": None, "steps_timed": 0, "step_seconds": [], "oom": False}
@@ -209,6 +220,9 @@ def main(argv=None):
     p.add_argument("--fsdpq", help="the fsdpq binary: adds the fsdpq_lora and fsdpq_qlora entries (only those of "
                                    "them --peers names, if it names any)")
     p.add_argument("--fsdpq-args", default="", help="extra flags for fsdpq (e.g. a device setting)")
+    p.add_argument("--fsdpq-env", default="", metavar="VAR=VALUE ...",
+                   help="environment settings for fsdpq's runs, e.g. FSDPQ_ATTENTION=cudnn-nondeterministic (its "
+                        "faster, opt-in attention backward); recorded with every FSDPQ_* variable they inherit")
     p.add_argument("--fsdpq-memory-of", default="", metavar="PEER",
                    help="fsdpq_qlora keeps as many layers' dequantised weights (keep_dequantized_layers) as "
                         "`fsdpq plan` says fit under PEER's measured peak allocated memory at the same point "
@@ -297,8 +311,9 @@ def run_one(a, peer, shape, ctx, bs, ckpt, start, results, logf, extra=()):
         logf.flush()
         t0 = time.time()
         # Its own process group, so that a timeout also ends what it started (torch.compile's workers).
+        env = dict(os.environ, **fsdpq_environment(a)) if peer in FSDPQ_PEERS else None
         child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 start_new_session=True)
+                                 start_new_session=True, env=env)
         try:
             out, err = child.communicate(timeout=min(a.timeout, left))
             timed_out = False
@@ -321,6 +336,8 @@ def run_one(a, peer, shape, ctx, bs, ckpt, start, results, logf, extra=()):
             rec[flag[2:]] = int(extra[list(extra).index(flag) + 1])
     if peer in FSDPQ_PEERS and a.fsdpq_args:
         rec["fsdpq_args"] = a.fsdpq_args  # a variant of its own in compare.py's tables
+    if peer in FSDPQ_PEERS and fsdpq_environment(a):
+        rec["fsdpq_env"] = " ".join(f"{k}={v}" for k, v in sorted(fsdpq_environment(a).items()))  # likewise
     results.write(json.dumps(rec) + "\n")
     results.flush()
     tps = rec.get("tokens_per_second")

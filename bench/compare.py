@@ -59,14 +59,15 @@ def load(paths, warn):
     return list(rows.values())
 
 
-# bench.py --fsdpq-args a run had, in words where they are the offloads.
-SETTING_WORDS = {"--use_activation_cpu_offload true": "act offload", "--use_cpu_offload true": "cpu offload"}
+# bench.py --fsdpq-args and --fsdpq-env settings a run had, in words where they are common ones.
+SETTING_WORDS = {"--use_activation_cpu_offload true": "act offload", "--use_cpu_offload true": "cpu offload",
+                 "FSDPQ_ATTENTION=cudnn-nondeterministic": "non-deterministic attention"}
 
 
 def variant(r):
-    """The extra fsdpq settings of a run (bench.py --fsdpq-args), as its label shows them: each run of
-    another variant at the same point is a row of its own."""
-    text = " ".join(str(r.get("fsdpq_args") or "").split())
+    """The extra fsdpq settings of a run (bench.py --fsdpq-args, then its FSDPQ_* environment), as its
+    label shows them: each run of another variant at the same point is a row of its own."""
+    text = " ".join((" ".join(str(r.get("fsdpq_args") or "").split()) + " " + str(r.get("fsdpq_env") or "")).split())
     for flags, words in SETTING_WORDS.items():
         text = text.replace(flags, words)
     return text

@@ -103,3 +103,19 @@ def test_every_peer_runs_the_grids_rank_and_dropout(tmp_path):
 def test_the_plan_counts_the_grids_rank():
     point = ("llama2-7b", 512, 4, False)
     assert bench.plan_peak_gib(FSDPQ, *point, bench.Lora(16, 0.1), 0) < bench.plan_peak_gib(FSDPQ, *point, LORA, 0)
+
+
+def test_fsdpq_environment_is_inherited_then_set_and_checked(monkeypatch):
+    """fsdpq's runs get (and their records name) the FSDPQ_* variables bench.py inherits, then
+    --fsdpq-env's; other variables are not recorded, and a word that is no FSDPQ_NAME=value stops it."""
+    monkeypatch.setenv("FSDPQ_LORA_FOLD", "1")
+    monkeypatch.setenv("FSDPQ_ATTENTION", "wgmma")
+    monkeypatch.setenv("OTHER_SETTING", "x")
+
+    class A:
+        fsdpq_env = "FSDPQ_ATTENTION=cudnn-nondeterministic FSDPQ_SECTION_TIMES=1"
+    env = bench.fsdpq_environment(A)
+    assert env == {"FSDPQ_LORA_FOLD": "1", "FSDPQ_ATTENTION": "cudnn-nondeterministic", "FSDPQ_SECTION_TIMES": "1"}
+    A.fsdpq_env = "ATTENTION=cudnn"
+    with pytest.raises(SystemExit, match="FSDPQ_NAME=value"):
+        bench.fsdpq_environment(A)

@@ -124,12 +124,14 @@ def test_fsdpq_variants_at_one_point_are_rows_of_their_own(tmp_path):
             rec("fsdpq_qlora", 8, 13300.0, keep_dequantized_layers=1, keep_activation_layers=4),
             rec("fsdpq_qlora", 8, 14000.0, keep_dequantized_layers=2, keep_activation_layers=8,
                 fsdpq_args="--use_activation_cpu_offload true"),
-            rec("fsdpq_qlora", 8, 13000.0, fsdpq_args="--use_cpu_offload  true --foo 3")]
+            rec("fsdpq_qlora", 8, 13000.0, fsdpq_args="--use_cpu_offload  true --foo 3"),
+            rec("fsdpq_qlora", 8, 12500.0, fsdpq_env="FSDPQ_ATTENTION=cudnn-nondeterministic FSDPQ_X=1")]
     out = subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "compare.py"),
                           write(tmp_path, rows)], capture_output=True, text=True, check=True).stdout
     for section in ("Every run", "Best batch size of each"):
         fsdpq = [ln for ln in table_lines(out, section) if "fsdpq_qlora" in ln]
-        assert len(fsdpq) == 3, out
+        assert len(fsdpq) == 4, out
         assert any("fsdpq_qlora (1 kept, last 4 not recomputed)" in ln and "1.16×" in ln for ln in fsdpq), out
         assert any("fsdpq_qlora (act offload, 2 kept, last 8 not recomputed)" in ln and "1.22×" in ln for ln in fsdpq)
         assert any("fsdpq_qlora (cpu offload --foo 3)" in ln for ln in fsdpq), out
+        assert any("fsdpq_qlora (non-deterministic attention FSDPQ_X=1)" in ln for ln in fsdpq), out
