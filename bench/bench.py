@@ -64,15 +64,21 @@ def fsdpq_command(a, peer, shape, ctx, bs, ckpt, workdir):
     return cmd + shlex.split(a.fsdpq_args), lambda proc: fsdpq_record(a, workdir, shape, ctx, proc)
 
 
-def fsdpq_environment(a):
-    """fsdpq's FSDPQ_* settings for a run: those it inherits, then --fsdpq-env's (VAR=VALUE words)."""
-    env = {k: v for k, v in os.environ.items() if k.startswith("FSDPQ_")}
-    for word in shlex.split(a.fsdpq_env):
+def fsdpq_env_settings(words):
+    """--fsdpq-env's FSDPQ_NAME=value words as a dict; ValueError naming a word of another form."""
+    settings = {}
+    for word in shlex.split(words):
         name, sep, value = word.partition("=")
         if not sep or not name.startswith("FSDPQ_"):
-            raise SystemExit(f"bench.py: --fsdpq-env wants FSDPQ_NAME=value words, not {word!r}")
-        env[name] = value
-    return env
+            raise ValueError(f"--fsdpq-env wants FSDPQ_NAME=value words, not {word!r}")
+        settings[name] = value
+    return settings
+
+
+def fsdpq_environment():
+    """The FSDPQ_* settings every fsdpq process of the grid (runs and `fsdpq plan`) inherits, as a
+    record names them: the caller's, with --fsdpq-env's on top (main puts those in os.environ)."""
+    return " ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("FSDPQ_"))
 
 
 def fsdpq_record(a, workdir, shape, ctx, proc):
@@ -221,8 +227,8 @@ def main(argv=None):
                                    "them --peers names, if it names any)")
     p.add_argument("--fsdpq-args", default="", help="extra flags for fsdpq (e.g. a device setting)")
     p.add_argument("--fsdpq-env", default="", metavar="VAR=VALUE ...",
-                   help="environment settings for fsdpq's runs, e.g. FSDPQ_ATTENTION=cudnn-nondeterministic (its "
-                        "faster, opt-in attention backward); recorded with every FSDPQ_* variable they inherit")
+                   help="environment settings for fsdpq's runs and plans, e.g. FSDPQ_ATTENTION=cudnn-nondeterministic "
+                        "(its faster, opt-in attention backward); recorded with every FSDPQ_* variable they inherit")
     p.add_argument("--fsdpq-memory-of", default="", metavar="PEER",
                    help="fsdpq_qlora keeps as many layers' dequantised weights (keep_dequantized_layers) as "
                         "`fsdpq plan` says fit under PEER's measured peak allocated memory at the same point "
@@ -231,6 +237,10 @@ def main(argv=None):
     a = p.parse_args(argv)
     if a.quick:
         a.ctx, a.max_bs, a.warmup, a.steps = "512", min(a.max_bs, 2), 2, 4
+    try:  # (checked before any run; the HF peers ignore FSDPQ_* variables)
+        os.environ.update(fsdpq_env_settings(a.fsdpq_env))
+    except ValueError as e:
+        p.error(str(e))
     peers = grid_peers(a.peers, a.fsdpq)
     unknown = [x for x in peers if x not in PEERS] + [s for s in a.shapes.split(",") if s not in SHAPES]
     if unknown:
@@ -311,9 +321,8 @@ def run_one(a, peer, shape, ctx, bs, ckpt, start, results, logf, extra=()):
         logf.flush()
         t0 = time.time()
         # Its own process group, so that a timeout also ends what it started (torch.compile's workers).
-        env = dict(os.environ, **fsdpq_environment(a)) if peer in FSDPQ_PEERS else None
         child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 start_new_session=True, env=env)
+                                 start_new_session=True)
         try:
             out, err = child.communicate(timeout=min(a.timeout, left))
             timed_out = False
@@ -336,8 +345,8 @@ def run_one(a, peer, shape, ctx, bs, ckpt, start, results, logf, extra=()):
             rec[flag[2:]] = int(extra[list(extra).index(flag) + 1])
     if peer in FSDPQ_PEERS and a.fsdpq_args:
         rec["fsdpq_args"] = a.fsdpq_args  # a variant of its own in compare.py's tables
-    if peer in FSDPQ_PEERS and fsdpq_environment(a):
-        rec["fsdpq_env"] = " ".join(f"{k}={v}" for k, v in sorted(fsdpq_environment(a).items()))  # likewise
+    if peer in FSDPQ_PEERS and fsdpq_environment():
+        rec["fsdpq_env"] = fsdpq_environment()  # likewise
     results.write(json.dumps(rec) + "\n")
     results.flush()
     tps = rec.get("tokens_per_second")

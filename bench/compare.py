@@ -67,7 +67,7 @@ SETTING_WORDS = {"--use_activation_cpu_offload true": "act offload", "--use_cpu_
 def variant(r):
     """The extra fsdpq settings of a run (bench.py --fsdpq-args, then its FSDPQ_* environment), as its
     label shows them: each run of another variant at the same point is a row of its own."""
-    text = " ".join((" ".join(str(r.get("fsdpq_args") or "").split()) + " " + str(r.get("fsdpq_env") or "")).split())
+    text = " ".join(f"{r.get('fsdpq_args') or ''} {r.get('fsdpq_env') or ''}".split())
     for flags, words in SETTING_WORDS.items():
         text = text.replace(flags, words)
     return text

@@ -145,7 +145,11 @@ int main(int argc, char** argv) {
       {"gate dx", M, 4096, 11008, false, 0.0f},    {"gate dx wide", M, 4096 + 64, 11008, false, 0.0f},
       {"up dx wide (+=)", M, 4096 + 128, 11008, false, 1.0f}, {"down dx wide", M, 11008 + 64, 4096, false, 0.0f},
   };
-  const bool use_wide = argc > 4 && std::string(argv[4]) == "wide";
+  const std::string mode = argc > 4 ? argv[4] : "";
+  if (mode != "" && mode != "wide" && mode != "db") {
+    std::fprintf(stderr, "gemm_algos: the mode is wide or db, not %s\n", mode.c_str());
+    return 2;
+  }
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreate(&stream));
   cublasHandle_t blas;
@@ -158,11 +162,11 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaMalloc(&workspace, workspace_bytes));
   CHECK_BLAS(cublasSetWorkspace(blas, workspace, workspace_bytes));
 
-  if (argc > 4 && std::string(argv[4]) == "db") {
+  if (mode == "db") {
     probe_lora_db(M, seconds, wanted, blas, lt, workspace, workspace_bytes, stream);
     return 0;
   }
-  for (const Shape& s : use_wide ? wide : shapes) {
+  for (const Shape& s : mode == "wide" ? wide : shapes) {
     __nv_bfloat16 *A, *B, *C;
     CHECK_CUDA(cudaMalloc(&A, s.M * s.K * 2));
     CHECK_CUDA(cudaMalloc(&B, s.N * s.K * 2));

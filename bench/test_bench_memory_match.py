@@ -105,17 +105,25 @@ def test_the_plan_counts_the_grids_rank():
     assert bench.plan_peak_gib(FSDPQ, *point, bench.Lora(16, 0.1), 0) < bench.plan_peak_gib(FSDPQ, *point, LORA, 0)
 
 
-def test_fsdpq_environment_is_inherited_then_set_and_checked(monkeypatch):
-    """fsdpq's runs get (and their records name) the FSDPQ_* variables bench.py inherits, then
-    --fsdpq-env's; other variables are not recorded, and a word that is no FSDPQ_NAME=value stops it."""
+def test_fsdpq_env_words_and_the_recorded_environment(monkeypatch):
+    """--fsdpq-env's words become settings (a word of another form is refused, naming it), and a
+    record names every FSDPQ_* variable fsdpq inherits, sorted, and no other."""
+    assert bench.fsdpq_env_settings("FSDPQ_ATTENTION=cudnn-nondeterministic FSDPQ_X=") == {
+        "FSDPQ_ATTENTION": "cudnn-nondeterministic", "FSDPQ_X": ""}
+    with pytest.raises(ValueError, match="'ATTENTION=cudnn'"):
+        bench.fsdpq_env_settings("FSDPQ_A=1 ATTENTION=cudnn")
+    with pytest.raises(ValueError, match="FSDPQ_NAME=value"):
+        bench.fsdpq_env_settings("FSDPQ_ATTENTION")
+    for k in [k for k in os.environ if k.startswith("FSDPQ_")]:
+        monkeypatch.delenv(k)
+    assert bench.fsdpq_environment() == ""
     monkeypatch.setenv("FSDPQ_LORA_FOLD", "1")
     monkeypatch.setenv("FSDPQ_ATTENTION", "wgmma")
     monkeypatch.setenv("OTHER_SETTING", "x")
+    assert bench.fsdpq_environment() == "FSDPQ_ATTENTION=wgmma FSDPQ_LORA_FOLD=1"
 
-    class A:
-        fsdpq_env = "FSDPQ_ATTENTION=cudnn-nondeterministic FSDPQ_SECTION_TIMES=1"
-    env = bench.fsdpq_environment(A)
-    assert env == {"FSDPQ_LORA_FOLD": "1", "FSDPQ_ATTENTION": "cudnn-nondeterministic", "FSDPQ_SECTION_TIMES": "1"}
-    A.fsdpq_env = "ATTENTION=cudnn"
-    with pytest.raises(SystemExit, match="FSDPQ_NAME=value"):
-        bench.fsdpq_environment(A)
+
+def test_a_bad_fsdpq_env_stops_the_grid_before_any_run(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--peers", "hf_lora_eager", "--fsdpq-env", "ATTENTION=cudnn", "--results", "/nonexistent/r.jsonl"])
+    assert "FSDPQ_NAME=value" in capsys.readouterr().err
